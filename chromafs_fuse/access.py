@@ -1,0 +1,47 @@
+"""Who may read what: the access rule and the pruning of a tree (pure)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from .tree import PathEntry
+
+
+@dataclass(frozen=True, slots=True)
+class Principal:
+    """The reader a mount is scoped to, as derived from its token."""
+
+    authenticated: bool
+    groups: frozenset[str] = frozenset()
+    subject: str | None = None
+
+    @classmethod
+    def anonymous(cls) -> Principal:
+        return cls(authenticated=False)
+
+    @classmethod
+    def of(cls, groups: Iterable[str], subject: str | None = None) -> Principal:
+        return cls(authenticated=True, groups=frozenset(groups), subject=subject)
+
+    def describe(self) -> str:
+        if not self.authenticated:
+            return "anonymous"
+        groups = ",".join(sorted(self.groups)) or "-"
+        return f"user={self.subject or '?'} groups={groups}"
+
+
+def may_read(entry: PathEntry, principal: Principal) -> bool:
+    """Public pages are for everyone; others need a valid token and, if the page
+    names groups, at least one of them."""
+    if entry.is_public:
+        return True
+    if not principal.authenticated:
+        return False
+    return not entry.groups or not entry.groups.isdisjoint(principal.groups)
+
+
+def visible_entries(entries: Mapping[str, PathEntry], principal: Principal) -> dict[str, PathEntry]:
+    """The part of the tree this principal may see. Directories are implied by
+    the files kept, so a directory holding only hidden pages disappears."""
+    return {key: e for key, e in entries.items() if may_read(e, principal)}

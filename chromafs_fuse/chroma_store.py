@@ -1,0 +1,175 @@
+"""The Chroma adapter: the only module that talks to Chroma.
+
+Calls here are blocking; the filesystem runs them on worker threads.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlparse
+
+from .tree import PathEntry
+
+log = logging.getLogger(__name__)
+
+TREE_RECORD_ID = "__path_tree__"
+RECORD_KIND_FIELD = "chromafs_record"  # metadata flag on the tree record
+TREE_RECORD_KIND = "path_tree"
+FORMAT_FIELD = "chromafs_format"
+FORMAT_VERSION = 1
+DEFAULT_PAGE_FIELD = "page_slug"
+DEFAULT_CHUNK_INDEX_FIELD = "chunk_index"
+PAGE_SHA_FIELD = "page_sha256"  # which page version a chunk belongs to
+
+
+class BackendError(RuntimeError):
+    """Chroma could not be reached or answered with an error."""
+
+
+class SiteNotFound(RuntimeError):
+    """The collection or its tree record does not exist."""
+
+
+@dataclass(frozen=True)
+class ChromaLocation:
+    path: str | None = None  # embedded, a directory
+    url: str | None = None  # a Chroma server
+    collection: str = ""
+    headers: Mapping[str, str] | None = None
+
+    def describe(self) -> str:
+        where = self.url if self.url else f"embedded:{self.path}"
+        return f"{where} collection={self.collection}"
+
+
+def _settings() -> Any:
+    from chromadb.config import Settings
+
+    return Settings(anonymized_telemetry=False, allow_reset=False)
+
+
+def connect_client(location: ChromaLocation, timeout_s: float = 10.0) -> Any:
+    """A chromadb client for the location. Imports chromadb lazily (it is slow)."""
+    import chromadb
+
+    try:
+        if location.url:
+            parsed = urlparse(location.url)
+            if parsed.scheme not in ("http", "https") or not parsed.hostname:
+                raise BackendError(f"--chroma-url must be http(s)://host:port, got {location.url!r}")
+            port = parsed.port or (443 if parsed.scheme == "https" else 8000)
+            client = chromadb.HttpClient(
+                host=parsed.hostname,
+                port=port,
+                ssl=parsed.scheme == "https",
+                headers=dict(location.headers or {}),
+                settings=_settings(),
+            )
+            _bound_http_timeout(client, timeout_s)
+            return client
+        if not location.path:
+            raise BackendError("no Chroma location: give --chroma-path DIR or --chroma-url URL")
+        return chromadb.PersistentClient(path=location.path, settings=_settings())
+    except BackendError:
+        raise
+    except Exception as exc:  # chromadb raises many kinds for an unreachable server
+        raise BackendError(f"cannot connect to Chroma at {location.describe()}: {exc}") from exc
+
+
+def _bound_http_timeout(client: Any, timeout_s: float) -> None:
+    """chromadb's HTTP client waits forever by default; give its httpx session a deadline."""
+    try:
+        import httpx
+
+        session = client._server._session
+        session.timeout = httpx.Timeout(timeout_s)
+    except AttributeError:
+        log.debug("could not set a timeout on the Chroma HTTP client")
+
+
+class ChromaPages:
+    """Reads one site's collection: the tree record and the chunks of a page."""
+
+    def __init__(
+        self,
+        collection: Any,
+        page_field: str = DEFAULT_PAGE_FIELD,
+        chunk_index_field: str = DEFAULT_CHUNK_INDEX_FIELD,
+    ) -> None:
+        self.collection = collection
+        self.page_field = page_field
+        self.chunk_index_field = chunk_index_field
+
+    @classmethod
+    def open(
+        cls,
+        location: ChromaLocation,
+        page_field: str = DEFAULT_PAGE_FIELD,
+        chunk_index_field: str = DEFAULT_CHUNK_INDEX_FIELD,
+        timeout_s: float = 10.0,
+    ) -> ChromaPages:
+        client = connect_client(location, timeout_s)
+        try:
+            collection = client.get_collection(location.collection, embedding_function=None)
+        except Exception as exc:
+            message = str(exc)
+            if "does not exist" in message or "not found" in message.lower():
+                raise SiteNotFound(f"no collection {location.collection!r} in Chroma at {location.describe()}") from exc
+            raise BackendError(f"cannot open collection {location.collection!r}: {exc}") from exc
+        return cls(collection, page_field, chunk_index_field)
+
+    def load_tree_document(self) -> tuple[str, Mapping[str, Any]]:
+        try:
+            result = self.collection.get(ids=[TREE_RECORD_ID], include=["documents", "metadatas"])
+        except Exception as exc:
+            raise BackendError(f"reading the path tree failed: {exc}") from exc
+        if not result["ids"]:
+            raise SiteNotFound(f"collection {self.collection.name!r} has no {TREE_RECORD_ID} record")
+        document = (result.get("documents") or [None])[0]
+        metadata = (result.get("metadatas") or [None])[0] or {}
+        if not isinstance(document, str):
+            raise SiteNotFound(f"{TREE_RECORD_ID} record has no document")
+        return document, metadata
+
+    def fetch_chunks(self, entry: PathEntry) -> list[tuple[object, object]]:
+        """(chunk_index, document) of every chunk of the page, in no particular order."""
+        slugs = _slug_variants(entry)
+        try:
+            result = self.collection.get(where={self.page_field: {"$in": slugs}}, include=["documents", "metadatas"])
+        except Exception as exc:
+            raise BackendError(f"fetching chunks of {entry.key!r} failed: {exc}") from exc
+        return _pick_chunks(entry, self.page_field, self.chunk_index_field, result)
+
+
+def _slug_variants(entry: PathEntry) -> list[str]:
+    variants = [entry.key, "/" + entry.key]
+    if entry.source_key not in variants:
+        variants.append(entry.source_key)
+    return variants
+
+
+def _pick_chunks(
+    entry: PathEntry, page_field: str, index_field: str, result: Mapping[str, Any]
+) -> list[tuple[object, object]]:
+    ids: Sequence[str] = result.get("ids") or []
+    documents: Sequence[object] = result.get("documents") or [None] * len(ids)
+    metadatas: Sequence[Mapping[str, Any] | None] = result.get("metadatas") or [None] * len(ids)
+    by_slug: dict[str, list[tuple[object, object, object]]] = {}
+    for record_id, document, metadata in zip(ids, documents, metadatas, strict=False):
+        if record_id == TREE_RECORD_ID or metadata is None:
+            continue
+        by_slug.setdefault(str(metadata.get(page_field)), []).append(
+            (metadata.get(index_field), document, metadata.get(PAGE_SHA_FIELD))
+        )
+    if len(by_slug) > 1:
+        # The same page written under two slug spellings: trust the tree's spelling.
+        records = by_slug.get(entry.source_key, by_slug.get(entry.key, []))
+    else:
+        records = next(iter(by_slug.values()), [])
+    if entry.sha256 is not None and any(sha is not None for _, _, sha in records):
+        # During a re-ingest old and new chunks coexist: keep this tree's version only.
+        records = [r for r in records if r[2] == entry.sha256]
+    return [(index, document) for index, document, _ in records]

@@ -1,0 +1,212 @@
+"""The pyfuse3 Operations adapter: translates kernel requests into core calls.
+
+Everything but `read` is answered from the in-memory inode table. Hidden and
+nonexistent names take the same code path and get the same answer.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+import time
+
+import pyfuse3
+
+from .inodes import ROOT_INODE, InodeTable, Node
+from .page_source import PageSource, PageUnavailable
+
+DIR_MODE = stat.S_IFDIR | 0o555
+FILE_MODE = stat.S_IFREG | 0o444
+BLOCK_SIZE = 4096
+
+
+def _erofs() -> pyfuse3.FUSEError:
+    return pyfuse3.FUSEError(errno.EROFS)
+
+
+class ChromaOperations(pyfuse3.Operations):
+    supports_dot_lookup = True
+    enable_writeback_cache = False
+
+    def __init__(self, table: InodeTable, source: PageSource, cache_timeout_s: float = 3600.0) -> None:
+        super().__init__()
+        self.table = table
+        self.source = source
+        self.cache_timeout_s = cache_timeout_s
+        self.uid = os.getuid()
+        self.gid = os.getgid()
+        self.mount_time_ns = time.time_ns()
+        self._attrs: dict[int, pyfuse3.EntryAttributes] = {}
+        self._negative = pyfuse3.EntryAttributes()
+        self._negative.st_ino = 0
+        self._negative.entry_timeout = cache_timeout_s
+
+    # -- attributes -------------------------------------------------------
+
+    def _attributes(self, node: Node) -> pyfuse3.EntryAttributes:
+        attrs = self._attrs.get(node.inode)
+        if attrs is not None:
+            return attrs
+        attrs = pyfuse3.EntryAttributes()
+        attrs.st_ino = node.inode
+        attrs.generation = 0
+        attrs.entry_timeout = self.cache_timeout_s
+        attrs.attr_timeout = self.cache_timeout_s
+        attrs.st_uid = self.uid
+        attrs.st_gid = self.gid
+        attrs.st_rdev = 0
+        attrs.st_blksize = BLOCK_SIZE
+        mtime_ns = self.mount_time_ns
+        if node.entry is None:
+            attrs.st_mode = DIR_MODE
+            subdirs = sum(1 for _, i in node.sorted_children if self.table.nodes[i].is_dir)
+            attrs.st_nlink = 2 + subdirs
+            attrs.st_size = 0
+        else:
+            attrs.st_mode = FILE_MODE
+            attrs.st_nlink = 1
+            size = self.source.size_of(node.entry)
+            if size is None:
+                # Unknown until first read: never cache a size that would truncate the file.
+                attrs.st_size = 0
+                attrs.attr_timeout = 0
+            else:
+                attrs.st_size = size
+            if node.entry.mtime is not None:
+                mtime_ns = int(node.entry.mtime * 1e9)
+        attrs.st_blocks = (attrs.st_size + 511) // 512
+        attrs.st_atime_ns = mtime_ns
+        attrs.st_mtime_ns = mtime_ns
+        attrs.st_ctime_ns = mtime_ns
+        if attrs.attr_timeout:  # only final attributes are kept
+            self._attrs[node.inode] = attrs
+        return attrs
+
+    def _node(self, inode: int) -> Node:
+        node = self.table.nodes.get(inode)
+        if node is None:
+            raise pyfuse3.FUSEError(errno.ENOENT)
+        return node
+
+    async def lookup(self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
+        node = self.table.lookup(parent_inode, name)
+        if node is None:
+            return self._negative  # cached by the kernel like any absent name
+        return self._attributes(node)
+
+    async def getattr(self, inode: int, ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
+        return self._attributes(self._node(inode))
+
+    async def forget(self, inode_list: list[tuple[int, int]]) -> None:
+        return None  # inodes live as long as the mount
+
+    async def statfs(self, ctx: pyfuse3.RequestContext) -> pyfuse3.StatvfsData:
+        data = pyfuse3.StatvfsData()
+        data.f_bsize = BLOCK_SIZE
+        data.f_frsize = BLOCK_SIZE
+        data.f_blocks = (self.table.total_bytes + BLOCK_SIZE - 1) // BLOCK_SIZE
+        data.f_bfree = 0
+        data.f_bavail = 0
+        data.f_files = len(self.table.nodes)
+        data.f_ffree = 0
+        data.f_favail = 0
+        data.f_namemax = 255
+        return data
+
+    # -- directories ------------------------------------------------------
+
+    async def opendir(self, inode: int, ctx: pyfuse3.RequestContext) -> int:
+        node = self._node(inode)
+        if not node.is_dir:
+            raise pyfuse3.FUSEError(errno.ENOTDIR)
+        return inode
+
+    async def readdir(self, fh: int, start_id: int, token: pyfuse3.ReaddirToken) -> None:
+        children = self.table.nodes[fh].sorted_children
+        nodes = self.table.nodes
+        for position in range(start_id, len(children)):
+            name, inode = children[position]
+            if not pyfuse3.readdir_reply(token, name, self._attributes(nodes[inode]), position + 1):
+                return
+
+    async def releasedir(self, fh: int) -> None:
+        return None
+
+    # -- files ------------------------------------------------------------
+
+    async def open(self, inode: int, flags: int, ctx: pyfuse3.RequestContext) -> pyfuse3.FileInfo:
+        node = self._node(inode)
+        if node.entry is None:
+            raise pyfuse3.FUSEError(errno.EISDIR)
+        if flags & os.O_ACCMODE != os.O_RDONLY or flags & (os.O_TRUNC | os.O_APPEND):
+            raise _erofs()
+        size_known = self.source.size_of(node.entry) is not None
+        # Without a known size the kernel must not clamp reads to st_size.
+        return pyfuse3.FileInfo(fh=inode, keep_cache=size_known, direct_io=not size_known)
+
+    async def read(self, fh: int, off: int, size: int) -> bytes:
+        entry = self.table.nodes[fh].entry
+        assert entry is not None
+        try:
+            return await self.source.read(entry, off, size)
+        except PageUnavailable:
+            raise pyfuse3.FUSEError(errno.EIO) from None
+
+    async def release(self, fh: int) -> None:
+        return None
+
+    async def access(self, inode: int, mode: int, ctx: pyfuse3.RequestContext) -> bool:
+        self._node(inode)
+        return not mode & os.W_OK
+
+    # -- extended attributes: there are none -------------------------------
+
+    async def getxattr(self, inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> bytes:
+        self._node(inode)
+        raise pyfuse3.FUSEError(errno.ENODATA)
+
+    async def listxattr(self, inode: int, ctx: pyfuse3.RequestContext) -> list[bytes]:
+        self._node(inode)
+        return []
+
+    async def setxattr(self, inode: int, name: bytes, value: bytes, ctx: pyfuse3.RequestContext) -> None:
+        raise _erofs()
+
+    async def removexattr(self, inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> None:
+        raise _erofs()
+
+    # -- everything that would change the tree: read-only ------------------
+
+    async def setattr(self, inode, attr, fields, fh, ctx):  # type: ignore[no-untyped-def]
+        raise _erofs()
+
+    async def mknod(self, parent_inode, name, mode, rdev, ctx):  # type: ignore[no-untyped-def]
+        raise _erofs()
+
+    async def mkdir(self, parent_inode, name, mode, ctx):  # type: ignore[no-untyped-def]
+        raise _erofs()
+
+    async def unlink(self, parent_inode, name, ctx):  # type: ignore[no-untyped-def]
+        raise _erofs()
+
+    async def rmdir(self, parent_inode, name, ctx):  # type: ignore[no-untyped-def]
+        raise _erofs()
+
+    async def symlink(self, parent_inode, name, target, ctx):  # type: ignore[no-untyped-def]
+        raise _erofs()
+
+    async def rename(self, parent_old, name_old, parent_new, name_new, flags, ctx):  # type: ignore[no-untyped-def]
+        raise _erofs()
+
+    async def link(self, inode, new_parent_inode, new_name, ctx):  # type: ignore[no-untyped-def]
+        raise _erofs()
+
+    async def create(self, parent_inode, name, mode, flags, ctx):  # type: ignore[no-untyped-def]
+        raise _erofs()
+
+    async def write(self, fh, off, buf):  # type: ignore[no-untyped-def]
+        raise _erofs()
+
+
+__all__ = ["ROOT_INODE", "ChromaOperations"]

@@ -1,0 +1,103 @@
+"""`chromafs-ingest`: load a folder of docs into Chroma as a chromafs site.
+
+Exit status: 0 done, 1 bad input or backend error, 2 usage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+from .blobstore import BlobError, open_blob_store
+from .cli_common import CliError, add_chroma_arguments, chroma_location, setup_logging
+from .ingest import DEFAULT_LARGE_FILE_THRESHOLD, IngestOptions, ingest
+from .ingest_access import AccessSpecError, parse_acl
+
+log = logging.getLogger("chromafs.ingest")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="chromafs-ingest", description="Load a docs folder into Chroma.")
+    parser.add_argument("source", help="folder of docs")
+    add_chroma_arguments(parser)
+    parser.add_argument(
+        "--default-access",
+        choices=["public", "authenticated"],
+        default="public",
+        help="access of pages that say nothing (default: public)",
+    )
+    parser.add_argument("--acl", metavar="FILE", help="YAML/JSON glob rules for files without frontmatter")
+    parser.add_argument(
+        "--embedder",
+        default="hashing",
+        choices=["hashing", "chroma-default"],
+        help="hashing: offline (default); chroma-default: Chroma's model (downloads it)",
+    )
+    parser.add_argument("--max-chunk-chars", type=int, default=2000)
+    parser.add_argument(
+        "--blob-store",
+        metavar="URL",
+        help="file:///dir for binary and large files (default with --chroma-path: DIR/chromafs-blobs)",
+    )
+    parser.add_argument(
+        "--large-file-threshold",
+        type=int,
+        default=DEFAULT_LARGE_FILE_THRESHOLD,
+        help="files above this many bytes go to the blob store",
+    )
+    parser.add_argument("--include-hidden", action="store_true", help="also ingest dot files and dot folders")
+    parser.add_argument("--quiet", "-q", action="store_true", help="no progress bar and no summary")
+    parser.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    setup_logging(args.log_level, None)
+    try:
+        source = Path(args.source)
+        if not source.is_dir():
+            raise CliError(f"{source}: not a directory")
+        location = chroma_location(args)
+        rules = []
+        if args.acl:
+            try:
+                rules = parse_acl(Path(args.acl).read_text("utf-8"), args.acl)
+            except OSError as exc:
+                raise CliError(f"cannot read {args.acl}: {exc.strerror}") from exc
+        blob_url = args.blob_store
+        if blob_url is None and location.path:
+            blob_url = (Path(location.path) / "chromafs-blobs").as_uri()
+        options = IngestOptions(
+            source_dir=source,
+            site=args.site,
+            location=location,
+            default_access=args.default_access,
+            acl_rules=rules,
+            embedder=args.embedder,
+            max_chunk_chars=args.max_chunk_chars,
+            blob_store=open_blob_store(blob_url) if blob_url else None,
+            large_file_threshold=args.large_file_threshold,
+            include_hidden=args.include_hidden,
+            page_field=args.page_field,
+            chunk_index_field=args.chunk_index_field,
+        )
+        summary = ingest(options, show_progress=not args.quiet and sys.stderr.isatty())
+    except (CliError, AccessSpecError, BlobError) as exc:
+        print(f"chromafs-ingest: {exc}", file=sys.stderr)
+        return 1
+    except Exception as exc:  # backend failures: one line, not a traceback
+        log.debug("ingest failed", exc_info=True)
+        print(f"chromafs-ingest: {exc.__class__.__name__}: {exc}", file=sys.stderr)
+        return 1
+    if not args.quiet:
+        print(f"site {args.site} -> {location.describe()}")
+        for line in summary.lines():
+            print(line)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

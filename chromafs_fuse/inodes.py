@@ -1,0 +1,102 @@
+"""The inode table of one mount: directories and files of the visible tree (pure).
+
+Inode numbers are derived from the path, so they are the same on every mount
+that shows the path and say nothing about which other paths exist.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from .tree import PathEntry
+
+ROOT_INODE = 1
+_INODE_MASK = (1 << 63) - 1
+
+
+@dataclass(slots=True)
+class Node:
+    inode: int
+    path: str  # "" for the root
+    name: bytes
+    parent: int
+    entry: PathEntry | None  # None for directories
+    children: dict[bytes, int] = field(default_factory=dict)
+    sorted_children: list[tuple[bytes, int]] = field(default_factory=list)
+
+    @property
+    def is_dir(self) -> bool:
+        return self.entry is None
+
+
+def _inode_for(path: str, salt: int) -> int:
+    digest = hashlib.blake2b(f"{salt}:{path}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") & _INODE_MASK
+
+
+class InodeTable:
+    """Maps inode numbers to nodes and (parent, name) to inode numbers."""
+
+    def __init__(self, entries: Mapping[str, PathEntry]) -> None:
+        self.nodes: dict[int, Node] = {}
+        root = Node(ROOT_INODE, "", b"", ROOT_INODE, None)
+        self.nodes[ROOT_INODE] = root
+        by_path: dict[str, Node] = {"": root}
+        self.file_count = 0
+        self.total_bytes = 0
+        for key in sorted(entries):
+            parent = root
+            parts = key.split("/")
+            for depth in range(1, len(parts)):
+                dir_path = "/".join(parts[:depth])
+                node = by_path.get(dir_path)
+                if node is None:
+                    node = self._add(dir_path, parts[depth - 1], parent, None)
+                    by_path[dir_path] = node
+                parent = node
+            entry = entries[key]
+            self._add(key, parts[-1], parent, entry)
+            self.file_count += 1
+            self.total_bytes += entry.size or 0
+        for node in self.nodes.values():
+            node.sorted_children = sorted(node.children.items())
+
+    def _add(self, path: str, name: str, parent: Node, entry: PathEntry | None) -> Node:
+        salt = 0
+        inode = _inode_for(path, salt)
+        while inode <= ROOT_INODE or inode in self.nodes:
+            salt += 1
+            inode = _inode_for(path, salt)
+        node = Node(inode, path, name.encode("utf-8"), parent.inode, entry)
+        self.nodes[inode] = node
+        parent.children[node.name] = inode
+        return node
+
+    def get(self, inode: int) -> Node | None:
+        return self.nodes.get(inode)
+
+    def lookup(self, parent_inode: int, name: bytes) -> Node | None:
+        parent = self.nodes.get(parent_inode)
+        if parent is None:
+            return None
+        if name == b".":
+            return parent
+        if name == b"..":
+            return self.nodes[parent.parent]
+        inode = parent.children.get(name)
+        return None if inode is None else self.nodes[inode]
+
+    def resolve(self, path: str) -> Node | None:
+        """The node at a "/"-separated path relative to the root, if visible."""
+        node: Node | None = self.nodes[ROOT_INODE]
+        for part in path.strip("/").split("/"):
+            if not part or node is None:
+                continue
+            node = self.lookup(node.inode, part.encode("utf-8"))
+        return node
+
+    @property
+    def dir_count(self) -> int:
+        return len(self.nodes) - self.file_count

@@ -1,0 +1,50 @@
+"""Rules for the paths a site tree may hold (pure, no I/O).
+
+A tree key names one file, relative to the mount root, components joined by
+"/". Keys written by other tools may carry one leading "/"; everything else
+that could make two keys name the same file, or a name the kernel refuses,
+is rejected so that the entry is skipped with a reason.
+"""
+
+from __future__ import annotations
+
+MAX_NAME_BYTES = 255
+MAX_PATH_BYTES = 4095
+
+
+class InvalidPath(ValueError):
+    """A tree key that cannot name a file on the mount."""
+
+
+def normalize_key(raw: object) -> str:
+    """Return the canonical form of a tree key (no leading "/"), or raise InvalidPath."""
+    if not isinstance(raw, str):
+        raise InvalidPath(f"path is not a string: {type(raw).__name__}")
+    key = raw[1:] if raw.startswith("/") else raw
+    if not key:
+        raise InvalidPath("empty path")
+    if key.endswith("/"):
+        raise InvalidPath("path ends with '/'")
+    for ch in key:
+        if ch == "\x00" or ord(ch) < 0x20 or ch == "\x7f":
+            raise InvalidPath("path contains a NUL or control character")
+    try:
+        encoded = key.encode("utf-8")
+    except UnicodeEncodeError as exc:  # lone surrogates from non-UTF-8 sources
+        raise InvalidPath("path is not valid UTF-8") from exc
+    if len(encoded) > MAX_PATH_BYTES:
+        raise InvalidPath(f"path longer than {MAX_PATH_BYTES} bytes")
+    for part in key.split("/"):
+        if part == "":
+            raise InvalidPath("path has an empty component ('//')")
+        if part in (".", ".."):
+            raise InvalidPath(f"path has a '{part}' component")
+        if len(part.encode("utf-8")) > MAX_NAME_BYTES:
+            raise InvalidPath(f"a path component is longer than {MAX_NAME_BYTES} bytes")
+    return key
+
+
+def parent_dirs(key: str) -> list[str]:
+    """The directories that must exist for `key`, outermost first ("" is the root)."""
+    parts = key.split("/")
+    return ["/".join(parts[:i]) for i in range(1, len(parts))]

@@ -1,0 +1,115 @@
+"""Turning a session token into the Principal a mount is scoped to.
+
+Tokens are JWTs. The algorithm is fixed by the kind of key configured, never
+taken from the token, so `alg: none` and HS/RS confusion are refused.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import jwt
+from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
+from cryptography.hazmat.primitives.serialization import load_pem_public_key
+
+from .access import Principal
+
+MAX_TOKEN_BYTES = 16 * 1024
+
+
+class TokenError(ValueError):
+    """The token cannot be used; the message is safe to print (holds no token)."""
+
+
+@dataclass(frozen=True)
+class VerificationKey:
+    key: object
+    algorithms: Sequence[str]
+
+
+def load_verification_key(secret_file: str | None, public_key_file: str | None) -> VerificationKey | None:
+    if secret_file and public_key_file:
+        raise TokenError("give --jwt-secret-file or --jwt-public-key, not both")
+    if secret_file:
+        try:
+            secret = Path(secret_file).read_bytes().strip()
+        except OSError as exc:
+            raise TokenError(f"cannot read JWT secret file {secret_file}: {exc.strerror}") from exc
+        if len(secret) < 16:
+            raise TokenError("JWT secret is shorter than 16 bytes")
+        return VerificationKey(secret, ["HS256"])
+    if public_key_file:
+        try:
+            pem = Path(public_key_file).read_bytes()
+        except OSError as exc:
+            raise TokenError(f"cannot read JWT public key {public_key_file}: {exc.strerror}") from exc
+        try:
+            key = load_pem_public_key(pem)
+        except ValueError as exc:
+            raise TokenError(f"{public_key_file} is not a PEM public key") from exc
+        if isinstance(key, ed25519.Ed25519PublicKey):
+            return VerificationKey(key, ["EdDSA"])
+        if isinstance(key, rsa.RSAPublicKey):
+            return VerificationKey(key, ["RS256"])
+        if isinstance(key, ec.EllipticCurvePublicKey) and isinstance(key.curve, ec.SECP256R1):
+            return VerificationKey(key, ["ES256"])
+        raise TokenError("public key must be Ed25519, RSA or EC P-256")
+    return None
+
+
+def read_token_file(path: str) -> str:
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(MAX_TOKEN_BYTES + 1)
+    except OSError as exc:
+        raise TokenError(f"cannot read token file {path}: {exc.strerror}") from exc
+    if len(raw) > MAX_TOKEN_BYTES:
+        raise TokenError(f"token file {path} is larger than {MAX_TOKEN_BYTES} bytes")
+    try:
+        return raw.decode("ascii").strip()
+    except UnicodeDecodeError as exc:
+        raise TokenError(f"token file {path} does not hold a JWT") from exc
+
+
+def principal_from_token(token: str | None, key: VerificationKey | None, site: str) -> Principal:
+    """No token: anonymous. A token: verified, or TokenError. Never a silent fallback."""
+    if token is None or token == "":
+        return Principal.anonymous()
+    if len(token) > MAX_TOKEN_BYTES:
+        raise TokenError(f"token is larger than {MAX_TOKEN_BYTES} bytes")
+    if key is None:
+        raise TokenError("a token was given but no --jwt-secret-file or --jwt-public-key to verify it")
+    try:
+        claims = jwt.decode(
+            token,
+            key.key,  # type: ignore[arg-type]
+            algorithms=list(key.algorithms),
+            options={"require": ["exp"], "verify_aud": False},
+        )
+    except jwt.ExpiredSignatureError as exc:
+        raise TokenError("token has expired") from exc
+    except jwt.ImmatureSignatureError as exc:
+        raise TokenError("token is not valid yet (nbf/iat in the future)") from exc
+    except jwt.MissingRequiredClaimError as exc:
+        raise TokenError(f"token has no '{exc.claim}' claim") from exc
+    except jwt.InvalidAlgorithmError as exc:
+        raise TokenError(f"token algorithm is not allowed (expected {', '.join(key.algorithms)})") from exc
+    except jwt.InvalidSignatureError as exc:
+        raise TokenError("token signature is invalid") from exc
+    except jwt.InvalidTokenError as exc:
+        raise TokenError(f"token is invalid: {exc.__class__.__name__}") from exc
+    token_site = claims.get("site")
+    audience = claims.get("aud")
+    audiences = [audience] if isinstance(audience, str) else audience if isinstance(audience, list) else []
+    if token_site is not None:
+        if token_site != site:
+            raise TokenError("token is for another site")
+    elif site not in audiences:
+        raise TokenError("token has no 'site' (or 'aud') claim for this site")
+    groups = claims.get("groups", [])
+    if not isinstance(groups, list) or not all(isinstance(g, str) for g in groups):
+        raise TokenError("token 'groups' claim is not a list of strings")
+    subject = claims.get("sub")
+    return Principal.of(groups, subject if isinstance(subject, str) else None)

@@ -1,0 +1,171 @@
+"""The site tree: decoding the `__path_tree__` record into validated entries (pure)."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import gzip
+import hashlib
+import json
+import zlib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from .pathrules import InvalidPath, normalize_key
+
+
+class TreeError(ValueError):
+    """The tree record cannot be used at all: the site is refused."""
+
+
+@dataclass(frozen=True, slots=True)
+class BlobPointer:
+    """Where a file's bytes live when they are not stored as chunks."""
+
+    url: str
+    size: int
+    sha256: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PathEntry:
+    """One file of the site, as the tree describes it."""
+
+    key: str  # canonical path, no leading "/"
+    source_key: str  # the key exactly as written in the tree
+    is_public: bool
+    groups: frozenset[str]
+    size: int | None = None  # None: unknown until the page is first read
+    sha256: str | None = None
+    mtime: float | None = None
+    blob: BlobPointer | None = None
+
+
+@dataclass(slots=True)
+class SiteTree:
+    entries: dict[str, PathEntry]
+    version: str  # changes whenever the tree record changes
+    skipped: list[tuple[str, str]] = field(default_factory=list)  # (key, reason)
+
+
+def decode_tree_document(document: str | bytes) -> object:
+    """Decode a tree record's document: plain JSON, or base64 of (gzipped) JSON."""
+    raw = document.encode("utf-8") if isinstance(document, str) else document
+    text = raw.strip()
+    if not text:
+        raise TreeError("path tree record is empty")
+    if text[:1] in (b"{", b"["):
+        payload = text
+    else:
+        try:
+            payload = base64.b64decode(text, validate=True)
+        except (binascii.Error, ValueError) as exc:
+            raise TreeError("path tree is neither JSON nor base64") from exc
+        if payload[:2] == b"\x1f\x8b":
+            try:
+                payload = gzip.decompress(payload)
+            except (OSError, EOFError, zlib.error) as exc:
+                raise TreeError(f"path tree gzip data is corrupt: {exc}") from exc
+    try:
+        return json.loads(payload)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise TreeError(f"path tree is not valid JSON: {exc}") from exc
+
+
+def encode_tree_document(tree: Mapping[str, Mapping[str, object]]) -> str:
+    """gzip + base64 of compact JSON, the layout the reference design uses."""
+    data = json.dumps(tree, separators=(",", ":"), sort_keys=True, ensure_ascii=False)
+    compressed = gzip.compress(data.encode("utf-8"), compresslevel=9, mtime=0)
+    return base64.b64encode(compressed).decode("ascii")
+
+
+def _optional_int(value: object, name: str) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise InvalidPath(f"'{name}' is not a non-negative integer")
+    return value
+
+
+def _optional_sha256(value: object) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or len(value) != 64:
+        raise InvalidPath("'sha256' is not a 64-digit hex string")
+    try:
+        bytes.fromhex(value)
+    except ValueError as exc:
+        raise InvalidPath("'sha256' is not a 64-digit hex string") from exc
+    return value.lower()
+
+
+def _parse_entry(source_key: str, raw: object) -> PathEntry:
+    key = normalize_key(source_key)
+    if not isinstance(raw, Mapping):
+        raise InvalidPath("entry is not an object")
+    is_public = raw.get("isPublic", False)
+    if not isinstance(is_public, bool):
+        raise InvalidPath("'isPublic' is not a boolean")
+    groups = raw.get("groups", [])
+    if groups is None:
+        groups = []
+    if not isinstance(groups, list) or not all(isinstance(g, str) for g in groups):
+        raise InvalidPath("'groups' is not a list of strings")
+    mtime = raw.get("mtime")
+    if mtime is not None and (isinstance(mtime, bool) or not isinstance(mtime, int | float)):
+        raise InvalidPath("'mtime' is not a number")
+    blob = None
+    raw_blob = raw.get("blob")
+    if raw_blob is not None:
+        if not isinstance(raw_blob, Mapping) or not isinstance(raw_blob.get("url"), str):
+            raise InvalidPath("'blob' is not an object with a 'url'")
+        blob_size = _optional_int(raw_blob.get("size"), "blob.size")
+        if blob_size is None:
+            raise InvalidPath("'blob' has no size")
+        blob = BlobPointer(raw_blob["url"], blob_size, _optional_sha256(raw_blob.get("sha256")))
+    size = _optional_int(raw.get("size"), "size")
+    sha256 = _optional_sha256(raw.get("sha256"))
+    if blob is not None:
+        size = blob.size
+        sha256 = blob.sha256 or sha256
+    return PathEntry(
+        key=key,
+        source_key=source_key,
+        is_public=is_public,
+        groups=frozenset(groups),
+        size=size,
+        sha256=sha256,
+        mtime=float(mtime) if mtime is not None else None,
+        blob=blob,
+    )
+
+
+def parse_tree(document: str | bytes) -> SiteTree:
+    """Decode and validate a tree record. Bad entries are skipped with a reason."""
+    obj = decode_tree_document(document)
+    if not isinstance(obj, Mapping):
+        raise TreeError("path tree is not a JSON object of path -> entry")
+    entries: dict[str, PathEntry] = {}
+    skipped: list[tuple[str, str]] = []
+    for source_key, raw in obj.items():
+        try:
+            entry = _parse_entry(source_key, raw)
+        except InvalidPath as exc:
+            skipped.append((repr(source_key), str(exc)))
+            continue
+        if entry.key in entries:
+            skipped.append((repr(source_key), "duplicate of another key once '/' is stripped"))
+            continue
+        entries[entry.key] = entry
+    # A key that is also the parent directory of another key cannot be a file.
+    directories = {k.rsplit("/", 1)[0] for k in entries if "/" in k}
+    prefixes: set[str] = set()
+    for d in directories:
+        parts = d.split("/")
+        prefixes.update("/".join(parts[:i]) for i in range(1, len(parts) + 1))
+    for key in sorted(prefixes & entries.keys()):
+        del entries[key]
+        skipped.append((repr(key), "is both a file and a directory; the directory wins"))
+    version_source = document.encode("utf-8") if isinstance(document, str) else document
+    version = hashlib.sha256(version_source).hexdigest()[:16]
+    return SiteTree(entries=entries, version=version, skipped=skipped)
