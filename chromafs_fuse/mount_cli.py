@@ -9,6 +9,7 @@ its command line or environment.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import errno
 import logging
 import os
@@ -47,6 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--cache-timeout", type=float, default=3600.0, help="kernel entry/attr cache seconds")
     parser.add_argument("--backend-timeout", type=float, default=10.0, help="seconds before a backend call fails")
     parser.add_argument("--log-file", help="log here (default: stderr in the foreground, syslog otherwise)")
+    parser.add_argument("--pid-file", help="write the daemon's PID here while it serves")
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     parser.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--token-stdin", action="store_true", help=argparse.SUPPRESS)
@@ -231,11 +233,17 @@ def serve(args: argparse.Namespace, ops: object, ready_fd: int | None) -> None:
             nursery.cancel_scope.cancel()
 
     pyfuse3.init(ops, mountpoint, options)  # type: ignore[arg-type]
+    if args.pid_file:
+        with open(args.pid_file, "w") as f:
+            f.write(f"{os.getpid()}\n")
     try:
         trio.run(run)
     finally:
         pyfuse3.close(unmount=True)
         log.info("unmounted %s", mountpoint)
+        if args.pid_file:
+            with contextlib.suppress(OSError):
+                os.unlink(args.pid_file)
 
 
 def fail(args: argparse.Namespace, message: str) -> int:

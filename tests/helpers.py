@@ -1,0 +1,149 @@
+"""Test helpers: run the real CLIs, mount for real, always unmount."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+SAMPLE_SITE = REPO / "chromafs_fuse" / "sample_site"
+BIN = Path(sys.executable).parent
+MOUNT = str(BIN / "chromafs-mount")
+INGEST = str(BIN / "chromafs-ingest")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def is_mounted(path: Path) -> bool:
+    target = os.path.realpath(path)
+    with open("/proc/self/mounts") as f:
+        return any(line.split()[1].encode().decode("unicode_escape") == target for line in f)
+
+
+def unmount(path: Path) -> None:
+    for _ in range(50):
+        if not is_mounted(path):
+            return
+        subprocess.run(["fusermount3", "-u", str(path)], capture_output=True, check=False)
+        if not is_mounted(path):
+            return
+        time.sleep(0.1)
+    subprocess.run(["fusermount3", "-u", "-z", str(path)], capture_output=True, check=False)
+
+
+def ingest(source: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run([INGEST, str(source), *args], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    return proc
+
+
+def try_mount(mountpoint: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    full_env = {k: v for k, v in os.environ.items() if k != "CHROMAFS_TOKEN"}
+    full_env.update(env or {})
+    return subprocess.run(
+        [MOUNT, str(mountpoint), *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=full_env,
+        stdin=subprocess.DEVNULL,
+    )
+
+
+@contextlib.contextmanager
+def mounted(mountpoint: Path, *args: str, env: dict[str, str] | None = None) -> Iterator[Path]:
+    """Mount with the real CLI (background daemon); unmount even if the test fails."""
+    mountpoint.mkdir(parents=True, exist_ok=True)
+    log_file = mountpoint.parent / f"{mountpoint.name}.log"
+    pid_file = mountpoint.parent / f"{mountpoint.name}.pid"
+    proc = try_mount(mountpoint, *args, "--log-file", str(log_file), "--pid-file", str(pid_file), env=env)
+    try:
+        assert proc.returncode == 0, f"mount failed: {proc.stderr}"
+        assert is_mounted(mountpoint)
+        yield mountpoint
+    finally:
+        pid = None
+        with contextlib.suppress(OSError, ValueError):
+            pid = int(pid_file.read_text())
+        unmount(mountpoint)
+        if pid is not None:
+            for _ in range(100):
+                try:
+                    os.kill(pid, 0)
+                except ProcessLookupError:
+                    break
+                time.sleep(0.05)
+            else:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+
+
+def run(cmd: list[str], cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=cwd)
+
+
+def tree_listing(root: Path) -> set[str]:
+    """Every file and directory under root, relative, via the real `find`."""
+    out = subprocess.run(["find", ".", "-mindepth", "1"], cwd=root, capture_output=True, timeout=120, check=True)
+    return {p[2:] for p in out.stdout.decode("utf-8").split("\n") if p}
+
+
+# -- what the sample site should look like, derived independently of the ingest code --
+
+NAVIGATION_PUBLIC = {"index", "quickstart", "guides/migration"}  # public groups of sample_site/docs.json
+
+
+def sample_access(site: Path, default: str) -> dict[str, tuple[bool, frozenset[str]]]:
+    """relative path -> (public, groups) for every file of the sample site."""
+    table: dict[str, tuple[bool, frozenset[str]]] = {}
+    for path in sorted(site.rglob("*")):
+        if not path.is_file():
+            continue
+        rel = path.relative_to(site).as_posix()
+        public, groups, said = False, frozenset(), False
+        if path.suffix in (".md", ".mdx"):
+            text = path.read_bytes().decode("utf-8").replace("\r\n", "\n")
+            if text.startswith("---\n"):
+                front = yaml.safe_load(text.split("---\n")[1]) or {}
+                if "public" in front or "groups" in front:
+                    said = True
+                    public = bool(front.get("public", False))
+                    groups = frozenset(front.get("groups") or [])
+            if not said and rel.rsplit(".", 1)[0] in NAVIGATION_PUBLIC:
+                said, public = True, True
+        if not said:
+            public = default == "public"
+        table[rel] = (public, groups)
+    return table
+
+
+def expected_visible(site: Path, default: str, user_groups: set[str] | None) -> set[str]:
+    """user_groups None = anonymous; a set = a valid token with those groups."""
+    visible = set()
+    for rel, (public, groups) in sample_access(site, default).items():
+        if public or (user_groups is not None and (not groups or groups & user_groups)):
+            visible.add(rel)
+    return visible
+
+
+def copy_subset(site: Path, files: set[str], dest: Path) -> Path:
+    for rel in files:
+        target = dest / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(site / rel, target)
+    dest.mkdir(parents=True, exist_ok=True)
+    return dest

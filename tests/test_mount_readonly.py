@@ -1,0 +1,47 @@
+"""Every way to change the mount fails with EROFS; there are no xattrs."""
+
+from __future__ import annotations
+
+import errno
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from helpers import mounted
+
+
+def _errno_of(fn: Callable[[], object]) -> int:
+    with pytest.raises(OSError) as info:
+        fn()
+    return info.value.errno or 0
+
+
+def test_writes_fail_with_erofs(sample_chroma: Callable[[str], Path], mnt: Path) -> None:
+    with mounted(mnt, "--site", "acme", "--chroma-path", str(sample_chroma("public"))):
+        page = mnt / "auth" / "oauth.mdx"
+        before = page.read_bytes()
+        attempts: dict[str, Callable[[], object]] = {
+            "open for write": lambda: open(page, "r+b"),
+            "open for append": lambda: open(page, "ab"),
+            "truncate": lambda: os.truncate(page, 0),
+            "create": lambda: open(mnt / "new.md", "w"),
+            "mkdir": lambda: os.mkdir(mnt / "newdir"),
+            "unlink": lambda: os.unlink(page),
+            "rmdir": lambda: os.rmdir(mnt / "auth"),
+            "rename": lambda: os.rename(page, mnt / "auth" / "moved.mdx"),
+            "chmod": lambda: os.chmod(page, 0o644),
+            "utime": lambda: os.utime(page, (0, 0)),
+            "symlink": lambda: os.symlink("oauth.mdx", mnt / "auth" / "link"),
+            "link": lambda: os.link(page, mnt / "auth" / "hard"),
+            "setxattr": lambda: os.setxattr(page, "user.x", b"1"),
+            "removexattr": lambda: os.removexattr(page, "user.x"),
+            "mknod": lambda: os.mknod(mnt / "fifo", 0o600 | 0o010000),
+        }
+        for what, attempt in attempts.items():
+            assert _errno_of(attempt) == errno.EROFS, what
+        assert page.read_bytes() == before
+        assert os.listxattr(page) == []
+        assert _errno_of(lambda: os.getxattr(page, "user.anything")) == errno.ENODATA
+        assert not os.access(page, os.W_OK)
+        assert os.access(page, os.R_OK)
