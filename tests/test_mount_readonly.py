@@ -22,10 +22,10 @@ def test_writes_fail_with_erofs(sample_chroma: Callable[[str], Path], mnt: Path)
         page = mnt / "auth" / "oauth.mdx"
         before = page.read_bytes()
         attempts: dict[str, Callable[[], object]] = {
-            "open for write": lambda: open(page, "r+b"),
-            "open for append": lambda: open(page, "ab"),
+            "open for write": lambda: os.open(page, os.O_RDWR),
+            "open for append": lambda: os.open(page, os.O_WRONLY | os.O_APPEND),
             "truncate": lambda: os.truncate(page, 0),
-            "create": lambda: open(mnt / "new.md", "w"),
+            "create": lambda: os.open(mnt / "new.md", os.O_CREAT | os.O_WRONLY, 0o644),
             "mkdir": lambda: os.mkdir(mnt / "newdir"),
             "unlink": lambda: os.unlink(page),
             "rmdir": lambda: os.rmdir(mnt / "auth"),
