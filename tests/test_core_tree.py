@@ -1,0 +1,137 @@
+"""The pure core: path rules, tree decoding, access filtering, inode table."""
+
+from __future__ import annotations
+
+import base64
+import gzip
+import json
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from chromafs_fuse.access import Principal, may_read, visible_entries
+from chromafs_fuse.inodes import ROOT_INODE, InodeTable
+from chromafs_fuse.pathrules import InvalidPath, normalize_key
+from chromafs_fuse.tree import TreeError, encode_tree_document, parse_tree
+
+
+def doc(obj: object) -> str:
+    return json.dumps(obj)
+
+
+@pytest.mark.parametrize(
+    "raw",
+    ["", "/", "a/", "a//b", "./a", "a/./b", "../a", "a/..", "a\x00b", "a\nb", "a\x7fb", "x" * 256, "a/" * 2048 + "b"],
+)
+def test_bad_keys_are_rejected(raw: str) -> None:
+    with pytest.raises(InvalidPath):
+        normalize_key(raw)
+
+
+@pytest.mark.parametrize(("raw", "key"), [("/a/b.mdx", "a/b.mdx"), ("a/b.mdx", "a/b.mdx"), ("日本語/は.md", "日本語/は.md")])
+def test_good_keys_are_normalized(raw: str, key: str) -> None:
+    assert normalize_key(raw) == key
+
+
+def test_tree_in_every_encoding_decodes_the_same() -> None:
+    tree = {"/auth/oauth.mdx": {"isPublic": True, "groups": []}, "internal/billing.mdx": {"groups": ["admin"]}}
+    plain = json.dumps(tree)
+    encodings = [plain, base64.b64encode(plain.encode()).decode(), base64.b64encode(gzip.compress(plain.encode())).decode(),
+                 encode_tree_document(tree)]
+    parsed = [parse_tree(e).entries for e in encodings]
+    assert all(p == parsed[0] for p in parsed)
+    assert set(parsed[0]) == {"auth/oauth.mdx", "internal/billing.mdx"}
+    assert parsed[0]["auth/oauth.mdx"].source_key == "/auth/oauth.mdx"
+    assert parsed[0]["internal/billing.mdx"].is_public is False
+    assert parsed[0]["internal/billing.mdx"].size is None
+
+
+@pytest.mark.parametrize(
+    "document",
+    ["", "not json", base64.b64encode(b"\x1f\x8b\x08garbage").decode(), "[1, 2]", '"text"',
+     base64.b64encode(gzip.compress(b"{broken")).decode()],
+)
+def test_unusable_tree_is_refused(document: str) -> None:
+    with pytest.raises(TreeError):
+        parse_tree(document)
+
+
+def test_bad_entries_are_skipped_not_fatal() -> None:
+    tree = {
+        "ok.md": {"isPublic": True},
+        "a/../b.md": {"isPublic": True},
+        "bad-public.md": {"isPublic": "yes"},
+        "bad-groups.md": {"groups": "admin"},
+        "bad-size.md": {"isPublic": True, "size": -1},
+        "bad-sha.md": {"isPublic": True, "sha256": "zz"},
+        "not-object.md": [],
+        "dir": {"isPublic": True},
+        "dir/child.md": {"isPublic": True},
+        "/ok.md": {"isPublic": True},
+    }
+    parsed = parse_tree(doc(tree))
+    assert set(parsed.entries) == {"ok.md", "dir/child.md"}
+    skipped = {k for k, _ in parsed.skipped}
+    assert len(skipped) == len(tree) - 2
+
+
+def test_access_rule() -> None:
+    tree = parse_tree(doc({
+        "pub.md": {"isPublic": True, "groups": ["admin"]},
+        "any-user.md": {"isPublic": False, "groups": []},
+        "admin.md": {"groups": ["admin"]},
+        "billing.md": {"groups": ["billing"]},
+        "both.md": {"groups": ["admin", "billing"]},
+    })).entries
+    def sees(p: Principal) -> set[str]:
+        return set(visible_entries(tree, p))
+    assert sees(Principal.anonymous()) == {"pub.md"}
+    assert sees(Principal.of([])) == {"pub.md", "any-user.md"}
+    assert sees(Principal.of(["billing"])) == {"pub.md", "any-user.md", "billing.md", "both.md"}
+    assert sees(Principal.of(["admin", "x"])) == {"pub.md", "any-user.md", "admin.md", "both.md"}
+
+
+GROUPS = st.sampled_from(["admin", "billing", "eng", "support"])
+NAME = st.text(alphabet="abcé日-_. ", min_size=1, max_size=6).filter(lambda s: s not in (".", ".."))
+ENTRY = st.fixed_dictionaries({"isPublic": st.booleans(), "groups": st.lists(GROUPS, max_size=2)})
+TREE = st.dictionaries(st.lists(NAME, min_size=1, max_size=4).map("/".join), ENTRY, max_size=25)
+
+
+@given(TREE, st.one_of(st.none(), st.frozensets(GROUPS)))
+def test_property_visible_set_is_exactly_the_rule(raw: dict[str, dict[str, object]], groups: frozenset[str] | None) -> None:
+    principal = Principal.anonymous() if groups is None else Principal.of(groups)
+    parsed = parse_tree(doc(raw))
+    table = InodeTable(visible_entries(parsed.entries, principal))
+    reachable: set[str] = set()
+    dirs: set[str] = set()
+
+    def walk(inode: int, prefix: str) -> None:
+        for name, child in table.nodes[inode].sorted_children:
+            path = prefix + name.decode()
+            node = table.nodes[child]
+            assert table.lookup(inode, name) is node
+            if node.is_dir:
+                dirs.add(path)
+                walk(child, path + "/")
+            else:
+                reachable.add(path)
+
+    walk(ROOT_INODE, "")
+    expected = {k for k, e in parsed.entries.items() if may_read(e, principal)}
+    assert reachable == expected
+    # every directory holds at least one visible file
+    assert all(any(f.startswith(d + "/") for f in reachable) for d in dirs)
+    # names outside the visible set are not reachable by lookup
+    for key in set(parsed.entries) - expected:
+        assert table.resolve(key) is None
+
+
+def test_inodes_are_stable_and_independent_of_hidden_paths() -> None:
+    full = parse_tree(doc({"a/b.md": {"isPublic": True}, "a/secret.md": {"groups": ["x"]}, "c.md": {"isPublic": True}}))
+    public = InodeTable(visible_entries(full.entries, Principal.anonymous()))
+    everyone = InodeTable(visible_entries(full.entries, Principal.of(["x"])))
+    for path in ("a", "a/b.md", "c.md"):
+        assert public.resolve(path).inode == everyone.resolve(path).inode  # type: ignore[union-attr]
+    assert public.resolve("a/secret.md") is None
+    assert public.lookup(ROOT_INODE, b"..") is public.nodes[ROOT_INODE]
