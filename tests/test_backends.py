@@ -20,27 +20,45 @@ MINTLIFY = Path(__file__).resolve().parents[2] / "shared" / "corpora" / "mintlif
 
 
 def test_chroma_server_backend(chroma_server, mnt: Path, tmp_path: Path, token_file, secret_file: Path) -> None:  # type: ignore[no-untyped-def]
-    ingest(SAMPLE_SITE, "--site", "acme", "--chroma-url", chroma_server.url, "--blob-store",
-           (tmp_path / "blobs").as_uri(), "--quiet")
+    ingest(
+        SAMPLE_SITE,
+        "--site",
+        "acme",
+        "--chroma-url",
+        chroma_server.url,
+        "--blob-store",
+        (tmp_path / "blobs").as_uri(),
+        "--quiet",
+    )
     for groups in (None, ["billing"]):
         visible = expected_visible(SAMPLE_SITE, "public", None if groups is None else set(groups))
         copy = copy_subset(SAMPLE_SITE, visible, tmp_path / f"expected-{groups}")
-        token_args = [] if groups is None else ["--token-file", str(token_file(groups)), "--jwt-secret-file",
-                                                str(secret_file)]
+        token_args = (
+            [] if groups is None else ["--token-file", str(token_file(groups)), "--jwt-secret-file", str(secret_file)]
+        )
         with mounted(mnt, "--site", "acme", "--chroma-url", chroma_server.url, *token_args):
             diff = run(["diff", "-r", str(copy), str(mnt)])
             assert diff.returncode == 0, diff.stdout + diff.stderr
 
 
-def _minimal_collection(path: Path, name: str, tree_document: str, records: list[tuple[str, int, str]],
-                        page_field: str = "page_slug", index_field: str = "chunk_index") -> None:
+def _minimal_collection(
+    path: Path,
+    name: str,
+    tree_document: str,
+    records: list[tuple[str, int, str]],
+    page_field: str = "page_slug",
+    index_field: str = "chunk_index",
+) -> None:
     """Write a collection the way the reference design and other tools do, with plain chromadb calls."""
     client = chromadb.PersistentClient(path=str(path), settings=Settings(anonymized_telemetry=False))
     collection = client.create_collection(name, embedding_function=None)
     ids = [f"{slug}-{i}-{n}" for n, (slug, i, _) in enumerate(records)]
-    collection.add(ids=ids, documents=[r[2] for r in records],
-                   metadatas=[{page_field: r[0], index_field: r[1]} for r in records],
-                   embeddings=[[float(n % 7), 1.0, 0.5] for n in range(len(records))])
+    collection.add(
+        ids=ids,
+        documents=[r[2] for r in records],
+        metadatas=[{page_field: r[0], index_field: r[1]} for r in records],
+        embeddings=[[float(n % 7), 1.0, 0.5] for n in range(len(records))],
+    )
     collection.add(ids=["__path_tree__"], documents=[tree_document], embeddings=[[0.0, 0.0, 0.0]])
 
 
@@ -54,8 +72,10 @@ PAGES = {
 
 @pytest.mark.parametrize("variant", ["plain-json-leading-slash", "gzip-base64-custom-fields"])
 def test_minimal_reference_format_mounts_and_reads(variant: str, mnt: Path, tmp_path: Path) -> None:
-    tree = {("/" + k if variant.startswith("plain") else k): {"isPublic": not k.startswith("secret"), "groups": []}
-            for k in PAGES}
+    tree = {
+        ("/" + k if variant.startswith("plain") else k): {"isPublic": not k.startswith("secret"), "groups": []}
+        for k in PAGES
+    }
     tree["broken.md"] = {"isPublic": True, "groups": []}
     if variant.startswith("plain"):
         document, fields = json.dumps(tree), ("page_slug", "chunk_index")
@@ -65,11 +85,20 @@ def test_minimal_reference_format_mounts_and_reads(variant: str, mnt: Path, tmp_
     records = [(k, i, text) for k, chunks in PAGES.items() for i, text in enumerate(chunks)]
     records += [("broken.md", 0, "first"), ("broken.md", 2, "third")]  # chunk 1 is missing
     _minimal_collection(tmp_path / "chroma", "minimal", document, records, *fields)
-    args = ["--site", "minimal", "--chroma-path", str(tmp_path / "chroma"),
-            "--page-field", fields[0], "--chunk-index-field", fields[1]]
+    args = [
+        "--site",
+        "minimal",
+        "--chroma-path",
+        str(tmp_path / "chroma"),
+        "--page-field",
+        fields[0],
+        "--chunk-index-field",
+        fields[1],
+    ]
     with mounted(mnt, *args):
         assert sorted(run(["find", ".", "-type", "f"], cwd=mnt).stdout.split()) == sorted(
-            ["./broken.md", "./intro.md", "./guide/setup.mdx", "./guide/deep/nested.txt"])
+            ["./broken.md", "./intro.md", "./guide/setup.mdx", "./guide/deep/nested.txt"]
+        )
         # no sizes in the tree: grep must still see every byte of a never-read page
         grep = run(["grep", "-rn", "Verify", "."], cwd=mnt)
         assert "./guide/setup.mdx:7:## Verify" in grep.stdout
@@ -145,8 +174,17 @@ def test_token_never_reaches_the_daemon_command_line_environment_or_log(
     sample_chroma: Callable[[str], Path], make_token: Callable[..., str], secret_file: Path, mnt: Path
 ) -> None:
     token = make_token(["admin"])
-    with mounted(mnt, "--site", "acme", "--chroma-path", str(sample_chroma("public")), "--token", token,
-                 "--jwt-secret-file", str(secret_file)):
+    with mounted(
+        mnt,
+        "--site",
+        "acme",
+        "--chroma-path",
+        str(sample_chroma("public")),
+        "--token",
+        token,
+        "--jwt-secret-file",
+        str(secret_file),
+    ):
         assert (mnt / "internal" / "billing.mdx").exists()
         pid = int((mnt.parent / "mnt.pid").read_text())
         assert token.encode() not in Path(f"/proc/{pid}/cmdline").read_bytes()

@@ -10,7 +10,9 @@ from hypothesis import strategies as st
 
 from chromafs_fuse.chunks import CorruptPage, Expected, reassemble, split_page
 
-TEXT = st.lists(st.sampled_from(["a", "b", " ", "#", "\n", "\r", "\t", "`", "é", "日", "\n\n", "# H\n", "```\n", "word " * 30])).map("".join)
+TEXT = st.lists(
+    st.sampled_from(["a", "b", " ", "#", "\n", "\r", "\t", "`", "é", "日", "\n\n", "# H\n", "```\n", "word " * 30])
+).map("".join)
 
 
 @given(TEXT, st.integers(min_value=1, max_value=400))

@@ -29,7 +29,9 @@ def test_bad_keys_are_rejected(raw: str) -> None:
         normalize_key(raw)
 
 
-@pytest.mark.parametrize(("raw", "key"), [("/a/b.mdx", "a/b.mdx"), ("a/b.mdx", "a/b.mdx"), ("日本語/は.md", "日本語/は.md")])
+@pytest.mark.parametrize(
+    ("raw", "key"), [("/a/b.mdx", "a/b.mdx"), ("a/b.mdx", "a/b.mdx"), ("日本語/は.md", "日本語/は.md")]
+)
 def test_good_keys_are_normalized(raw: str, key: str) -> None:
     assert normalize_key(raw) == key
 
@@ -37,8 +39,12 @@ def test_good_keys_are_normalized(raw: str, key: str) -> None:
 def test_tree_in_every_encoding_decodes_the_same() -> None:
     tree = {"/auth/oauth.mdx": {"isPublic": True, "groups": []}, "internal/billing.mdx": {"groups": ["admin"]}}
     plain = json.dumps(tree)
-    encodings = [plain, base64.b64encode(plain.encode()).decode(), base64.b64encode(gzip.compress(plain.encode())).decode(),
-                 encode_tree_document(tree)]
+    encodings = [
+        plain,
+        base64.b64encode(plain.encode()).decode(),
+        base64.b64encode(gzip.compress(plain.encode())).decode(),
+        encode_tree_document(tree),
+    ]
     parsed = [parse_tree(e).entries for e in encodings]
     assert all(p == parsed[0] for p in parsed)
     assert set(parsed[0]) == {"auth/oauth.mdx", "internal/billing.mdx"}
@@ -49,8 +55,14 @@ def test_tree_in_every_encoding_decodes_the_same() -> None:
 
 @pytest.mark.parametrize(
     "document",
-    ["", "not json", base64.b64encode(b"\x1f\x8b\x08garbage").decode(), "[1, 2]", '"text"',
-     base64.b64encode(gzip.compress(b"{broken")).decode()],
+    [
+        "",
+        "not json",
+        base64.b64encode(b"\x1f\x8b\x08garbage").decode(),
+        "[1, 2]",
+        '"text"',
+        base64.b64encode(gzip.compress(b"{broken")).decode(),
+    ],
 )
 def test_unusable_tree_is_refused(document: str) -> None:
     with pytest.raises(TreeError):
@@ -77,15 +89,21 @@ def test_bad_entries_are_skipped_not_fatal() -> None:
 
 
 def test_access_rule() -> None:
-    tree = parse_tree(doc({
-        "pub.md": {"isPublic": True, "groups": ["admin"]},
-        "any-user.md": {"isPublic": False, "groups": []},
-        "admin.md": {"groups": ["admin"]},
-        "billing.md": {"groups": ["billing"]},
-        "both.md": {"groups": ["admin", "billing"]},
-    })).entries
+    tree = parse_tree(
+        doc(
+            {
+                "pub.md": {"isPublic": True, "groups": ["admin"]},
+                "any-user.md": {"isPublic": False, "groups": []},
+                "admin.md": {"groups": ["admin"]},
+                "billing.md": {"groups": ["billing"]},
+                "both.md": {"groups": ["admin", "billing"]},
+            }
+        )
+    ).entries
+
     def sees(p: Principal) -> set[str]:
         return set(visible_entries(tree, p))
+
     assert sees(Principal.anonymous()) == {"pub.md"}
     assert sees(Principal.of([])) == {"pub.md", "any-user.md"}
     assert sees(Principal.of(["billing"])) == {"pub.md", "any-user.md", "billing.md", "both.md"}
@@ -99,7 +117,9 @@ TREE = st.dictionaries(st.lists(NAME, min_size=1, max_size=4).map("/".join), ENT
 
 
 @given(TREE, st.one_of(st.none(), st.frozensets(GROUPS)))
-def test_property_visible_set_is_exactly_the_rule(raw: dict[str, dict[str, object]], groups: frozenset[str] | None) -> None:
+def test_property_visible_set_is_exactly_the_rule(
+    raw: dict[str, dict[str, object]], groups: frozenset[str] | None
+) -> None:
     principal = Principal.anonymous() if groups is None else Principal.of(groups)
     parsed = parse_tree(doc(raw))
     table = InodeTable(visible_entries(parsed.entries, principal))

@@ -33,16 +33,21 @@ def hs_key(tmp_path: Path):  # type: ignore[no-untyped-def]
 
 def _pem(tmp_path: Path, private_key: object) -> Path:
     path = tmp_path / "pub.pem"
-    path.write_bytes(private_key.public_key().public_bytes(  # type: ignore[attr-defined]
-        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
+    path.write_bytes(
+        private_key.public_key().public_bytes(  # type: ignore[attr-defined]
+            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+        )
+    )
     return path
 
 
 @pytest.mark.parametrize(
     ("make_key", "alg"),
-    [(ed25519.Ed25519PrivateKey.generate, "EdDSA"),
-     (lambda: rsa.generate_private_key(65537, 2048), "RS256"),
-     (lambda: ec.generate_private_key(ec.SECP256R1()), "ES256")],
+    [
+        (ed25519.Ed25519PrivateKey.generate, "EdDSA"),
+        (lambda: rsa.generate_private_key(65537, 2048), "RS256"),
+        (lambda: ec.generate_private_key(ec.SECP256R1()), "ES256"),
+    ],
 )
 def test_public_key_algorithms(tmp_path: Path, make_key: Callable[[], object], alg: str) -> None:
     private = make_key()
@@ -67,7 +72,8 @@ def _b64(obj: object) -> str:
 def bad_tokens(tmp_path: Path) -> dict[str, str]:
     rsa_private = rsa.generate_private_key(65537, 2048)
     rsa_public_pem = rsa_private.public_key().public_bytes(
-        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+    )
     return {
         "wrong signature": jwt.encode(_claims(), "another-secret-0123456789abcdef-0123", "HS256"),
         "expired": jwt.encode(_claims(exp=int(time.time()) - 60), SECRET, "HS256"),
@@ -78,9 +84,17 @@ def bad_tokens(tmp_path: Path) -> dict[str, str]:
         "groups not a list": jwt.encode(_claims(groups="admin"), SECRET, "HS256"),
         "groups not strings": jwt.encode(_claims(groups=[1, 2]), SECRET, "HS256"),
         "alg none": _b64({"alg": "none", "typ": "JWT"}) + "." + _b64(_claims()) + ".",
-        "HS256 signed with an RSA public key": _b64({"alg": "HS256", "typ": "JWT"}) + "." + _b64(_claims()) + "."
-        + base64.urlsafe_b64encode(__import__("hmac").new(rsa_public_pem, (_b64({"alg": "HS256", "typ": "JWT"}) + "."
-        + _b64(_claims())).encode(), "sha256").digest()).rstrip(b"=").decode(),
+        "HS256 signed with an RSA public key": _b64({"alg": "HS256", "typ": "JWT"})
+        + "."
+        + _b64(_claims())
+        + "."
+        + base64.urlsafe_b64encode(
+            __import__("hmac")
+            .new(rsa_public_pem, (_b64({"alg": "HS256", "typ": "JWT"}) + "." + _b64(_claims())).encode(), "sha256")
+            .digest()
+        )
+        .rstrip(b"=")
+        .decode(),
         "malformed": "not-a-jwt",
         "huge": "a" * 20000,
     }
@@ -107,17 +121,43 @@ def test_cli_refuses_bad_tokens_with_one_line_and_no_mount(
     for what, token in bad_tokens(tmp_path).items():
         token_path = tmp_path / "t.jwt"
         token_path.write_text(token)
-        proc = try_mount(mnt, "--site", "acme", "--chroma-path", chroma, "--token-file", str(token_path),
-                         "--jwt-secret-file", str(secret))
+        proc = try_mount(
+            mnt,
+            "--site",
+            "acme",
+            "--chroma-path",
+            chroma,
+            "--token-file",
+            str(token_path),
+            "--jwt-secret-file",
+            str(secret),
+        )
         assert proc.returncode != 0, what
         lines = proc.stderr.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("chromafs-mount: "), (what, proc.stderr)
         assert token not in proc.stderr
         assert not is_mounted(mnt), what
     # token through the environment is verified too; an unreadable token file is refused
-    env_proc = try_mount(mnt, "--site", "acme", "--chroma-path", chroma, "--jwt-secret-file", str(secret),
-                         env={"CHROMAFS_TOKEN": "garbage"})
+    env_proc = try_mount(
+        mnt,
+        "--site",
+        "acme",
+        "--chroma-path",
+        chroma,
+        "--jwt-secret-file",
+        str(secret),
+        env={"CHROMAFS_TOKEN": "garbage"},
+    )
     assert env_proc.returncode != 0 and not is_mounted(mnt)
-    missing = try_mount(mnt, "--site", "acme", "--chroma-path", chroma, "--token-file", str(tmp_path / "nope"),
-                        "--jwt-secret-file", str(secret))
+    missing = try_mount(
+        mnt,
+        "--site",
+        "acme",
+        "--chroma-path",
+        chroma,
+        "--token-file",
+        str(tmp_path / "nope"),
+        "--jwt-secret-file",
+        str(secret),
+    )
     assert missing.returncode != 0 and "cannot read token file" in missing.stderr
