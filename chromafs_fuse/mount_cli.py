@@ -71,6 +71,8 @@ def check_mountpoint(path: str) -> None:
     """The mountpoint must be a directory; a stale chromafs mount is cleaned first."""
     try:
         os.stat(path)
+        if os.path.ismount(path):
+            os.statvfs(path)  # never answered from the kernel's caches: detects a dead daemon
     except OSError as exc:
         if exc.errno == errno.ENOTCONN:
             subprocess.run(["fusermount3", "-u", "-z", path], capture_output=True, check=False)

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import jwt
 import pytest
+
 from helpers import BIN, SAMPLE_SITE, free_port, ingest, is_mounted, unmount
 
 SITE = "acme"

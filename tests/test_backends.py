@@ -14,6 +14,7 @@ from pathlib import Path
 import chromadb
 import pytest
 from chromadb.config import Settings
+
 from helpers import SAMPLE_SITE, copy_subset, expected_visible, ingest, mounted, run
 
 MINTLIFY = Path(__file__).resolve().parents[2] / "shared" / "corpora" / "mintlify-docs"

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+
 from helpers import SAMPLE_SITE, copy_subset, expected_visible, mounted, run, tree_listing
 
 READERS = {

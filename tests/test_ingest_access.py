@@ -1,0 +1,83 @@
+"""How ingest derives access from frontmatter, --acl rules, docs.json and the default."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from chromafs_fuse.ingest_access import (
+    Access,
+    AccessSpecError,
+    access_from_fields,
+    match_acl,
+    parse_acl,
+    parse_frontmatter,
+    public_pages_from_navigation,
+)
+from helpers import ingest, mounted, tree_listing
+
+
+def test_frontmatter() -> None:
+    assert parse_frontmatter("---\npublic: true\n---\nbody") == {"public": True}
+    assert parse_frontmatter("---\r\ngroups:\r\n  - admin\r\n---\r\n") == {"groups": ["admin"]}
+    assert parse_frontmatter("# no frontmatter\n---\n") is None
+    assert parse_frontmatter("---\nnever closed") is None
+    with pytest.raises(AccessSpecError):
+        parse_frontmatter("---\ngroups: [admin\n---\n")
+    assert access_from_fields({"title": "x"}, "p") is None
+    assert access_from_fields({"groups": ["a", "b"]}, "p") == Access(False, ("a", "b"))
+    assert access_from_fields({"groups": "a, b"}, "p") == Access(False, ("a", "b"))
+    with pytest.raises(AccessSpecError):
+        access_from_fields({"public": "yes"}, "p")
+
+
+def test_navigation_and_acl_rules() -> None:
+    nav = {
+        "navigation": {
+            "tabs": [
+                {
+                    "tab": "Docs",
+                    "groups": [
+                        {"group": "Open", "public": True, "pages": ["index", {"group": "Nested", "pages": ["a/b"]}]},
+                        {"group": "Closed", "pages": ["secret"]},
+                    ],
+                }
+            ]
+        }
+    }
+    assert public_pages_from_navigation(json.dumps(nav)) == {"index", "a/b"}
+    rules = parse_acl("- glob: 'openapi/*'\n  public: true\n- glob: internal/\n  groups: [admin]\n", "acl.yaml")
+    assert match_acl(rules, "openapi/spec.json") == Access(True)
+    assert match_acl(rules, "internal/deep/x.json") == Access(False, ("admin",))
+    assert match_acl(rules, "other.json") is None
+    with pytest.raises(AccessSpecError):
+        parse_acl("- glob: x\n", "acl.yaml")
+
+
+def test_acl_file_and_unreadable_frontmatter_end_to_end(
+    tmp_path: Path, mnt: Path, token_file: Callable[..., Path], secret_file: Path
+) -> None:
+    site = tmp_path / "site"
+    (site / "specs").mkdir(parents=True)
+    (site / "specs" / "public.json").write_text('{"a": 1}\n')
+    (site / "specs" / "admin.yaml").write_text("a: 1\n")
+    (site / "open.md").write_text("plain page\n")
+    (site / "broken.md").write_text("---\ngroups: [admin\n---\nsecret\n")
+    (site / ".hidden.md").write_text("dot file\n")
+    acl = tmp_path / "acl.json"
+    acl.write_text(
+        json.dumps([{"glob": "specs/public.json", "public": True}, {"glob": "specs/*", "groups": ["admin"]}])
+    )
+    chroma = tmp_path / "chroma"
+    out = ingest(
+        site, "--site", "acme", "--chroma-path", str(chroma), "--acl", str(acl), "--default-access", "authenticated"
+    ).stdout
+    assert "1 pages with unreadable access frontmatter" in out
+    with mounted(mnt, "--site", "acme", "--chroma-path", str(chroma)):
+        assert tree_listing(mnt) == {"specs", "specs/public.json"}
+    admin = ["--token-file", str(token_file(["admin"])), "--jwt-secret-file", str(secret_file)]
+    with mounted(mnt, "--site", "acme", "--chroma-path", str(chroma), *admin):
+        assert tree_listing(mnt) == {"specs", "specs/public.json", "specs/admin.yaml", "open.md"}

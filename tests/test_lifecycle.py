@@ -1,0 +1,97 @@
+"""Mount lifecycle: argument order, clear failures, signals, stale mounts."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from helpers import MOUNT, free_port, is_mounted, mounted, try_mount, unmount
+
+
+def _wait_gone(pid: int, seconds: float = 15) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_mountpoint_may_come_last(sample_chroma: Callable[[str], Path], mnt: Path) -> None:
+    proc = subprocess.run(
+        [MOUNT, "--site", "acme", "--chroma-path", str(sample_chroma("public")), str(mnt)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    try:
+        assert proc.returncode == 0, proc.stderr
+        assert (mnt / "auth" / "oauth.mdx").is_file()
+    finally:
+        unmount(mnt)
+
+
+def test_missing_site_fails_with_one_line(sample_chroma: Callable[[str], Path], mnt: Path) -> None:
+    proc = try_mount(mnt, "--site", "nosuchsite", "--chroma-path", str(sample_chroma("public")))
+    assert proc.returncode == 1
+    assert proc.stderr.count("\n") == 1 and "nosuchsite" in proc.stderr
+    assert not is_mounted(mnt)
+
+
+def test_unreachable_chroma_server_fails_fast(mnt: Path) -> None:
+    started = time.monotonic()
+    proc = try_mount(mnt, "--site", "acme", "--chroma-url", f"http://127.0.0.1:{free_port()}", "--backend-timeout", "3")
+    assert proc.returncode == 1
+    assert proc.stderr.startswith("chromafs-mount: ") and proc.stderr.count("\n") == 1, proc.stderr
+    assert time.monotonic() - started < 30
+    assert not is_mounted(mnt)
+
+
+def test_not_a_directory_and_already_mounted(sample_chroma: Callable[[str], Path], mnt: Path, tmp_path: Path) -> None:
+    chroma = str(sample_chroma("public"))
+    a_file = tmp_path / "file"
+    a_file.write_text("x")
+    proc = try_mount(a_file, "--site", "acme", "--chroma-path", chroma)
+    assert proc.returncode == 1 and "not a directory" in proc.stderr
+    with mounted(mnt, "--site", "acme", "--chroma-path", chroma):
+        again = try_mount(mnt, "--site", "acme", "--chroma-path", chroma)
+        assert again.returncode == 1 and "already mounted" in again.stderr
+        assert (mnt / "index.mdx").is_file()
+
+
+def test_sigterm_and_sigint_unmount_cleanly(sample_chroma: Callable[[str], Path], mnt: Path) -> None:
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        with mounted(mnt, "--site", "acme", "--chroma-path", str(sample_chroma("public"))):
+            pid = int((mnt.parent / "mnt.pid").read_text())
+            reader = subprocess.Popen(
+                ["grep", "-rc", "e", str(mnt)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+            )
+            os.kill(pid, signum)
+            assert _wait_gone(pid), "daemon did not exit"
+            reader.wait(timeout=30)
+            assert not is_mounted(mnt)
+        assert "unmounted" in (mnt.parent / "mnt.log").read_text()
+
+
+def test_killed_daemon_leaves_stale_mount_that_the_next_mount_cleans(
+    sample_chroma: Callable[[str], Path], mnt: Path
+) -> None:
+    chroma = str(sample_chroma("public"))
+    with mounted(mnt, "--site", "acme", "--chroma-path", chroma):
+        pid = int((mnt.parent / "mnt.pid").read_text())
+        os.kill(pid, signal.SIGKILL)
+        assert _wait_gone(pid)
+        try:
+            os.listdir(mnt)
+            raise AssertionError("expected a stale mount")
+        except OSError as exc:
+            assert exc.errno == 107  # ENOTCONN: Transport endpoint is not connected
+        proc = try_mount(mnt, "--site", "acme", "--chroma-path", chroma)
+        assert proc.returncode == 0, proc.stderr
+        assert (mnt / "index.mdx").is_file()
