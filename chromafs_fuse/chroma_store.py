@@ -136,12 +136,17 @@ class ChromaPages:
 
     def fetch_chunks(self, entry: PathEntry) -> list[tuple[object, object]]:
         """(chunk_index, document) of every chunk of the page, in no particular order."""
-        slugs = _slug_variants(entry)
+        return self.fetch_many([entry])[entry.key]
+
+    def fetch_many(self, entries: Sequence[PathEntry]) -> dict[str, list[tuple[object, object]]]:
+        """The chunks of several pages in one query, by page key."""
+        slugs = sorted({slug for entry in entries for slug in _slug_variants(entry)})
         try:
             result = self.collection.get(where={self.page_field: {"$in": slugs}}, include=["documents", "metadatas"])
         except Exception as exc:
-            raise BackendError(f"fetching chunks of {entry.key!r} failed: {exc}") from exc
-        return _pick_chunks(entry, self.page_field, self.chunk_index_field, result)
+            what = repr(entries[0].key) if len(entries) == 1 else f"{len(entries)} pages"
+            raise BackendError(f"fetching chunks of {what} failed: {exc}") from exc
+        return _pick_chunks(entries, self.page_field, self.chunk_index_field, result)
 
 
 def _slug_variants(entry: PathEntry) -> list[str]:
@@ -152,8 +157,8 @@ def _slug_variants(entry: PathEntry) -> list[str]:
 
 
 def _pick_chunks(
-    entry: PathEntry, page_field: str, index_field: str, result: Mapping[str, Any]
-) -> list[tuple[object, object]]:
+    entries: Sequence[PathEntry], page_field: str, index_field: str, result: Mapping[str, Any]
+) -> dict[str, list[tuple[object, object]]]:
     ids: Sequence[str] = result.get("ids") or []
     documents: Sequence[object] = result.get("documents") or [None] * len(ids)
     metadatas: Sequence[Mapping[str, Any] | None] = result.get("metadatas") or [None] * len(ids)
@@ -164,12 +169,14 @@ def _pick_chunks(
         by_slug.setdefault(str(metadata.get(page_field)), []).append(
             (metadata.get(index_field), document, metadata.get(PAGE_SHA_FIELD))
         )
-    if len(by_slug) > 1:
-        # The same page written under two slug spellings: trust the tree's spelling.
-        records = by_slug.get(entry.source_key, by_slug.get(entry.key, []))
-    else:
-        records = next(iter(by_slug.values()), [])
-    if entry.sha256 is not None and any(sha is not None for _, _, sha in records):
-        # During a re-ingest old and new chunks coexist: keep this tree's version only.
-        records = [r for r in records if r[2] == entry.sha256]
-    return [(index, document) for index, document, _ in records]
+    pages: dict[str, list[tuple[object, object]]] = {}
+    for entry in entries:
+        spellings = [s for s in _slug_variants(entry) if s in by_slug]
+        # The same page under two slug spellings: trust the tree's own spelling.
+        chosen = entry.source_key if entry.source_key in spellings else (spellings[0] if spellings else None)
+        records = by_slug.get(chosen, []) if chosen is not None else []
+        if entry.sha256 is not None and any(sha is not None for _, _, sha in records):
+            # During a re-ingest old and new chunks coexist: keep this tree's version only.
+            records = [r for r in records if r[2] == entry.sha256]
+        pages[entry.key] = [(index, document) for index, document, _ in records]
+    return pages

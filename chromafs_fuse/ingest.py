@@ -89,6 +89,7 @@ class IngestSummary:
     updated: int = 0
     removed: int = 0
     skipped: Counter[str] = field(default_factory=Counter)
+    tree_document: str = ""
 
     def lines(self) -> list[str]:
         out = [
@@ -239,9 +240,10 @@ def ingest(options: IngestOptions, show_progress: bool = False) -> IngestSummary
                     flush()
         flush()
 
+    summary.tree_document = encode_tree_document(tree)
     collection.upsert(
         ids=[TREE_RECORD_ID],
-        documents=[encode_tree_document(tree)],
+        documents=[summary.tree_document],
         metadatas=[{RECORD_KIND_FIELD: TREE_RECORD_KIND, FORMAT_FIELD: FORMAT_VERSION, "site": options.site}],
         embeddings=[[0.0] * (dimensions or 256)],
     )

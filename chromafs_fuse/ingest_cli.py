@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -48,6 +49,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="files above this many bytes go to the blob store",
     )
     parser.add_argument("--include-hidden", action="store_true", help="also ingest dot files and dot folders")
+    parser.add_argument(
+        "--redis-url",
+        default=os.environ.get("CHROMAFS_REDIS_URL"),
+        help="also publish the new path tree to this shared cache, so new mounts see it at once",
+    )
+    parser.add_argument("--redis-prefix", default="chromafs")
+    parser.add_argument("--tree-ttl", type=int, default=300)
     parser.add_argument("--quiet", "-q", action="store_true", help="no progress bar and no summary")
     parser.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
     return parser
@@ -85,6 +93,13 @@ def main(argv: list[str] | None = None) -> int:
             chunk_index_field=args.chunk_index_field,
         )
         summary = ingest(options, show_progress=not args.quiet and sys.stderr.isatty())
+        if args.redis_url:
+            from .redis_cache import RedisCache
+
+            shared = RedisCache(args.redis_url, args.redis_prefix, tree_ttl_s=args.tree_ttl, timeout_s=5.0)
+            shared.set(shared.tree_key(args.site, location.collection), summary.tree_document.encode(), args.tree_ttl)
+            if shared.errors:
+                log.warning("the new path tree could not be published to Redis; mounts see it within --tree-ttl")
     except (CliError, AccessSpecError, BlobError) as exc:
         print(f"chromafs-ingest: {exc}", file=sys.stderr)
         return 1

@@ -47,6 +47,23 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--cache-bytes", type=int, default=256 * 1024 * 1024, help="in-process page cache size")
     parser.add_argument("--cache-timeout", type=float, default=3600.0, help="kernel entry/attr cache seconds")
     parser.add_argument("--backend-timeout", type=float, default=10.0, help="seconds before a backend call fails")
+    parser.add_argument(
+        "--redis-url",
+        default=os.environ.get("CHROMAFS_REDIS_URL"),
+        help="shared cache, e.g. redis://127.0.0.1:6379/0 (env CHROMAFS_REDIS_URL)",
+    )
+    parser.add_argument("--redis-prefix", default="chromafs", help="key prefix in Redis")
+    parser.add_argument("--redis-ttl", type=int, default=24 * 3600, help="seconds a cached page lives in Redis")
+    parser.add_argument("--tree-ttl", type=int, default=300, help="seconds a cached path tree lives in Redis")
+    parser.add_argument(
+        "--prefetch",
+        choices=["auto", "on", "off"],
+        default="auto",
+        help="warm the cache with every visible page after mounting (auto: small sites)",
+    )
+    parser.add_argument(
+        "--prefetch-max-bytes", type=int, default=64 * 1024 * 1024, help="auto prefetch only sites up to this size"
+    )
     parser.add_argument("--log-file", help="log here (default: stderr in the foreground, syslog otherwise)")
     parser.add_argument("--pid-file", help="write the daemon's PID here while it serves")
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
@@ -169,28 +186,61 @@ def start_daemon(argv: list[str], token: str | None, wait_s: float) -> int:
 
 
 def prepare(args: argparse.Namespace, principal: Principal) -> tuple[object, object]:
-    """Open the site, prune it for the principal; return (operations, tree summary)."""
+    """Load the tree (shared cache first, then Chroma), prune it for the principal,
+    and build the filesystem. Chroma is opened only if the tree needs it."""
     from .chroma_store import ChromaPages
     from .fs import ChromaOperations
     from .inodes import InodeTable
     from .page_cache import PageCache
     from .page_source import PageSource
-    from .tree import parse_tree
+    from .tree import TreeError, parse_tree
 
     location = chroma_location(args)
+    shared = None
+    if args.redis_url:
+        from .redis_cache import RedisCache
 
-    def open_site() -> tuple[ChromaPages, str]:
-        pages = ChromaPages.open(location, args.page_field, args.chunk_index_field, args.backend_timeout)
-        document, _metadata = pages.load_tree_document()
-        return pages, document
+        shared = RedisCache(args.redis_url, args.redis_prefix, args.redis_ttl, args.tree_ttl)
 
-    pages, document = with_deadline(open_site, args.backend_timeout + 20, f"Chroma at {location.describe()}")
-    tree = parse_tree(document)
+    def open_chroma() -> ChromaPages:
+        return ChromaPages.open(location, args.page_field, args.chunk_index_field, args.backend_timeout)
+
+    tree = None
+    opened: ChromaPages | None = None
+    tree_key = shared.tree_key(args.site, location.collection) if shared else ""
+    if shared is not None:
+        cached = with_deadline(lambda: shared.get(tree_key), args.backend_timeout, "Redis")
+        if cached is not None:
+            try:
+                tree = parse_tree(cached)
+                log.info("path tree %s loaded from Redis", tree.version)
+            except TreeError as exc:
+                log.warning("ignoring the path tree cached in Redis: %s", exc)
+    if tree is None:
+
+        def load() -> tuple[ChromaPages, str]:
+            pages = open_chroma()
+            return pages, pages.load_tree_document()[0]
+
+        opened, document = with_deadline(load, args.backend_timeout + 20, f"Chroma at {location.describe()}")
+        tree = parse_tree(document)
+        if shared is not None:
+            shared.set(tree_key, document.encode("utf-8"), ttl_s=args.tree_ttl)
     for key, reason in tree.skipped:
         log.warning("tree entry %s skipped: %s", key, reason)
     visible = visible_entries(tree.entries, principal)
     table = InodeTable(visible)
-    source = PageSource(pages, PageCache(args.cache_bytes), tree.version, args.chunk_joiner, args.backend_timeout)
+    source = PageSource(
+        args.site,
+        open_chroma,
+        PageCache(args.cache_bytes),
+        tree.version,
+        args.chunk_joiner,
+        args.backend_timeout,
+        shared,
+    )
+    if opened is not None:
+        source._chroma = opened
     ops = ChromaOperations(table, source, args.cache_timeout)
     log.info(
         "site %s (tree %s): %d of %d files visible to %s",
@@ -203,7 +253,16 @@ def prepare(args: argparse.Namespace, principal: Principal) -> tuple[object, obj
     return ops, table
 
 
-def serve(args: argparse.Namespace, ops: object, ready_fd: int | None) -> None:
+def should_prefetch(args: argparse.Namespace, table: object) -> bool:
+    if args.prefetch == "off":
+        return False
+    if args.prefetch == "on":
+        return True
+    total = getattr(table, "total_bytes", 0)
+    return bool(total <= min(args.prefetch_max_bytes, args.cache_bytes // 2))
+
+
+def serve(args: argparse.Namespace, ops: object, ready_fd: int | None, prefetch: bool = False) -> None:
     import pyfuse3
     import trio
 
@@ -219,6 +278,12 @@ def serve(args: argparse.Namespace, ops: object, ready_fd: int | None) -> None:
         if ready_fd is not None:
             os.write(ready_fd, READY)
             os.close(ready_fd)
+        if prefetch:
+            source = ops.source  # type: ignore[attr-defined]
+            entries = [n.entry for n in ops.table.nodes.values() if n.entry is not None]  # type: ignore[attr-defined]
+            started = time.monotonic()
+            count = await source.prefetch(sorted(entries, key=lambda e: e.key))
+            log.info("prefetched %d pages in %.2fs", count, time.monotonic() - started)
 
     async def watch_signals() -> None:
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
@@ -276,7 +341,7 @@ def main(argv: list[str] | None = None) -> int:
         if not args.foreground:
             return start_daemon(argv, token, wait_s=args.backend_timeout * 3 + 60)
         del token
-        ops, _table = prepare(args, principal)
+        ops, table = prepare(args, principal)
     except (CliError, TokenError) as exc:
         return fail(args, str(exc))
     except Exception as exc:  # a backend or tree error, reported as one line
@@ -288,7 +353,7 @@ def main(argv: list[str] | None = None) -> int:
         log.exception("cannot mount")
         return fail(args, f"cannot mount: {exc.__class__.__name__}: {exc}")
     try:
-        serve(args, ops, args.ready_fd)
+        serve(args, ops, args.ready_fd, should_prefetch(args, table))
     except RuntimeError as exc:  # pyfuse3.init failures (permissions, no /dev/fuse)
         return fail(args, f"mounting {args.mountpoint} failed: {exc}")
     return 0

@@ -1,22 +1,26 @@
-"""Where page bytes come from: cache first, then Chroma or the blob store.
+"""Where page bytes come from: in-process cache, then Redis, then Chroma or the blob store.
 
 Runs on the trio loop; every blocking backend call goes to a worker thread
 under a deadline, so a dead backend fails a read in seconds, never hangs it.
-Concurrent reads of one page share a single fetch.
+Concurrent reads of one page share a single fetch. Only pages of this mount's
+visible tree are ever asked for: the caller hands in entries from its pruned
+inode table, never a path.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Sequence
 from typing import TypeVar
 
 import trio
 
 from .blobstore import BlobError, read_blob_range
 from .chroma_store import BackendError, ChromaPages
-from .chunks import DEFAULT_JOINER, CorruptPage, Expected, reassemble
+from .chunks import DEFAULT_JOINER, CorruptPage, Expected, check_bytes, reassemble
 from .page_cache import PageCache
+from .redis_cache import RedisCache
 from .tree import PathEntry
 
 log = logging.getLogger(__name__)
@@ -30,24 +34,42 @@ class PageUnavailable(Exception):
 class PageSource:
     def __init__(
         self,
-        pages: ChromaPages,
+        site: str,
+        open_chroma: Callable[[], ChromaPages],
         cache: PageCache,
         tree_version: str,
         joiner: str = DEFAULT_JOINER,
         timeout_s: float = 10.0,
+        shared: RedisCache | None = None,
         max_backend_threads: int = 8,
     ) -> None:
-        self.pages = pages
+        self.site = site
+        self._open_chroma = open_chroma
+        self._chroma: ChromaPages | None = None
+        self._chroma_lock = threading.Lock()
         self.cache = cache
+        self.shared = shared
         self.tree_version = tree_version
         self.joiner = joiner
         self.timeout_s = timeout_s
         self._limiter = trio.CapacityLimiter(max_backend_threads)
         self._inflight: dict[str, trio.Event] = {}
         self.learned_sizes: dict[str, int] = {}
+        self.chroma_calls = 0
+
+    def chroma(self) -> ChromaPages:
+        """The Chroma client, opened on first use (a mount booted from Redis may never need it)."""
+        with self._chroma_lock:
+            if self._chroma is None:
+                self._chroma = self._open_chroma()
+            return self._chroma
 
     def _cache_key(self, entry: PathEntry) -> str:
         return f"{self.tree_version}:{entry.key}"
+
+    def _shared_key(self, entry: PathEntry) -> str:
+        assert self.shared is not None
+        return self.shared.page_key(self.site, self.tree_version, entry.key)
 
     async def _off_loop(self, fn: Callable[..., T], *args: object) -> T:
         with trio.fail_after(self.timeout_s):
@@ -75,33 +97,100 @@ class PageSource:
                 break
             await pending.wait()
             if key in self._inflight or self.cache.get(key) is None:
-                # The shared fetch failed (or the page does not fit the cache): fetch ourselves.
-                break
+                break  # the shared fetch failed (or did not fit the cache): fetch ourselves
         done = trio.Event()
         self._inflight[key] = done
         try:
-            data = await self._fetch(entry)
-            self.cache.put(key, data)
-            self.learned_sizes[entry.key] = len(data)
+            try:
+                data = await self._off_loop(self._load_one, entry)
+            except trio.TooSlowError as exc:
+                log.error("reading %s: no answer within %.1fs", entry.key, self.timeout_s)
+                raise PageUnavailable(entry.key) from exc
+            self._remember(entry, data)
             return data
         finally:
             del self._inflight[key]
             done.set()
 
-    async def _fetch(self, entry: PathEntry) -> bytes:
+    def _remember(self, entry: PathEntry, data: bytes) -> None:
+        self.cache.put(self._cache_key(entry), data)
+        self.learned_sizes[entry.key] = len(data)
+
+    # -- worker-thread side --------------------------------------------------
+
+    def _from_shared(self, entries: Sequence[PathEntry]) -> dict[str, bytes]:
+        if self.shared is None:
+            return {}
+        found: dict[str, bytes] = {}
+        values = self.shared.get_many([self._shared_key(e) for e in entries])
+        for entry, value in zip(entries, values, strict=True):
+            if value is None:
+                continue
+            try:
+                check_bytes(value, Expected(entry.size, entry.sha256))
+            except CorruptPage as exc:
+                log.warning("ignoring the shared cache's copy of %s: %s", entry.key, exc)
+                continue
+            found[entry.key] = value
+        return found
+
+    def _load_one(self, entry: PathEntry) -> bytes:
+        result = self._load_many([entry])[entry.key]
+        if isinstance(result, PageUnavailable):
+            raise result
+        return result
+
+    def _load_many(self, entries: Sequence[PathEntry]) -> dict[str, bytes | PageUnavailable]:
+        """Shared cache first, then one Chroma query for the rest."""
+        loaded: dict[str, bytes | PageUnavailable] = dict(self._from_shared(entries))
+        missing = [e for e in entries if e.key not in loaded]
+        if not missing:
+            return loaded
         try:
-            chunks = await self._off_loop(self.pages.fetch_chunks, entry)
-        except trio.TooSlowError as exc:
-            log.error("reading %s: Chroma did not answer within %.1fs", entry.key, self.timeout_s)
-            raise PageUnavailable(entry.key) from exc
+            self.chroma_calls += 1
+            chunks = self.chroma().fetch_many(missing)
         except BackendError as exc:
-            log.error("reading %s: %s", entry.key, exc)
-            raise PageUnavailable(entry.key) from exc
-        try:
-            return reassemble(chunks, self.joiner, Expected(entry.size, entry.sha256))
-        except CorruptPage as exc:
-            log.error("page %s is corrupt: %s", entry.key, exc)
-            raise PageUnavailable(entry.key) from exc
+            log.error("%s", exc)
+            for entry in missing:
+                loaded[entry.key] = PageUnavailable(entry.key)
+            return loaded
+        fresh: dict[str, bytes] = {}
+        for entry in missing:
+            try:
+                data = reassemble(chunks[entry.key], self.joiner, Expected(entry.size, entry.sha256))
+            except CorruptPage as exc:
+                log.error("page %s is corrupt: %s", entry.key, exc)
+                loaded[entry.key] = PageUnavailable(entry.key)
+                continue
+            loaded[entry.key] = fresh[self._shared_key(entry) if self.shared else entry.key] = data
+        if self.shared is not None and fresh:
+            self.shared.set_many(fresh)
+        return loaded
+
+    # -- warm start ---------------------------------------------------------
+
+    async def prefetch(self, entries: Sequence[PathEntry], batch_pages: int = 200) -> int:
+        """Load pages in a few batched calls; returns how many were loaded."""
+        todo = [e for e in entries if e.blob is None and self.cache.get(self._cache_key(e)) is None]
+        done = 0
+        for start in range(0, len(todo), batch_pages):
+            batch = todo[start : start + batch_pages]
+            try:
+                with trio.fail_after(self.timeout_s * 3):
+                    results = await trio.to_thread.run_sync(
+                        self._load_many, batch, abandon_on_cancel=True, limiter=self._limiter
+                    )
+            except trio.TooSlowError:
+                log.warning("prefetch stopped: the backend is too slow")
+                return done
+            for entry in batch:
+                data = results.get(entry.key)
+                if isinstance(data, bytes):
+                    self._remember(entry, data)
+                    done += 1
+        return done
+
+    # -- blobs ---------------------------------------------------------------
 
     async def _read_blob(self, entry: PathEntry, offset: int, size: int) -> bytes:
         assert entry.blob is not None

@@ -1,0 +1,113 @@
+"""Redis as the shared cache: boot from a cached tree, no leaks across groups, survive outages."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from conftest import ChromaServer, RedisServer
+
+from helpers import SAMPLE_SITE, expected_visible, ingest, mounted, run
+
+
+def test_second_mount_boots_from_redis_with_chroma_down(redis_server: RedisServer, mnt: Path, tmp_path: Path) -> None:
+    chroma = ChromaServer(tmp_path / "chroma-data")
+    chroma.start()
+    try:
+        ingest(
+            SAMPLE_SITE,
+            "--site",
+            "acme",
+            "--chroma-url",
+            chroma.url,
+            "--blob-store",
+            (tmp_path / "blobs").as_uri(),
+            "--redis-url",
+            redis_server.url,
+            "--quiet",
+        )
+        args = ["--site", "acme", "--chroma-url", chroma.url, "--redis-url", redis_server.url, "--prefetch", "on"]
+        with mounted(mnt, *args):
+            run(["grep", "-rq", "never-matches-anything", str(mnt)])  # every visible page read once
+    finally:
+        chroma.stop()
+    # Chroma is gone: the tree and every page the first mount read come from Redis
+    second = tmp_path / "second"
+    with mounted(second, *args, "--backend-timeout", "3"):
+        visible = expected_visible(SAMPLE_SITE, "public", None)
+        for rel in visible:
+            assert (second / rel).read_bytes() == (SAMPLE_SITE / rel).read_bytes(), rel
+        log = (tmp_path / "second.log").read_text()
+        assert "loaded from Redis" in log
+
+
+def test_public_mount_never_touches_hidden_keys(
+    redis_server: RedisServer,
+    sample_chroma: Callable[[str], Path],
+    mnt: Path,
+    tmp_path: Path,
+    token_file: Callable[..., Path],
+    secret_file: Path,
+) -> None:
+    chroma = str(sample_chroma("public"))
+    base = ["--site", "acme", "--chroma-path", chroma, "--redis-url", redis_server.url, "--prefetch", "on"]
+    admin = ["--token-file", str(token_file(["admin", "billing"])), "--jwt-secret-file", str(secret_file)]
+    with mounted(tmp_path / "admin", *base, *admin):
+        run(["grep", "-rq", "never-matches-anything", str(tmp_path / "admin")])
+    keys = redis_server.cli("--scan").split()
+    everything = expected_visible(SAMPLE_SITE, "public", {"admin", "billing"})
+    visible = expected_visible(SAMPLE_SITE, "public", None)
+    hidden = everything - visible
+    assert any(k.endswith(":page:internal/billing.mdx") for k in keys), "admin mount should have filled Redis"
+
+    monitor = subprocess.Popen(
+        ["redis-cli", "-p", str(redis_server.port), "monitor"], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        time.sleep(0.3)
+        with mounted(mnt, *base):
+            run(["grep", "-rq", "never-matches-anything", str(mnt)])
+            run(["cat", *[str(mnt / h) for h in hidden]])
+            run(["find", str(mnt)])
+            time.sleep(0.5)
+    finally:
+        monitor.terminate()
+        seen = monitor.communicate(timeout=10)[0]
+    assert '"MGET"' in seen or '"GET"' in seen, "the public mount should use the shared cache"
+    for rel in hidden:
+        assert rel not in seen, f"public mount asked Redis about hidden page {rel}"
+    for command in ('"KEYS"', '"SCAN"'):
+        assert command not in seen
+
+
+def test_reads_survive_redis_outage_and_use_it_again(
+    redis_server: RedisServer, sample_chroma: Callable[[str], Path], mnt: Path, tmp_path: Path
+) -> None:
+    args = [
+        "--site",
+        "acme",
+        "--chroma-path",
+        str(sample_chroma("public")),
+        "--redis-url",
+        redis_server.url,
+        "--prefetch",
+        "off",
+    ]
+    pages = sorted(expected_visible(SAMPLE_SITE, "public", None))
+    with mounted(mnt, *args):
+        assert (mnt / pages[0]).read_bytes() == (SAMPLE_SITE / pages[0]).read_bytes()
+        redis_server.stop()
+        started = time.monotonic()
+        for rel in pages[1:10]:
+            assert (mnt / rel).read_bytes() == (SAMPLE_SITE / rel).read_bytes()
+        assert time.monotonic() - started < 10
+        redis_server.start()  # same port
+        time.sleep(5.5)
+        for rel in pages[10:]:
+            assert (mnt / rel).read_bytes() == (SAMPLE_SITE / rel).read_bytes()
+        assert any(k.endswith(f":page:{pages[-1]}") for k in redis_server.cli("--scan").split())
+    log = (tmp_path / "mnt.log").read_text()
+    assert log.count("Redis unavailable") == 1
+    assert "Redis is reachable again" in log
