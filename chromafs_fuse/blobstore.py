@@ -1,19 +1,33 @@
 """The blob store adapter: whole files kept outside Chroma (binary and large files).
 
-A tree entry points at a blob by URL, so a mount needs no blob-store setting
-to read one. Only `file://` is implemented here; blocking calls, run off-loop.
+A tree entry points at a blob by URL (`file:///dir/<sha256>` or
+`s3://bucket/prefix/<sha256>`), so a mount needs no blob-store setting to
+read one, only S3 credentials and endpoint in the usual boto3 places. Blocking
+calls: the filesystem runs them off the trio loop.
 """
 
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
+import threading
 from pathlib import Path
+from typing import Any, Protocol
 from urllib.parse import unquote, urlparse
+
+log = logging.getLogger(__name__)
 
 
 class BlobError(RuntimeError):
     """A blob could not be read or written."""
+
+
+class BlobStore(Protocol):
+    @property
+    def url(self) -> str: ...
+
+    def put(self, data: bytes) -> tuple[str, str]: ...
 
 
 class FileBlobStore:
@@ -38,25 +52,86 @@ class FileBlobStore:
         return target.as_uri(), digest
 
 
-def open_blob_store(url: str) -> FileBlobStore:
+_s3_clients: dict[str | None, Any] = {}
+_s3_lock = threading.Lock()
+S3_ENDPOINT: dict[str, str | None] = {"url": None}  # set once from --s3-endpoint-url
+
+
+def s3_client(endpoint_url: str | None = None) -> Any:
+    """A boto3 S3 client with short timeouts (env credentials, AWS_ENDPOINT_URL, region)."""
+    endpoint_url = endpoint_url or S3_ENDPOINT["url"] or os.environ.get("AWS_ENDPOINT_URL")
+    with _s3_lock:
+        client = _s3_clients.get(endpoint_url)
+        if client is None:
+            import boto3
+            from botocore.config import Config
+
+            config = Config(connect_timeout=2, read_timeout=5, retries={"max_attempts": 2, "mode": "standard"})
+            client = boto3.session.Session().client("s3", endpoint_url=endpoint_url, config=config)
+            _s3_clients[endpoint_url] = client
+        return client
+
+
+class S3BlobStore:
+    """Content-addressed objects: s3://bucket/prefix/<sha256>."""
+
+    def __init__(self, bucket: str, prefix: str, endpoint_url: str | None = None) -> None:
+        self.bucket = bucket
+        self.prefix = prefix.strip("/")
+        self.client = s3_client(endpoint_url)
+
+    @property
+    def url(self) -> str:
+        return f"s3://{self.bucket}/{self.prefix}" if self.prefix else f"s3://{self.bucket}"
+
+    def put(self, data: bytes) -> tuple[str, str]:
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        digest = hashlib.sha256(data).hexdigest()
+        key = f"{self.prefix}/{digest}" if self.prefix else digest
+        try:
+            self.client.put_object(Bucket=self.bucket, Key=key, Body=data)
+        except (BotoCoreError, ClientError) as exc:
+            raise BlobError(f"cannot write s3://{self.bucket}/{key}: {exc}") from exc
+        return f"s3://{self.bucket}/{key}", digest
+
+
+def open_blob_store(url: str, endpoint_url: str | None = None) -> FileBlobStore | S3BlobStore:
     parsed = urlparse(url)
     if parsed.scheme == "file":
         return FileBlobStore(unquote(parsed.path))
+    if parsed.scheme == "s3":
+        if not parsed.netloc:
+            raise BlobError(f"blob store {url!r} has no bucket")
+        return S3BlobStore(parsed.netloc, parsed.path, endpoint_url)
     if "://" not in url:
         return FileBlobStore(url)
-    raise BlobError(f"unsupported blob store {url!r} (supported: file:///dir)")
+    raise BlobError(f"unsupported blob store {url!r} (supported: file:///dir, s3://bucket/prefix)")
 
 
 def read_blob_range(url: str, offset: int, length: int) -> bytes:
-    """Read `length` bytes at `offset` of the blob at `url`."""
+    """Read `length` bytes at `offset` of the blob at `url`: one ranged request."""
     parsed = urlparse(url)
-    if parsed.scheme != "file":
-        raise BlobError(f"unsupported blob URL scheme {parsed.scheme!r}")
-    try:
-        fd = os.open(unquote(parsed.path), os.O_RDONLY | os.O_CLOEXEC)
+    if parsed.scheme == "file":
         try:
-            return os.pread(fd, length, offset)
-        finally:
-            os.close(fd)
-    except OSError as exc:
-        raise BlobError(f"cannot read blob {url}: {exc.strerror}") from exc
+            fd = os.open(unquote(parsed.path), os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                return os.pread(fd, length, offset)
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            raise BlobError(f"cannot read blob {url}: {exc.strerror}") from exc
+    if parsed.scheme == "s3":
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        key = parsed.path.lstrip("/")
+        try:
+            response = s3_client().get_object(
+                Bucket=parsed.netloc, Key=key, Range=f"bytes={offset}-{offset + length - 1}"
+            )
+            data: bytes = response["Body"].read()
+        except (BotoCoreError, ClientError) as exc:
+            raise BlobError(f"cannot read {url}: {exc}") from exc
+        log.debug("s3 ranged GET %s bytes=%d-%d moved %d bytes", url, offset, offset + length - 1, len(data))
+        return data
+    raise BlobError(f"unsupported blob URL scheme {parsed.scheme!r}")

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .blobstore import FileBlobStore
+from .blobstore import BlobStore
 from .chroma_store import (
     DEFAULT_CHUNK_INDEX_FIELD,
     DEFAULT_PAGE_FIELD,
@@ -59,7 +59,7 @@ class IngestOptions:
     acl_rules: Sequence[AclRule] = ()
     embedder: str = "hashing"
     max_chunk_chars: int = DEFAULT_MAX_CHUNK_CHARS
-    blob_store: FileBlobStore | None = None
+    blob_store: BlobStore | None = None
     large_file_threshold: int = DEFAULT_LARGE_FILE_THRESHOLD
     include_hidden: bool = False
     page_field: str = DEFAULT_PAGE_FIELD

@@ -40,8 +40,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--blob-store",
         metavar="URL",
-        help="file:///dir for binary and large files (default with --chroma-path: DIR/chromafs-blobs)",
+        help="file:///dir or s3://bucket/prefix for binary and large files (default: DIR/chromafs-blobs)",
     )
+    parser.add_argument("--s3-endpoint-url", help="S3 endpoint (default: AWS_ENDPOINT_URL or AWS)")
     parser.add_argument(
         "--large-file-threshold",
         type=int,
@@ -86,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
             acl_rules=rules,
             embedder=args.embedder,
             max_chunk_chars=args.max_chunk_chars,
-            blob_store=open_blob_store(blob_url) if blob_url else None,
+            blob_store=open_blob_store(blob_url, args.s3_endpoint_url) if blob_url else None,
             large_file_threshold=args.large_file_threshold,
             include_hidden=args.include_hidden,
             page_field=args.page_field,

@@ -47,6 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--cache-bytes", type=int, default=256 * 1024 * 1024, help="in-process page cache size")
     parser.add_argument("--cache-timeout", type=float, default=3600.0, help="kernel entry/attr cache seconds")
     parser.add_argument("--backend-timeout", type=float, default=10.0, help="seconds before a backend call fails")
+    parser.add_argument("--s3-endpoint-url", help="S3 endpoint for lazy files (default: AWS_ENDPOINT_URL or AWS)")
     parser.add_argument(
         "--redis-url",
         default=os.environ.get("CHROMAFS_REDIS_URL"),
@@ -196,6 +197,10 @@ def prepare(args: argparse.Namespace, principal: Principal) -> tuple[object, obj
     from .tree import TreeError, parse_tree
 
     location = chroma_location(args)
+    if args.s3_endpoint_url:
+        from .blobstore import S3_ENDPOINT
+
+        S3_ENDPOINT["url"] = args.s3_endpoint_url
     shared = None
     if args.redis_url:
         from .redis_cache import RedisCache

@@ -25,6 +25,7 @@ from .tree import PathEntry
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+BLOB_BLOCK = 128 * 1024  # a lazy file is fetched in ranged requests of this size
 
 
 class PageUnavailable(Exception):
@@ -193,10 +194,26 @@ class PageSource:
     # -- blobs ---------------------------------------------------------------
 
     async def _read_blob(self, entry: PathEntry, offset: int, size: int) -> bytes:
+        """Serve a range of a lazy file from fixed-size blocks, each fetched by one
+        ranged request and kept in the bytes-bounded cache."""
         assert entry.blob is not None
-        length = max(0, min(size, entry.blob.size - offset))
-        if length == 0:
+        end = min(offset + size, entry.blob.size)
+        if end <= offset:
             return b""
+        first, last = offset // BLOB_BLOCK, (end - 1) // BLOB_BLOCK
+        parts = [await self._blob_block(entry, block) for block in range(first, last + 1)]
+        data = b"".join(parts)
+        start = offset - first * BLOB_BLOCK
+        return data[start : start + (end - offset)]
+
+    async def _blob_block(self, entry: PathEntry, block: int) -> bytes:
+        assert entry.blob is not None
+        key = f"blob:{entry.blob.url}:{block}"
+        cached = self.cache.get(key)
+        if cached is not None:
+            return cached
+        offset = block * BLOB_BLOCK
+        length = min(BLOB_BLOCK, entry.blob.size - offset)
         try:
             data = await self._off_loop(read_blob_range, entry.blob.url, offset, length)
         except trio.TooSlowError as exc:
@@ -208,4 +225,5 @@ class PageSource:
         if len(data) != length:
             log.error("reading %s: blob is shorter than the tree says", entry.key)
             raise PageUnavailable(entry.key)
+        self.cache.put(key, data)
         return data

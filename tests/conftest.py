@@ -159,6 +159,52 @@ def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
     server.stop()
 
 
+class S3Server:
+    """moto's S3 server on a loopback port."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.env = {
+            "AWS_ACCESS_KEY_ID": "test",
+            "AWS_SECRET_ACCESS_KEY": "test",
+            "AWS_DEFAULT_REGION": "us-east-1",
+            "AWS_ENDPOINT_URL": self.url,
+        }
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        log = open(self.folder / f"moto-{self.port}.log", "ab")  # noqa: SIM115
+        self.proc = subprocess.Popen(
+            [str(BIN / "moto_server"), "-H", "127.0.0.1", "-p", str(self.port)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(f"{self.url}/moto-api/", timeout=1):
+                    return
+            except OSError:
+                time.sleep(0.2)
+        raise RuntimeError("moto_server did not answer")
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(10)
+
+
+@pytest.fixture
+def s3_server(tmp_path: Path) -> Iterator[S3Server]:
+    server = S3Server(tmp_path)
+    server.start()
+    yield server
+    server.stop()
+
+
 @pytest.fixture(autouse=True, scope="session")
 def _no_stale_mounts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     yield
