@@ -17,14 +17,13 @@ import select
 import signal
 import subprocess
 import sys
-import threading
 import time
-from collections.abc import Callable
 from typing import TypeVar
 
-from .access import Principal, visible_entries
-from .cli_common import CliError, add_chroma_arguments, chroma_location, setup_logging
-from .tokens import TokenError, load_verification_key, principal_from_token, read_token_file
+from .access import Principal
+from .cli_common import CliError, chroma_location, setup_logging
+from .session import add_session_arguments, load_site, resolve_principal
+from .tokens import TokenError
 
 log = logging.getLogger("chromafs.mount")
 T = TypeVar("T")
@@ -36,26 +35,10 @@ def build_parser() -> argparse.ArgumentParser:
         prog="chromafs-mount", description="Mount a docs site stored in Chroma as a read-only filesystem."
     )
     parser.add_argument("mountpoint", help="directory to mount on")
-    add_chroma_arguments(parser)
-    parser.add_argument("--token", help="session JWT (visible in ps: prefer --token-file or CHROMAFS_TOKEN)")
-    parser.add_argument("--token-file", metavar="F", help="file holding the session JWT")
-    parser.add_argument("--jwt-secret-file", metavar="F", help="HS256 shared secret")
-    parser.add_argument("--jwt-public-key", metavar="F", help="PEM public key (Ed25519, RSA or EC P-256)")
+    add_session_arguments(parser)
     parser.add_argument("--foreground", "-f", action="store_true", help="serve in this process")
     parser.add_argument("-o", dest="options", action="append", default=[], help="FUSE mount options, e.g. allow_other")
-    parser.add_argument("--chunk-joiner", default="\n", help="text put between chunks (default: newline)")
-    parser.add_argument("--cache-bytes", type=int, default=256 * 1024 * 1024, help="in-process page cache size")
     parser.add_argument("--cache-timeout", type=float, default=3600.0, help="kernel entry/attr cache seconds")
-    parser.add_argument("--backend-timeout", type=float, default=10.0, help="seconds before a backend call fails")
-    parser.add_argument("--s3-endpoint-url", help="S3 endpoint for lazy files (default: AWS_ENDPOINT_URL or AWS)")
-    parser.add_argument(
-        "--redis-url",
-        default=os.environ.get("CHROMAFS_REDIS_URL"),
-        help="shared cache, e.g. redis://127.0.0.1:6379/0 (env CHROMAFS_REDIS_URL)",
-    )
-    parser.add_argument("--redis-prefix", default="chromafs", help="key prefix in Redis")
-    parser.add_argument("--redis-ttl", type=int, default=24 * 3600, help="seconds a cached page lives in Redis")
-    parser.add_argument("--tree-ttl", type=int, default=300, help="seconds a cached path tree lives in Redis")
     parser.add_argument(
         "--prefetch",
         choices=["auto", "on", "off"],
@@ -69,20 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--pid-file", help="write the daemon's PID here while it serves")
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     parser.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)
-    parser.add_argument("--token-stdin", action="store_true", help=argparse.SUPPRESS)
     return parser
-
-
-def resolve_token(args: argparse.Namespace) -> str | None:
-    if args.token_stdin:
-        return sys.stdin.read().strip() or None
-    if args.token and args.token_file:
-        raise CliError("give --token or --token-file, not both")
-    if args.token:
-        return str(args.token)
-    if args.token_file:
-        return read_token_file(args.token_file)
-    return os.environ.get("CHROMAFS_TOKEN") or None
 
 
 def check_mountpoint(path: str) -> None:
@@ -104,28 +74,6 @@ def check_mountpoint(path: str) -> None:
         raise CliError(f"{path}: not a directory")
     if os.path.ismount(path):
         raise CliError(f"{path}: something is already mounted there")
-
-
-def with_deadline(fn: Callable[[], T], seconds: float, what: str) -> T:
-    """Run a blocking call that may hang (a dead server) with a deadline."""
-    result: list[T] = []
-    error: list[BaseException] = []
-
-    def target() -> None:
-        try:
-            result.append(fn())
-        except BaseException as exc:
-            error.append(exc)
-
-    worker = threading.Thread(target=target, daemon=True)
-    worker.start()
-    worker.join(seconds)
-    if worker.is_alive():
-        raise CliError(f"{what}: no answer within {seconds:.0f}s")
-    if error:
-        raise error[0]
-    assert result
-    return result[0]
 
 
 def _child_argv(argv: list[str]) -> list[str]:
@@ -187,75 +135,11 @@ def start_daemon(argv: list[str], token: str | None, wait_s: float) -> int:
 
 
 def prepare(args: argparse.Namespace, principal: Principal) -> tuple[object, object]:
-    """Load the tree (shared cache first, then Chroma), prune it for the principal,
-    and build the filesystem. Chroma is opened only if the tree needs it."""
-    from .chroma_store import ChromaPages
     from .fs import ChromaOperations
-    from .inodes import InodeTable
-    from .page_cache import PageCache
-    from .page_source import PageSource
-    from .tree import TreeError, parse_tree
 
-    location = chroma_location(args)
-    if args.s3_endpoint_url:
-        from .blobstore import S3_ENDPOINT
-
-        S3_ENDPOINT["url"] = args.s3_endpoint_url
-    shared = None
-    if args.redis_url:
-        from .redis_cache import RedisCache
-
-        shared = RedisCache(args.redis_url, args.redis_prefix, args.redis_ttl, args.tree_ttl)
-
-    def open_chroma() -> ChromaPages:
-        return ChromaPages.open(location, args.page_field, args.chunk_index_field, args.backend_timeout)
-
-    tree = None
-    opened: ChromaPages | None = None
-    tree_key = shared.tree_key(args.site, location.collection) if shared else ""
-    if shared is not None:
-        cached = with_deadline(lambda: shared.get(tree_key), args.backend_timeout, "Redis")
-        if cached is not None:
-            try:
-                tree = parse_tree(cached)
-                log.info("path tree %s loaded from Redis", tree.version)
-            except TreeError as exc:
-                log.warning("ignoring the path tree cached in Redis: %s", exc)
-    if tree is None:
-
-        def load() -> tuple[ChromaPages, str]:
-            pages = open_chroma()
-            return pages, pages.load_tree_document()[0]
-
-        opened, document = with_deadline(load, args.backend_timeout + 20, f"Chroma at {location.describe()}")
-        tree = parse_tree(document)
-        if shared is not None:
-            shared.set(tree_key, document.encode("utf-8"), ttl_s=args.tree_ttl)
-    for key, reason in tree.skipped:
-        log.warning("tree entry %s skipped: %s", key, reason)
-    visible = visible_entries(tree.entries, principal)
-    table = InodeTable(visible)
-    source = PageSource(
-        args.site,
-        open_chroma,
-        PageCache(args.cache_bytes),
-        tree.version,
-        args.chunk_joiner,
-        args.backend_timeout,
-        shared,
-    )
-    if opened is not None:
-        source._chroma = opened
-    ops = ChromaOperations(table, source, args.cache_timeout)
-    log.info(
-        "site %s (tree %s): %d of %d files visible to %s",
-        args.site,
-        tree.version,
-        len(visible),
-        len(tree.entries),
-        principal.describe(),
-    )
-    return ops, table
+    site = load_site(args, principal)
+    ops = ChromaOperations(site.table, site.source, args.cache_timeout)
+    return ops, site.table
 
 
 def should_prefetch(args: argparse.Namespace, table: object) -> bool:
@@ -338,9 +222,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.foreground or daemon_child:
         setup_logging(args.log_level, args.log_file, to_syslog=daemon_child)
     try:
-        token = resolve_token(args)
-        key = load_verification_key(args.jwt_secret_file, args.jwt_public_key)
-        principal = principal_from_token(token, key, args.site)
+        token, principal = resolve_principal(args)
         check_mountpoint(args.mountpoint)
         chroma_location(args)
         if not args.foreground:

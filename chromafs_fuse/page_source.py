@@ -65,6 +65,10 @@ class PageSource:
                 self._chroma = self._open_chroma()
             return self._chroma
 
+    def use_chroma(self, pages: ChromaPages) -> None:
+        with self._chroma_lock:
+            self._chroma = pages
+
     def _cache_key(self, entry: PathEntry) -> str:
         return f"{self.tree_version}:{entry.key}"
 

@@ -1,0 +1,161 @@
+"""A reader's session on a site: token -> principal, tree -> pruned inode table,
+and where its pages come from. Shared by `chromafs-mount` and `chromafs grep`."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TypeVar
+
+from .access import Principal, visible_entries
+from .cli_common import CliError, add_chroma_arguments, chroma_location
+from .inodes import InodeTable
+from .page_source import PageSource
+from .tokens import load_verification_key, principal_from_token, read_token_file
+from .tree import PathEntry, SiteTree
+
+log = logging.getLogger("chromafs.session")
+T = TypeVar("T")
+
+
+def add_session_arguments(parser: argparse.ArgumentParser) -> None:
+    add_chroma_arguments(parser)
+    parser.add_argument("--token", help="session JWT (visible in ps: prefer --token-file or CHROMAFS_TOKEN)")
+    parser.add_argument("--token-file", metavar="F", help="file holding the session JWT")
+    parser.add_argument("--jwt-secret-file", metavar="F", help="HS256 shared secret")
+    parser.add_argument("--jwt-public-key", metavar="F", help="PEM public key (Ed25519, RSA or EC P-256)")
+    parser.add_argument("--chunk-joiner", default="\n", help="text put between chunks (default: newline)")
+    parser.add_argument("--cache-bytes", type=int, default=256 * 1024 * 1024, help="in-process page cache size")
+    parser.add_argument("--backend-timeout", type=float, default=10.0, help="seconds before a backend call fails")
+    parser.add_argument("--s3-endpoint-url", help="S3 endpoint for lazy files (default: AWS_ENDPOINT_URL or AWS)")
+    parser.add_argument(
+        "--redis-url",
+        default=os.environ.get("CHROMAFS_REDIS_URL"),
+        help="shared cache, e.g. redis://127.0.0.1:6379/0 (env CHROMAFS_REDIS_URL)",
+    )
+    parser.add_argument("--redis-prefix", default="chromafs", help="key prefix in Redis")
+    parser.add_argument("--redis-ttl", type=int, default=24 * 3600, help="seconds a cached page lives in Redis")
+    parser.add_argument("--tree-ttl", type=int, default=300, help="seconds a cached path tree lives in Redis")
+    parser.add_argument("--token-stdin", action="store_true", help=argparse.SUPPRESS)
+
+
+def resolve_token(args: argparse.Namespace) -> str | None:
+    if args.token_stdin:
+        return sys.stdin.read().strip() or None
+    if args.token and args.token_file:
+        raise CliError("give --token or --token-file, not both")
+    if args.token:
+        return str(args.token)
+    if args.token_file:
+        return read_token_file(args.token_file)
+    return os.environ.get("CHROMAFS_TOKEN") or None
+
+
+def resolve_principal(args: argparse.Namespace) -> tuple[str | None, Principal]:
+    """(raw token, principal); raises TokenError or CliError with a printable reason."""
+    token = resolve_token(args)
+    key = load_verification_key(args.jwt_secret_file, args.jwt_public_key)
+    return token, principal_from_token(token, key, args.site)
+
+
+def with_deadline(fn: Callable[[], T], seconds: float, what: str) -> T:
+    """Run a blocking call that may hang (a dead server) with a deadline."""
+    result: list[T] = []
+    error: list[BaseException] = []
+
+    def target() -> None:
+        try:
+            result.append(fn())
+        except BaseException as exc:
+            error.append(exc)
+
+    worker = threading.Thread(target=target, daemon=True)
+    worker.start()
+    worker.join(seconds)
+    if worker.is_alive():
+        raise CliError(f"{what}: no answer within {seconds:.0f}s")
+    if error:
+        raise error[0]
+    assert result
+    return result[0]
+
+
+@dataclass
+class LoadedSite:
+    tree: SiteTree
+    visible: dict[str, PathEntry]
+    table: InodeTable
+    source: PageSource
+
+
+def load_site(args: argparse.Namespace, principal: Principal) -> LoadedSite:
+    """Load the tree (shared cache first, then Chroma) and prune it for the
+    principal. Chroma is opened only if the tree or a page needs it."""
+    from .chroma_store import ChromaPages
+    from .page_cache import PageCache
+    from .tree import TreeError, parse_tree
+
+    location = chroma_location(args)
+    if args.s3_endpoint_url:
+        from .blobstore import S3_ENDPOINT
+
+        S3_ENDPOINT["url"] = args.s3_endpoint_url
+    shared = None
+    if args.redis_url:
+        from .redis_cache import RedisCache
+
+        shared = RedisCache(args.redis_url, args.redis_prefix, args.redis_ttl, args.tree_ttl)
+
+    def open_chroma() -> ChromaPages:
+        return ChromaPages.open(location, args.page_field, args.chunk_index_field, args.backend_timeout)
+
+    tree = None
+    opened: ChromaPages | None = None
+    tree_key = shared.tree_key(args.site, location.collection) if shared else ""
+    if shared is not None:
+        cached = with_deadline(lambda: shared.get(tree_key), args.backend_timeout, "Redis")
+        if cached is not None:
+            try:
+                tree = parse_tree(cached)
+                log.info("path tree %s loaded from Redis", tree.version)
+            except TreeError as exc:
+                log.warning("ignoring the path tree cached in Redis: %s", exc)
+    if tree is None:
+
+        def load() -> tuple[ChromaPages, str]:
+            pages = open_chroma()
+            return pages, pages.load_tree_document()[0]
+
+        opened, document = with_deadline(load, args.backend_timeout + 20, f"Chroma at {location.describe()}")
+        tree = parse_tree(document)
+        if shared is not None:
+            shared.set(tree_key, document.encode("utf-8"), ttl_s=args.tree_ttl)
+    for key, reason in tree.skipped:
+        log.warning("tree entry %s skipped: %s", key, reason)
+    visible = visible_entries(tree.entries, principal)
+    source = PageSource(
+        args.site,
+        open_chroma,
+        PageCache(args.cache_bytes),
+        tree.version,
+        args.chunk_joiner,
+        args.backend_timeout,
+        shared,
+    )
+    if opened is not None:
+        source.use_chroma(opened)
+    log.info(
+        "site %s (tree %s): %d of %d files visible to %s",
+        args.site,
+        tree.version,
+        len(visible),
+        len(tree.entries),
+        principal.describe(),
+    )
+    return LoadedSite(tree, visible, InodeTable(visible), source)
+
