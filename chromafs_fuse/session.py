@@ -158,4 +158,3 @@ def load_site(args: argparse.Namespace, principal: Principal) -> LoadedSite:
         principal.describe(),
     )
     return LoadedSite(tree, visible, InodeTable(visible), source)
-

@@ -1,0 +1,121 @@
+"""`chromafs`: commands that work on a site without mounting it.
+
+    chromafs grep PATTERN [PATH] --site S ... : grep -rn over the pages the token may read.
+
+Exit status as grep: 0 a line matched, 1 none did, 2 an error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from .chunks import CorruptPage
+from .cli_common import CliError, setup_logging
+from .page_source import PageUnavailable
+from .search import GrepQuery, candidate_pages, is_binary, matching_lines
+from .session import add_session_arguments, load_site, resolve_principal
+from .tokens import TokenError
+
+log = logging.getLogger("chromafs.grep")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="chromafs", description="Work with a chromafs site without mounting it.")
+    commands = parser.add_subparsers(dest="command", required=True)
+    grep = commands.add_parser("grep", help="two-stage grep -rn over the pages your token may read")
+    grep.add_argument("pattern", help="a Python/ERE-style regular expression (or a literal with -F)")
+    grep.add_argument("path", nargs="?", default="", help="a file or directory of the site (default: all)")
+    grep.add_argument("-F", "--fixed-strings", action="store_true", help="PATTERN is a literal string")
+    grep.add_argument("-i", "--ignore-case", action="store_true")
+    grep.add_argument("-l", "--files-with-matches", action="store_true", help="print only the names of files")
+    grep.add_argument("--prefix", default="", help="print paths under this directory (e.g. the mountpoint)")
+    add_session_arguments(grep)
+    grep.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
+    return parser
+
+
+def run_grep(args: argparse.Namespace) -> int:
+    _token, principal = resolve_principal(args)
+    site = load_site(args, principal)
+    scope = args.path.strip("/")
+    node = site.table.resolve(scope)
+    if node is None:
+        print(f"chromafs grep: {args.path}: No such file or directory", file=sys.stderr)
+        return 2
+    prefix = scope + "/" if scope and node.is_dir else scope
+    entries = sorted(
+        (
+            e
+            for e in site.visible.values()
+            if (e.key == scope if not node.is_dir else e.key.startswith(prefix) or not scope)
+        ),
+        key=lambda e: e.key,
+    )
+    query = GrepQuery(args.pattern, args.fixed_strings, args.ignore_case)
+    try:
+        pattern = query.compiled()
+    except Exception as exc:
+        print(f"chromafs grep: bad pattern: {exc}", file=sys.stderr)
+        return 2
+    chunked = [e for e in entries if e.blob is None]
+    candidates: set[str] | None = None
+    if args.chunk_joiner == "\n" and chunked:
+        candidates = candidate_pages(site.source.chroma(), chunked, query)
+    to_check = [e for e in chunked if candidates is None or e.key in candidates]
+    to_check += [e for e in entries if e.blob is not None]
+    log.info("stage one: %d of %d pages are candidates", len(to_check), len(entries))
+    loaded = site.source._load_many([e for e in to_check if e.blob is None]) if to_check else {}
+    status = 1
+    out = sys.stdout.buffer
+    base = args.prefix.rstrip("/") + "/" if args.prefix else ""
+    for entry in sorted(to_check, key=lambda e: e.key):
+        if entry.blob is not None:
+            from .blobstore import read_blob_range
+
+            try:
+                data = read_blob_range(entry.blob.url, 0, entry.blob.size)
+            except Exception as exc:
+                print(f"chromafs grep: {entry.key}: {exc}", file=sys.stderr)
+                status = 2
+                continue
+        else:
+            result = loaded.get(entry.key)
+            if not isinstance(result, bytes):
+                print(f"chromafs grep: {entry.key}: Input/output error", file=sys.stderr)
+                status = 2
+                continue
+            data = result
+        name = (base + entry.key).encode("utf-8")
+        if is_binary(data):
+            if pattern.search(data):
+                out.write(b"Binary file " + name + b" matches\n")
+                status = 0 if status != 2 else status
+            continue
+        for number, line in matching_lines(data, pattern):
+            if status == 1:
+                status = 0
+            if args.files_with_matches:
+                out.write(name + b"\n")
+                break
+            out.write(name + b":" + str(number).encode() + b":" + line + b"\n")
+    out.flush()
+    return status
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    setup_logging(args.log_level, None)
+    try:
+        return run_grep(args)
+    except (CliError, TokenError, CorruptPage, PageUnavailable) as exc:
+        print(f"chromafs grep: {exc}", file=sys.stderr)
+        return 2
+    except Exception as exc:
+        print(f"chromafs grep: {exc.__class__.__name__}: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

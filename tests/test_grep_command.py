@@ -1,0 +1,67 @@
+"""`chromafs grep`: the reference design's two-stage grep, as a command. Same
+answers as real `grep -rn` on a mount of the same token, never a hidden page."""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from helpers import BIN, SAMPLE_SITE, expected_visible, mounted
+
+PATTERNS = [
+    ["refresh token"],
+    ["-i", "OAUTH"],
+    ["-F", "groups: [admin"],
+    ["^## [A-Z]"],
+    ["billing|invoice"],
+    ["-F", "a.b*c"],
+    ["-i", "-F", "Acme"],
+]
+
+
+def _grep_cli(args: list[str]) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run([str(BIN / "chromafs"), "grep", *args], capture_output=True, timeout=120)
+
+
+@pytest.mark.parametrize("groups", [None, ["billing"]])
+def test_same_lines_as_grep_on_the_mount(
+    groups: list[str] | None,
+    sample_chroma: Callable[[str], Path],
+    token_file: Callable[..., Path],
+    secret_file: Path,
+    mnt: Path,
+) -> None:
+    site = ["--site", "acme", "--chroma-path", str(sample_chroma("public"))]
+    token = [] if groups is None else ["--token-file", str(token_file(groups)), "--jwt-secret-file", str(secret_file)]
+    hidden = expected_visible(SAMPLE_SITE, "public", {"admin", "billing"}) - expected_visible(
+        SAMPLE_SITE, "public", None if groups is None else set(groups)
+    )
+    with mounted(mnt, *site, *token):
+        for pattern in PATTERNS:
+            flags = [p for p in pattern if p.startswith("-")]
+            text = pattern[-1]
+            real = subprocess.run(
+                ["grep", "-rn", "-I", *flags, "-E" if "-F" not in flags else "-F", text, "."],
+                cwd=mnt,
+                capture_output=True,
+                timeout=120,
+            )
+            ours = _grep_cli([*flags, text, "--prefix", ".", *site, *token])
+            assert ours.returncode == real.returncode, (pattern, ours.stderr)
+            assert sorted(ours.stdout.splitlines()) == sorted(real.stdout.splitlines()), pattern
+            for rel in hidden:
+                assert rel.encode() not in ours.stdout
+        scoped = _grep_cli(["refresh", "auth", *site, *token])
+        assert scoped.returncode == 0 and all(line.startswith(b"auth/") for line in scoped.stdout.splitlines())
+
+
+def test_hidden_path_is_like_a_missing_one(sample_chroma: Callable[[str], Path]) -> None:
+    site = ["--site", "acme", "--chroma-path", str(sample_chroma("public"))]
+    hidden = _grep_cli(["billing", "internal/billing.mdx", *site])
+    missing = _grep_cli(["billing", "internal/no-such.mdx", *site])
+    assert hidden.returncode == missing.returncode == 2
+    assert hidden.stdout == missing.stdout == b""
+    assert hidden.stderr.replace(b"billing.mdx", b"X") == missing.stderr.replace(b"no-such.mdx", b"X")
