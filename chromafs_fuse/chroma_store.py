@@ -39,6 +39,8 @@ class ChromaLocation:
     url: str | None = None  # a Chroma server
     collection: str = ""
     headers: Mapping[str, str] | None = None
+    tenant: str | None = None
+    database: str | None = None
 
     def describe(self) -> str:
         where = self.url if self.url else f"embedded:{self.path}"
@@ -61,12 +63,18 @@ def connect_client(location: ChromaLocation, timeout_s: float = 10.0) -> Any:
             if parsed.scheme not in ("http", "https") or not parsed.hostname:
                 raise BackendError(f"--chroma-url must be http(s)://host:port, got {location.url!r}")
             port = parsed.port or (443 if parsed.scheme == "https" else 8000)
+            extra: dict[str, str] = {}
+            if location.tenant:
+                extra["tenant"] = location.tenant
+            if location.database:
+                extra["database"] = location.database
             client = chromadb.HttpClient(
                 host=parsed.hostname,
                 port=port,
                 ssl=parsed.scheme == "https",
                 headers=dict(location.headers or {}),
                 settings=_settings(),
+                **extra,
             )
             _bound_http_timeout(client, timeout_s)
             return client

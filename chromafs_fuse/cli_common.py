@@ -21,6 +21,8 @@ def add_chroma_arguments(parser: argparse.ArgumentParser) -> None:
     where.add_argument("--chroma-path", metavar="DIR", help="embedded Chroma directory (default backend)")
     where.add_argument("--chroma-url", metavar="URL", help="Chroma server, e.g. http://127.0.0.1:8000")
     parser.add_argument("--collection", help="collection name (default: the site name)")
+    parser.add_argument("--chroma-tenant", help="Chroma server/Cloud tenant (default: the server's default)")
+    parser.add_argument("--chroma-database", help="Chroma server/Cloud database (default: the server's default)")
     parser.add_argument("--page-field", default=DEFAULT_PAGE_FIELD, help="chunk metadata field naming the page")
     parser.add_argument(
         "--chunk-index-field", default=DEFAULT_CHUNK_INDEX_FIELD, help="chunk metadata field with its position"
@@ -34,8 +36,17 @@ def chroma_location(args: argparse.Namespace) -> ChromaLocation:
         path = os.environ.get("CHROMAFS_CHROMA_PATH")
     if not path and not url:
         raise CliError("no Chroma given: use --chroma-path DIR or --chroma-url URL")
+    headers = {}
+    api_key = os.environ.get("CHROMAFS_CHROMA_API_KEY") or os.environ.get("CHROMA_API_KEY")
+    if url and api_key:
+        headers["x-chroma-token"] = api_key  # Chroma Cloud / token auth; never taken from argv
     return ChromaLocation(
-        path=os.path.abspath(path) if path else None, url=url, collection=args.collection or args.site
+        path=os.path.abspath(path) if path else None,
+        url=url,
+        collection=args.collection or args.site,
+        headers=headers,
+        tenant=args.chroma_tenant,
+        database=args.chroma_database,
     )
 
 
