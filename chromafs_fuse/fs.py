@@ -7,6 +7,7 @@ nonexistent names take the same code path and get the same answer.
 from __future__ import annotations
 
 import errno
+from collections import Counter
 import os
 import stat
 import time
@@ -41,6 +42,7 @@ class ChromaOperations(pyfuse3.Operations):
         self._negative = pyfuse3.EntryAttributes()
         self._negative.st_ino = 0
         self._negative.entry_timeout = cache_timeout_s
+        self.requests: Counter[str] = Counter()
 
     # -- attributes -------------------------------------------------------
 
@@ -90,18 +92,22 @@ class ChromaOperations(pyfuse3.Operations):
         return node
 
     async def lookup(self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
+        self.requests["lookup"] += 1
         node = self.table.lookup(parent_inode, name)
         if node is None:
             return self._negative  # cached by the kernel like any absent name
         return self._attributes(node)
 
     async def getattr(self, inode: int, ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
+        self.requests["getattr"] += 1
         return self._attributes(self._node(inode))
 
     async def forget(self, inode_list: list[tuple[int, int]]) -> None:
+        self.requests["forget"] += 1
         return None  # inodes live as long as the mount
 
     async def statfs(self, ctx: pyfuse3.RequestContext) -> pyfuse3.StatvfsData:
+        self.requests["statfs"] += 1
         data = pyfuse3.StatvfsData()
         data.f_bsize = BLOCK_SIZE
         data.f_frsize = BLOCK_SIZE
@@ -117,12 +123,14 @@ class ChromaOperations(pyfuse3.Operations):
     # -- directories ------------------------------------------------------
 
     async def opendir(self, inode: int, ctx: pyfuse3.RequestContext) -> int:
+        self.requests["opendir"] += 1
         node = self._node(inode)
         if not node.is_dir:
             raise pyfuse3.FUSEError(errno.ENOTDIR)
         return inode
 
     async def readdir(self, fh: int, start_id: int, token: pyfuse3.ReaddirToken) -> None:
+        self.requests["readdir"] += 1
         children = self.table.nodes[fh].sorted_children
         nodes = self.table.nodes
         for position in range(start_id, len(children)):
@@ -131,11 +139,13 @@ class ChromaOperations(pyfuse3.Operations):
                 return
 
     async def releasedir(self, fh: int) -> None:
+        self.requests["releasedir"] += 1
         return None
 
     # -- files ------------------------------------------------------------
 
     async def open(self, inode: int, flags: int, ctx: pyfuse3.RequestContext) -> pyfuse3.FileInfo:
+        self.requests["open"] += 1
         node = self._node(inode)
         if node.entry is None:
             raise pyfuse3.FUSEError(errno.EISDIR)
@@ -146,6 +156,7 @@ class ChromaOperations(pyfuse3.Operations):
         return pyfuse3.FileInfo(fh=inode, keep_cache=size_known, direct_io=not size_known)
 
     async def read(self, fh: int, off: int, size: int) -> bytes:
+        self.requests["read"] += 1
         entry = self.table.nodes[fh].entry
         assert entry is not None
         try:
@@ -154,19 +165,23 @@ class ChromaOperations(pyfuse3.Operations):
             raise pyfuse3.FUSEError(errno.EIO) from None
 
     async def release(self, fh: int) -> None:
+        self.requests["release"] += 1
         return None
 
     async def access(self, inode: int, mode: int, ctx: pyfuse3.RequestContext) -> bool:
+        self.requests["access"] += 1
         self._node(inode)
         return not mode & os.W_OK
 
     # -- extended attributes: there are none -------------------------------
 
     async def getxattr(self, inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> bytes:
+        self.requests["getxattr"] += 1
         self._node(inode)
         raise pyfuse3.FUSEError(errno.ENODATA)
 
     async def listxattr(self, inode: int, ctx: pyfuse3.RequestContext) -> list[bytes]:
+        self.requests["listxattr"] += 1
         self._node(inode)
         return []
 

@@ -196,7 +196,7 @@ def serve(args: argparse.Namespace, ops: object, ready_fd: int | None, prefetch:
         trio.run(run)
     finally:
         pyfuse3.close(unmount=True)
-        log.info("unmounted %s", mountpoint)
+        log.info("unmounted %s; requests served: %s", mountpoint, dict(ops.requests))  # type: ignore[attr-defined]
         if args.pid_file:
             with contextlib.suppress(OSError):
                 os.unlink(args.pid_file)
