@@ -7,10 +7,10 @@ nonexistent names take the same code path and get the same answer.
 from __future__ import annotations
 
 import errno
-from collections import Counter
 import os
 import stat
 import time
+from collections import Counter
 
 import pyfuse3
 
