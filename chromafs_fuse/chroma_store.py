@@ -8,21 +8,20 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
-from .tree import PathEntry
+from .names import (
+    DEFAULT_CHUNK_INDEX_FIELD,
+    DEFAULT_PAGE_FIELD,
+    PAGE_SHA_FIELD,
+    TREE_RECORD_ID,
+)
+
+if TYPE_CHECKING:
+    from .tree import PathEntry
 
 log = logging.getLogger(__name__)
-
-TREE_RECORD_ID = "__path_tree__"
-RECORD_KIND_FIELD = "chromafs_record"  # metadata flag on the tree record
-TREE_RECORD_KIND = "path_tree"
-FORMAT_FIELD = "chromafs_format"
-FORMAT_VERSION = 1
-DEFAULT_PAGE_FIELD = "page_slug"
-DEFAULT_CHUNK_INDEX_FIELD = "chunk_index"
-PAGE_SHA_FIELD = "page_sha256"  # which page version a chunk belongs to
 
 
 class BackendError(RuntimeError):

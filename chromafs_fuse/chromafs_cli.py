@@ -12,10 +12,10 @@ import logging
 import sys
 
 from .chunks import CorruptPage
-from .cli_common import CliError, setup_logging
+from .cli_common import CliError, add_session_arguments, setup_logging
 from .page_source import PageUnavailable
 from .search import GrepQuery, candidate_pages, is_binary, matching_lines
-from .session import add_session_arguments, load_site, resolve_principal
+from .session import load_site, resolve_principal
 from .tokens import TokenError
 
 log = logging.getLogger("chromafs.grep")

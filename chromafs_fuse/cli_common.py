@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import argparse
-import logging
-import logging.handlers
 import os
 import sys
+from typing import TYPE_CHECKING
 
-from .chroma_store import DEFAULT_CHUNK_INDEX_FIELD, DEFAULT_PAGE_FIELD, ChromaLocation
+from .names import DEFAULT_CHUNK_INDEX_FIELD, DEFAULT_PAGE_FIELD
+
+if TYPE_CHECKING:
+    from .chroma_store import ChromaLocation
 
 
 class CliError(Exception):
@@ -29,7 +31,20 @@ def add_chroma_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def require_chroma_location(args: argparse.Namespace) -> None:
+    """Fail fast, without importing the Chroma adapter, when no Chroma is given."""
+    if not (
+        args.chroma_path
+        or args.chroma_url
+        or os.environ.get("CHROMAFS_CHROMA_URL")
+        or os.environ.get("CHROMAFS_CHROMA_PATH")
+    ):
+        raise CliError("no Chroma given: use --chroma-path DIR or --chroma-url URL")
+
+
 def chroma_location(args: argparse.Namespace) -> ChromaLocation:
+    from .chroma_store import ChromaLocation
+
     path = args.chroma_path
     url = (args.chroma_url or os.environ.get("CHROMAFS_CHROMA_URL")) if not path else None
     if not path and not url:
@@ -50,17 +65,88 @@ def chroma_location(args: argparse.Namespace) -> ChromaLocation:
     )
 
 
-def setup_logging(level: str, log_file: str | None, to_syslog: bool = False) -> None:
+def default_log_file() -> str:
+    """Where a background daemon logs when there is no syslog socket."""
+    for directory in ("/var/log/chromafs", os.path.join(os.environ.get("TMPDIR", "/tmp"), f"chromafs-{os.getuid()}")):
+        try:
+            os.makedirs(directory, mode=0o700, exist_ok=True)
+        except OSError:
+            continue
+        if os.access(directory, os.W_OK):
+            return os.path.join(directory, "chromafs.log")
+    return os.devnull
+
+
+def setup_logging(level: str, log_file: str | None, background: bool = False) -> None:
+    import logging
+
     handler: logging.Handler
     if log_file:
         handler = logging.FileHandler(log_file)
-    elif to_syslog and os.path.exists("/dev/log"):
-        handler = logging.handlers.SysLogHandler(address="/dev/log")
+    elif background and os.path.exists("/dev/log"):
+        from logging.handlers import SysLogHandler
+
+        handler = SysLogHandler(address="/dev/log")
+    elif background:
+        handler = logging.FileHandler(default_log_file())
     else:
         handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("%(asctime)s chromafs[%(process)d] %(levelname)s %(name)s: %(message)s"))
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
-    for noisy in ("chromadb", "httpx", "httpcore", "urllib3", "posthog"):
+    for noisy in ("chromadb", "httpx", "httpcore", "urllib3", "posthog", "botocore", "boto3"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+def add_session_arguments(parser: argparse.ArgumentParser) -> None:
+    add_chroma_arguments(parser)
+    parser.add_argument("--token", help="session JWT (visible in ps: prefer --token-file or CHROMAFS_TOKEN)")
+    parser.add_argument("--token-file", metavar="F", help="file holding the session JWT")
+    parser.add_argument("--jwt-secret-file", metavar="F", help="HS256 shared secret")
+    parser.add_argument("--jwt-public-key", metavar="F", help="PEM public key (Ed25519, RSA or EC P-256)")
+    parser.add_argument("--chunk-joiner", default="\n", help="text put between chunks (default: newline)")
+    parser.add_argument("--cache-bytes", type=int, default=256 * 1024 * 1024, help="in-process page cache size")
+    parser.add_argument("--backend-timeout", type=float, default=10.0, help="seconds before a backend call fails")
+    parser.add_argument("--s3-endpoint-url", help="S3 endpoint for lazy files (default: AWS_ENDPOINT_URL or AWS)")
+    parser.add_argument(
+        "--redis-url",
+        default=os.environ.get("CHROMAFS_REDIS_URL"),
+        help="shared cache, e.g. redis://127.0.0.1:6379/0 (env CHROMAFS_REDIS_URL)",
+    )
+    parser.add_argument("--redis-prefix", default="chromafs", help="key prefix in Redis")
+    parser.add_argument("--redis-ttl", type=int, default=24 * 3600, help="seconds a cached page lives in Redis")
+    parser.add_argument("--tree-ttl", type=int, default=300, help="seconds a cached path tree lives in Redis")
+    parser.add_argument("--token-stdin", action="store_true", help=argparse.SUPPRESS)
+
+
+def resolve_token(args: argparse.Namespace) -> str | None:
+    if args.token_stdin:
+        return sys.stdin.read().strip() or None
+    if args.token and args.token_file:
+        raise CliError("give --token or --token-file, not both")
+    if args.token:
+        return str(args.token)
+    if args.token_file:
+        return read_token_file(args.token_file)
+    return os.environ.get("CHROMAFS_TOKEN") or None
+
+
+MAX_TOKEN_BYTES = 16 * 1024
+
+
+def read_token_file(path: str) -> str:
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(MAX_TOKEN_BYTES + 1)
+    except OSError as exc:
+        raise CliError(f"cannot read token file {path}: {exc.strerror}") from exc
+    if len(raw) > MAX_TOKEN_BYTES:
+        raise CliError(f"token file {path} is larger than {MAX_TOKEN_BYTES} bytes")
+    try:
+        token = raw.decode("ascii").strip()
+    except UnicodeDecodeError as exc:
+        raise CliError(f"token file {path} does not hold a JWT") from exc
+    if not token:
+        raise CliError(f"token file {path} is empty")
+    return token

@@ -17,18 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from .blobstore import BlobStore
-from .chroma_store import (
-    DEFAULT_CHUNK_INDEX_FIELD,
-    DEFAULT_PAGE_FIELD,
-    FORMAT_FIELD,
-    FORMAT_VERSION,
-    PAGE_SHA_FIELD,
-    RECORD_KIND_FIELD,
-    TREE_RECORD_ID,
-    TREE_RECORD_KIND,
-    ChromaLocation,
-    connect_client,
-)
+from .chroma_store import ChromaLocation, connect_client
 from .chunks import DEFAULT_MAX_CHUNK_CHARS, split_page
 from .embedding import make_embedder
 from .ingest_access import (
@@ -42,6 +31,16 @@ from .ingest_access import (
     navigation_ref,
     parse_frontmatter,
     public_pages_from_navigation,
+)
+from .names import (
+    DEFAULT_CHUNK_INDEX_FIELD,
+    DEFAULT_PAGE_FIELD,
+    FORMAT_FIELD,
+    FORMAT_VERSION,
+    PAGE_SHA_FIELD,
+    RECORD_KIND_FIELD,
+    TREE_RECORD_ID,
+    TREE_RECORD_KIND,
 )
 from .pathrules import InvalidPath, normalize_key
 from .tree import TreeError, encode_tree_document, parse_tree

@@ -11,22 +11,15 @@ from __future__ import annotations
 import argparse
 import contextlib
 import errno
-import logging
+import json
 import os
 import select
-import signal
-import subprocess
+import socket
 import sys
 import time
-from typing import TypeVar
 
-from .access import Principal
-from .cli_common import CliError, chroma_location, setup_logging
-from .session import add_session_arguments, load_site, resolve_principal
-from .tokens import TokenError
+from .cli_common import CliError, add_session_arguments, require_chroma_location, resolve_token
 
-log = logging.getLogger("chromafs.mount")
-T = TypeVar("T")
 READY = b"READY\n"
 
 
@@ -48,15 +41,24 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--prefetch-max-bytes", type=int, default=64 * 1024 * 1024, help="auto prefetch only sites up to this size"
     )
-    parser.add_argument("--log-file", help="log here (default: stderr in the foreground, syslog otherwise)")
+    parser.add_argument(
+        "--log-file", help="log here (default: stderr in the foreground; syslog, else a file, in the background)"
+    )
     parser.add_argument("--pid-file", help="write the daemon's PID here while it serves")
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    parser.add_argument(
+        "--mountd",
+        default=os.environ.get("CHROMAFS_MOUNTD_SOCKET"),
+        help="ask this chromafs-mountd socket to serve the mount (env CHROMAFS_MOUNTD_SOCKET)",
+    )
     parser.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)
     return parser
 
 
 def check_mountpoint(path: str) -> None:
     """The mountpoint must be a directory; a stale chromafs mount is cleaned first."""
+    import subprocess
+
     try:
         os.stat(path)
         if os.path.ismount(path):
@@ -93,10 +95,42 @@ def _child_argv(argv: list[str]) -> list[str]:
     return out
 
 
-def start_daemon(argv: list[str], token: str | None, wait_s: float) -> int:
+def wait_for_ready(fd: int, wait_s: float) -> tuple[bool, str]:
+    """Read the daemon's report from `fd`: (True, "") once it says READY, or
+    (False, reason) when it reports a failure, closes, or the deadline passes."""
+    message = b""
+    deadline = time.monotonic() + wait_s
+    while not message.startswith(READY):
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return False, "the daemon did not become ready in time"
+        ready, _, _ = select.select([fd], [], [], remaining)
+        if not ready:
+            continue
+        chunk = os.read(fd, 4096)
+        if not chunk:
+            break
+        message += chunk
+    if message.startswith(READY):
+        return True, ""
+    return False, message.decode("utf-8", "replace").strip()
+
+
+def clean_up_failed_mount(mountpoint: str) -> None:
+    import subprocess
+
+    if os.path.ismount(mountpoint):
+        subprocess.run(["fusermount3", "-u", "-z", mountpoint], capture_output=True, check=False)
+
+
+def start_daemon(argv: list[str], token: str | None, mountpoint: str, wait_s: float) -> int:
+    """Start the serving process and return once it answers (0) or fails (1)."""
+    import subprocess
+
     read_fd, write_fd = os.pipe()
     cmd = [sys.executable, "-m", "chromafs_fuse.mount_cli", *_child_argv(argv)]
-    cmd += ["--foreground", "--token-stdin", "--ready-fd", str(write_fd)]
+    cmd += ["--token-stdin", "--ready-fd", str(write_fd)]
+    env = {k: v for k, v in os.environ.items() if k != "CHROMAFS_TOKEN"}
     child = subprocess.Popen(
         cmd,
         stdin=subprocess.PIPE,
@@ -104,146 +138,66 @@ def start_daemon(argv: list[str], token: str | None, wait_s: float) -> int:
         stderr=subprocess.DEVNULL,
         pass_fds=(write_fd,),
         start_new_session=True,
+        env=env,
     )
     os.close(write_fd)
     assert child.stdin is not None
-    child.stdin.write((token or "").encode("ascii"))
-    child.stdin.close()
-    message = b""
-    deadline = time.monotonic() + wait_s
-    while True:
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            child.kill()
-            child.wait()
-            print("chromafs-mount: the daemon did not become ready in time", file=sys.stderr)
-            return 1
-        ready, _, _ = select.select([read_fd], [], [], remaining)
-        if not ready:
-            continue
-        chunk = os.read(read_fd, 4096)
-        if not chunk:
-            break
-        message += chunk
-    os.close(read_fd)
-    if message == READY:
+    with contextlib.suppress(BrokenPipeError):
+        child.stdin.write((token or "").encode("ascii", "replace"))
+        child.stdin.close()
+    try:
+        ok, reason = wait_for_ready(read_fd, wait_s)
+    finally:
+        os.close(read_fd)
+    if ok:
         return 0
-    child.wait()
-    text = message.decode("utf-8", "replace").strip() or f"the daemon exited with status {child.returncode}"
-    print(f"chromafs-mount: {text}", file=sys.stderr)
+    if child.poll() is None:
+        child.kill()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            child.wait(5)
+    clean_up_failed_mount(mountpoint)
+    print(f"chromafs-mount: {reason or f'the daemon exited with status {child.returncode}'}", file=sys.stderr)
     return 1
 
 
-def prepare(args: argparse.Namespace, principal: Principal) -> tuple[object, object]:
-    from .fs import ChromaOperations
-
-    site = load_site(args, principal)
-    ops = ChromaOperations(site.table, site.source, args.cache_timeout)
-    return ops, site.table
-
-
-def should_prefetch(args: argparse.Namespace, table: object) -> bool:
-    if args.prefetch == "off":
-        return False
-    if args.prefetch == "on":
-        return True
-    total = getattr(table, "total_bytes", 0)
-    return bool(total <= min(args.prefetch_max_bytes, args.cache_bytes // 2))
-
-
-def serve(args: argparse.Namespace, ops: object, ready_fd: int | None, prefetch: bool = False) -> None:
-    import pyfuse3
-    import trio
-
-    options = set(pyfuse3.default_options)
-    options |= {f"fsname=chromafs:{args.site}", "subtype=chromafs", "ro", "noatime"}
-    for group in args.options:
-        options |= {o.strip() for o in group.split(",") if o.strip()}
-    mountpoint = os.path.abspath(args.mountpoint)
-
-    async def announce_ready() -> None:
-        await trio.to_thread.run_sync(os.listdir, mountpoint)
-        log.info("mounted on %s", mountpoint)
-        if ready_fd is not None:
-            os.write(ready_fd, READY)
-            os.close(ready_fd)
-        if prefetch:
-            source = ops.source  # type: ignore[attr-defined]
-            entries = [n.entry for n in ops.table.nodes.values() if n.entry is not None]  # type: ignore[attr-defined]
-            started = time.monotonic()
-            count = await source.prefetch(sorted(entries, key=lambda e: e.key))
-            log.info("prefetched %d pages in %.2fs", count, time.monotonic() - started)
-
-    async def watch_signals() -> None:
-        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
-            async for signum in signals:
-                log.info("signal %s: unmounting", signal.Signals(signum).name)
-                pyfuse3.terminate()
-                return
-
-    async def run() -> None:
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(watch_signals)
-            nursery.start_soon(announce_ready)
-            await pyfuse3.main()
-            nursery.cancel_scope.cancel()
-
-    pyfuse3.init(ops, mountpoint, options)  # type: ignore[arg-type]
-    if args.pid_file:
-        with open(args.pid_file, "w") as f:
-            f.write(f"{os.getpid()}\n")
+def request_mount(socket_path: str, argv: list[str], token: str | None, mountpoint: str, wait_s: float) -> int:
+    """Client side: ask the server for a mount; 0 once it answers, 1 with one line otherwise."""
+    request = json.dumps({"argv": argv, "token": token, "cwd": os.getcwd()}).encode("utf-8") + b"\n"
     try:
-        trio.run(run)
-    finally:
-        pyfuse3.close(unmount=True)
-        log.info("unmounted %s; requests served: %s", mountpoint, dict(ops.requests))  # type: ignore[attr-defined]
-        if args.pid_file:
-            with contextlib.suppress(OSError):
-                os.unlink(args.pid_file)
-
-
-def fail(args: argparse.Namespace, message: str) -> int:
-    if args.ready_fd is not None:
-        try:
-            os.write(args.ready_fd, message.encode("utf-8", "replace"))
-            os.close(args.ready_fd)
-        except OSError:
-            pass
-        log.error("%s", message)
-    else:
-        print(f"chromafs-mount: {message}", file=sys.stderr)
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+            conn.settimeout(5)
+            conn.connect(socket_path)
+            conn.sendall(request)
+            conn.shutdown(socket.SHUT_WR)
+            ok, reason = wait_for_ready(conn.fileno(), wait_s)
+    except OSError as exc:
+        print(f"chromafs-mount: cannot reach chromafs-mountd at {socket_path}: {exc.strerror or exc}", file=sys.stderr)
+        return 1
+    if ok:
+        return 0
+    clean_up_failed_mount(mountpoint)
+    print(f"chromafs-mount: {reason or 'the mount server closed the connection'}", file=sys.stderr)
     return 1
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
-    daemon_child = args.ready_fd is not None
-    if args.foreground or daemon_child:
-        setup_logging(args.log_level, args.log_file, to_syslog=daemon_child)
-    try:
-        token, principal = resolve_principal(args)
-        check_mountpoint(args.mountpoint)
-        chroma_location(args)
-        if not args.foreground:
-            return start_daemon(argv, token, wait_s=args.backend_timeout * 3 + 60)
-        del token
-        ops, table = prepare(args, principal)
-    except (CliError, TokenError) as exc:
-        return fail(args, str(exc))
-    except Exception as exc:  # a backend or tree error, reported as one line
-        from .chroma_store import BackendError, SiteNotFound
-        from .tree import TreeError
+    if args.foreground or args.ready_fd is not None:
+        from .daemon import run_daemon  # the heavy imports: only in the serving process
 
-        if isinstance(exc, BackendError | SiteNotFound | TreeError):
-            return fail(args, str(exc))
-        log.exception("cannot mount")
-        return fail(args, f"cannot mount: {exc.__class__.__name__}: {exc}")
+        return run_daemon(args, args.ready_fd, background=args.ready_fd is not None)
     try:
-        serve(args, ops, args.ready_fd, should_prefetch(args, table))
-    except RuntimeError as exc:  # pyfuse3.init failures (permissions, no /dev/fuse)
-        return fail(args, f"mounting {args.mountpoint} failed: {exc}")
-    return 0
+        token = resolve_token(args)
+        check_mountpoint(args.mountpoint)
+        require_chroma_location(args)
+    except CliError as exc:
+        print(f"chromafs-mount: {exc}", file=sys.stderr)
+        return 1
+    wait_s = args.backend_timeout * 3 + 60
+    if args.mountd:
+        return request_mount(args.mountd, _child_argv(argv), token, args.mountpoint, wait_s)
+    return start_daemon(argv, token, args.mountpoint, wait_s)
 
 
 if __name__ == "__main__":

@@ -5,55 +5,20 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
-import sys
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
 from .access import Principal, visible_entries
-from .cli_common import CliError, add_chroma_arguments, chroma_location
+from .cli_common import CliError, chroma_location, resolve_token
 from .inodes import InodeTable
 from .page_source import PageSource
-from .tokens import load_verification_key, principal_from_token, read_token_file
+from .tokens import load_verification_key, principal_from_token
 from .tree import PathEntry, SiteTree
 
 log = logging.getLogger("chromafs.session")
 T = TypeVar("T")
-
-
-def add_session_arguments(parser: argparse.ArgumentParser) -> None:
-    add_chroma_arguments(parser)
-    parser.add_argument("--token", help="session JWT (visible in ps: prefer --token-file or CHROMAFS_TOKEN)")
-    parser.add_argument("--token-file", metavar="F", help="file holding the session JWT")
-    parser.add_argument("--jwt-secret-file", metavar="F", help="HS256 shared secret")
-    parser.add_argument("--jwt-public-key", metavar="F", help="PEM public key (Ed25519, RSA or EC P-256)")
-    parser.add_argument("--chunk-joiner", default="\n", help="text put between chunks (default: newline)")
-    parser.add_argument("--cache-bytes", type=int, default=256 * 1024 * 1024, help="in-process page cache size")
-    parser.add_argument("--backend-timeout", type=float, default=10.0, help="seconds before a backend call fails")
-    parser.add_argument("--s3-endpoint-url", help="S3 endpoint for lazy files (default: AWS_ENDPOINT_URL or AWS)")
-    parser.add_argument(
-        "--redis-url",
-        default=os.environ.get("CHROMAFS_REDIS_URL"),
-        help="shared cache, e.g. redis://127.0.0.1:6379/0 (env CHROMAFS_REDIS_URL)",
-    )
-    parser.add_argument("--redis-prefix", default="chromafs", help="key prefix in Redis")
-    parser.add_argument("--redis-ttl", type=int, default=24 * 3600, help="seconds a cached page lives in Redis")
-    parser.add_argument("--tree-ttl", type=int, default=300, help="seconds a cached path tree lives in Redis")
-    parser.add_argument("--token-stdin", action="store_true", help=argparse.SUPPRESS)
-
-
-def resolve_token(args: argparse.Namespace) -> str | None:
-    if args.token_stdin:
-        return sys.stdin.read().strip() or None
-    if args.token and args.token_file:
-        raise CliError("give --token or --token-file, not both")
-    if args.token:
-        return str(args.token)
-    if args.token_file:
-        return read_token_file(args.token_file)
-    return os.environ.get("CHROMAFS_TOKEN") or None
 
 
 def resolve_principal(args: argparse.Namespace) -> tuple[str | None, Principal]:

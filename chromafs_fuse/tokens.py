@@ -15,8 +15,7 @@ from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
 from cryptography.hazmat.primitives.serialization import load_pem_public_key
 
 from .access import Principal
-
-MAX_TOKEN_BYTES = 16 * 1024
+from .cli_common import MAX_TOKEN_BYTES
 
 
 class TokenError(ValueError):
@@ -57,20 +56,6 @@ def load_verification_key(secret_file: str | None, public_key_file: str | None) 
             return VerificationKey(key, ["ES256"])
         raise TokenError("public key must be Ed25519, RSA or EC P-256")
     return None
-
-
-def read_token_file(path: str) -> str:
-    try:
-        with open(path, "rb") as f:
-            raw = f.read(MAX_TOKEN_BYTES + 1)
-    except OSError as exc:
-        raise TokenError(f"cannot read token file {path}: {exc.strerror}") from exc
-    if len(raw) > MAX_TOKEN_BYTES:
-        raise TokenError(f"token file {path} is larger than {MAX_TOKEN_BYTES} bytes")
-    try:
-        return raw.decode("ascii").strip()
-    except UnicodeDecodeError as exc:
-        raise TokenError(f"token file {path} does not hold a JWT") from exc
 
 
 def principal_from_token(token: str | None, key: VerificationKey | None, site: str) -> Principal:

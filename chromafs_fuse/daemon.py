@@ -1,0 +1,123 @@
+"""The serving side of a mount: verify the token, load and prune the tree,
+mount, answer the kernel until unmounted or signalled.
+
+Runs in the foreground process, in the child `chromafs-mount` starts, or in a
+child forked by `chromafs-mountd` (which has imported all of this already).
+Readiness and one-line failures go to `ready_fd` when one is given.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import os
+import signal
+import time
+
+import pyfuse3
+import trio
+
+from .access import Principal
+from .chroma_store import BackendError, SiteNotFound
+from .cli_common import CliError, setup_logging
+from .fs import ChromaOperations
+from .inodes import InodeTable
+from .session import load_site, resolve_principal
+from .tokens import TokenError
+from .tree import TreeError
+
+log = logging.getLogger("chromafs.mount")
+READY = b"READY\n"
+UNKNOWN_SIZE_ESTIMATE = 16 * 1024  # for deciding on auto prefetch when the tree has no sizes
+
+
+def should_prefetch(args: argparse.Namespace, table: InodeTable) -> bool:
+    if args.prefetch != "auto":
+        return bool(args.prefetch == "on")
+    unknown = sum(1 for n in table.nodes.values() if n.entry is not None and n.entry.size is None)
+    total = table.total_bytes + unknown * UNKNOWN_SIZE_ESTIMATE
+    return total <= min(args.prefetch_max_bytes, args.cache_bytes // 2)
+
+
+def prepare(args: argparse.Namespace, principal: Principal) -> ChromaOperations:
+    site = load_site(args, principal)
+    return ChromaOperations(site.table, site.source, args.cache_timeout)
+
+
+def serve(args: argparse.Namespace, ops: ChromaOperations, ready_fd: int | None, prefetch: bool) -> None:
+    options = set(pyfuse3.default_options)
+    options |= {f"fsname=chromafs:{args.site}", "subtype=chromafs", "ro", "noatime"}
+    for group in args.options:
+        options |= {o.strip() for o in group.split(",") if o.strip()}
+    mountpoint = os.path.abspath(args.mountpoint)
+
+    async def announce_ready() -> None:
+        await trio.to_thread.run_sync(os.listdir, mountpoint)
+        log.info("mounted on %s", mountpoint)
+        if ready_fd is not None:
+            with contextlib.suppress(OSError):
+                os.write(ready_fd, READY)
+                os.close(ready_fd)
+        if prefetch:
+            entries = sorted((n.entry for n in ops.table.nodes.values() if n.entry is not None), key=lambda e: e.key)
+            started = time.monotonic()
+            count = await ops.source.prefetch(entries)
+            log.info("prefetched %d pages in %.2fs", count, time.monotonic() - started)
+
+    async def watch_signals() -> None:
+        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
+            async for signum in signals:
+                log.info("signal %s: unmounting", signal.Signals(signum).name)
+                pyfuse3.terminate()
+                return
+
+    async def run() -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(watch_signals)
+            nursery.start_soon(announce_ready)
+            await pyfuse3.main()
+            nursery.cancel_scope.cancel()
+
+    pyfuse3.init(ops, mountpoint, options)
+    if args.pid_file:
+        with open(args.pid_file, "w") as f:
+            f.write(f"{os.getpid()}\n")
+    try:
+        trio.run(run)
+    finally:
+        pyfuse3.close(unmount=True)
+        log.info("unmounted %s; requests served: %s", mountpoint, dict(ops.requests))
+        if args.pid_file:
+            with contextlib.suppress(OSError):
+                os.unlink(args.pid_file)
+
+
+def report_failure(ready_fd: int | None, message: str) -> int:
+    log.error("%s", message)
+    if ready_fd is None:
+        print(f"chromafs-mount: {message}", file=__import__("sys").stderr)
+    else:
+        with contextlib.suppress(OSError):
+            os.write(ready_fd, message.encode("utf-8", "replace"))
+            os.close(ready_fd)
+    return 1
+
+
+def run_daemon(args: argparse.Namespace, ready_fd: int | None, background: bool) -> int:
+    """Serve the mount described by `args`; returns the exit status."""
+    setup_logging(args.log_level, args.log_file, background=background)
+    try:
+        _token, principal = resolve_principal(args)
+        del _token
+        ops = prepare(args, principal)
+    except (CliError, TokenError, BackendError, SiteNotFound, TreeError) as exc:
+        return report_failure(ready_fd, str(exc))
+    except Exception as exc:
+        log.exception("cannot mount")
+        return report_failure(ready_fd, f"cannot mount: {exc.__class__.__name__}: {exc}")
+    try:
+        serve(args, ops, ready_fd, should_prefetch(args, ops.table))
+    except RuntimeError as exc:  # pyfuse3.init failures (permissions, no /dev/fuse)
+        return report_failure(ready_fd, f"mounting {args.mountpoint} failed: {exc}")
+    return 0

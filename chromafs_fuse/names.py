@@ -1,0 +1,11 @@
+"""Names fixed by the storage format (see docs/FORMAT.md). No imports: the
+mount client loads this on its fast path."""
+
+TREE_RECORD_ID = "__path_tree__"
+RECORD_KIND_FIELD = "chromafs_record"  # metadata flag on the tree record
+TREE_RECORD_KIND = "path_tree"
+FORMAT_FIELD = "chromafs_format"
+FORMAT_VERSION = 1
+DEFAULT_PAGE_FIELD = "page_slug"
+DEFAULT_CHUNK_INDEX_FIELD = "chunk_index"
+PAGE_SHA_FIELD = "page_sha256"  # which page version a chunk belongs to

@@ -1,0 +1,113 @@
+"""Mounting and unmounting chromafs with the real CLI, and reading a daemon's memory."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from bench_lib.procs import BIN, child_env
+
+
+def is_mounted(path: Path) -> bool:
+    target = os.path.realpath(path)
+    with open("/proc/self/mounts") as f:
+        return any(line.split()[1].encode().decode("unicode_escape") == target for line in f)
+
+
+def mounts_under(root: Path) -> list[Path]:
+    prefix = os.path.realpath(root) + "/"
+    with open("/proc/self/mounts") as f:
+        points = [line.split()[1].encode().decode("unicode_escape") for line in f]
+    return [Path(p) for p in points if p.startswith(prefix)]
+
+
+def unmount(path: Path) -> None:
+    """fusermount3 -u, retried a few times, then -uz as the fallback."""
+    for _ in range(20):
+        if not is_mounted(path):
+            return
+        subprocess.run(["fusermount3", "-u", str(path)], capture_output=True, check=False, timeout=30)
+        if not is_mounted(path):
+            return
+        time.sleep(0.1)
+    subprocess.run(["fusermount3", "-u", "-z", str(path)], capture_output=True, check=False, timeout=30)
+
+
+def wait_exit(pid: int, wait_s: float = 10.0) -> None:
+    """Wait for a daemon we started to exit after its unmount; SIGKILL it if it does not."""
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.02)
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+
+
+def memory_kb(pid: int) -> dict[str, int]:
+    """Rss and Pss (kB) of a process, from /proc/PID/smaps_rollup."""
+    out: dict[str, int] = {}
+    with open(f"/proc/{pid}/smaps_rollup") as f:
+        for line in f:
+            name, _, rest = line.partition(":")
+            if name in ("Rss", "Pss"):
+                out[name.lower()] = int(rest.split()[0])
+    return out
+
+
+@dataclass
+class Mounter:
+    """Mounts one backend's site; remembers every mountpoint and daemon so cleanup can find them."""
+
+    site: str
+    backend_args: list[str]
+    workdir: Path
+    label: str
+    live: dict[Path, int | None] = field(default_factory=dict)
+    count: int = 0
+
+    def mount(self) -> tuple[Path, float]:
+        """A fresh mount; returns (mountpoint, seconds chromafs-mount took)."""
+        self.count += 1
+        point = self.workdir / f"{self.label}-{self.count}"
+        point.mkdir(parents=True)
+        log, pid_file = point.with_suffix(".log"), point.with_suffix(".pid")
+        argv = [str(BIN / "chromafs-mount"), str(point), "--site", self.site, *self.backend_args]
+        argv += ["--log-file", str(log), "--pid-file", str(pid_file)]
+        self.live[point] = None
+        started = time.perf_counter()
+        proc = subprocess.run(argv, capture_output=True, timeout=180, env=child_env(), stdin=subprocess.DEVNULL)
+        took = time.perf_counter() - started
+        if proc.returncode != 0:
+            raise RuntimeError(f"chromafs-mount {point} failed: {proc.stderr.decode(errors='replace').strip()}")
+        self.live[point] = int(pid_file.read_text())
+        return point, took
+
+    def pid(self, point: Path) -> int:
+        pid = self.live[point]
+        assert pid is not None
+        return pid
+
+    def log_text(self, point: Path) -> str:
+        with contextlib.suppress(OSError):
+            return point.with_suffix(".log").read_text(errors="replace")
+        return ""
+
+    def unmount(self, point: Path) -> None:
+        pid = self.live.pop(point, None)
+        unmount(point)
+        if pid is not None:
+            wait_exit(pid)
+        with contextlib.suppress(OSError):
+            point.rmdir()
+
+    def unmount_all(self) -> None:
+        for point in list(self.live):
+            self.unmount(point)

@@ -1,0 +1,108 @@
+"""chromafs-mountd: a resident mount server that forks ready mounts."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from helpers import BIN, SAMPLE_SITE, copy_subset, expected_visible, is_mounted, run, try_mount, unmount
+
+
+@pytest.fixture
+def mountd(tmp_path: Path) -> Iterator[Path]:
+    sock = tmp_path / "mountd.sock"
+    proc = subprocess.Popen(
+        [str(BIN / "chromafs-mountd"), "--socket", str(sock), "--log-file", str(tmp_path / "mountd.log")],
+        stdin=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 60
+    while not sock.exists():
+        assert proc.poll() is None and time.monotonic() < deadline, "mountd did not start"
+        time.sleep(0.05)
+    yield sock
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(10)
+    assert not sock.exists()
+
+
+def test_mount_through_the_server(
+    mountd: Path,
+    sample_chroma: Callable[[str], Path],
+    token_file: Callable[..., Path],
+    secret_file: Path,
+    tmp_path: Path,
+) -> None:
+    chroma = str(sample_chroma("public"))
+    mounts = [tmp_path / "anon", tmp_path / "billing"]
+    for m in mounts:
+        m.mkdir()
+    try:
+        assert try_mount(mounts[0], "--site", "acme", "--chroma-path", chroma, "--mountd", str(mountd)).returncode == 0
+        billing = try_mount(
+            mounts[1],
+            "--site",
+            "acme",
+            "--chroma-path",
+            chroma,
+            "--mountd",
+            str(mountd),
+            "--token-file",
+            str(token_file(["billing"])),
+            "--jwt-secret-file",
+            str(secret_file),
+        )
+        assert billing.returncode == 0, billing.stderr
+        for m, groups in zip(mounts, (None, {"billing"}), strict=True):
+            copy = copy_subset(SAMPLE_SITE, expected_visible(SAMPLE_SITE, "public", groups), tmp_path / f"exp-{m.name}")
+            diff = run(["diff", "-r", str(copy), str(m)])
+            assert diff.returncode == 0, diff.stdout
+        bad = try_mount(tmp_path / "anon", "--site", "acme", "--chroma-path", chroma, "--mountd", str(mountd))
+        assert bad.returncode == 1 and "already mounted" in bad.stderr
+        (tmp_path / "bad").mkdir()
+        expired = try_mount(
+            tmp_path / "bad",
+            "--site",
+            "acme",
+            "--chroma-path",
+            chroma,
+            "--mountd",
+            str(mountd),
+            "--token-file",
+            str(token_file(["admin"], exp=int(time.time()) - 10)),
+            "--jwt-secret-file",
+            str(secret_file),
+        )
+        assert expired.returncode == 1 and expired.stderr.strip() == "chromafs-mount: token has expired"
+        assert not is_mounted(tmp_path / "bad")
+    finally:
+        for m in mounts:
+            unmount(m)
+
+
+def test_mounts_outlive_the_server(mountd: Path, sample_chroma: Callable[[str], Path], mnt: Path) -> None:
+    assert (
+        try_mount(
+            mnt, "--site", "acme", "--chroma-path", str(sample_chroma("public")), "--mountd", str(mountd)
+        ).returncode
+        == 0
+    )
+    try:
+        # the server is stopped by the fixture after this test; here, kill -TERM it early
+        pids = subprocess.run(["pgrep", "-f", f"chromafs-mountd --socket {mountd}"], capture_output=True, text=True)
+        for pid in pids.stdout.split():
+            os.kill(int(pid), signal.SIGTERM)
+        time.sleep(0.5)
+        assert (mnt / "auth" / "oauth.mdx").read_bytes() == (SAMPLE_SITE / "auth" / "oauth.mdx").read_bytes()
+    finally:
+        unmount(mnt)
+
+
+def test_unreachable_server_fails_with_one_line(tmp_path: Path, mnt: Path) -> None:
+    proc = try_mount(mnt, "--site", "acme", "--chroma-path", str(tmp_path), "--mountd", str(tmp_path / "nope.sock"))
+    assert proc.returncode == 1 and proc.stderr.count("\n") == 1 and "chromafs-mountd" in proc.stderr
