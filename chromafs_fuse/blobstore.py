@@ -119,8 +119,8 @@ def read_blob_range(url: str, offset: int, length: int) -> bytes:
                 return os.pread(fd, length, offset)
             finally:
                 os.close(fd)
-        except OSError as exc:
-            raise BlobError(f"cannot read blob {url}: {exc.strerror}") from exc
+        except (OSError, ValueError) as exc:
+            raise BlobError(f"cannot read blob {url}: {getattr(exc, 'strerror', None) or exc}") from exc
     if parsed.scheme == "s3":
         from botocore.exceptions import BotoCoreError, ClientError
 

@@ -87,8 +87,8 @@ def reassemble(
         raise CorruptPage("page has no chunks")
     count = len(by_index)
     if max(by_index) != count - 1:
-        missing = sorted(set(range(max(by_index) + 1)) - by_index.keys())
-        raise CorruptPage(f"chunk indexes have gaps (missing {missing[:5]})")
+        first_missing = next(i for i in range(count) if i not in by_index)
+        raise CorruptPage(f"chunk indexes have gaps (first missing: {first_missing})")
     try:
         data = joiner.join(by_index[i] for i in range(count)).encode("utf-8")
     except UnicodeEncodeError as exc:

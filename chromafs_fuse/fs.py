@@ -7,6 +7,7 @@ nonexistent names take the same code path and get the same answer.
 from __future__ import annotations
 
 import errno
+import logging
 import os
 import stat
 import time
@@ -17,6 +18,7 @@ import pyfuse3
 from .inodes import ROOT_INODE, InodeTable, Node
 from .page_source import PageSource, PageUnavailable
 
+log = logging.getLogger(__name__)
 DIR_MODE = stat.S_IFDIR | 0o555
 FILE_MODE = stat.S_IFREG | 0o444
 BLOCK_SIZE = 4096
@@ -162,6 +164,9 @@ class ChromaOperations(pyfuse3.Operations):
         try:
             return await self.source.read(entry, off, size)
         except PageUnavailable:
+            raise pyfuse3.FUSEError(errno.EIO) from None
+        except Exception:  # a bug must cost one read, never the whole mount
+            log.exception("reading %s failed", entry.key)
             raise pyfuse3.FUSEError(errno.EIO) from None
 
     async def release(self, fh: int) -> None:

@@ -244,7 +244,7 @@ def ingest(options: IngestOptions, show_progress: bool = False) -> IngestSummary
         ids=[TREE_RECORD_ID],
         documents=[summary.tree_document],
         metadatas=[{RECORD_KIND_FIELD: TREE_RECORD_KIND, FORMAT_FIELD: FORMAT_VERSION, "site": options.site}],
-        embeddings=[[0.0] * (dimensions or 256)],
+        embeddings=[[0.0] * (dimensions or len(embed([""])[0]))],
     )
     stale_pages = [k for k in old_shas if old_shas[k] != tree.get(k, {}).get("sha256") or "blob" in tree.get(k, {})]
     summary.removed = sum(1 for k in old_shas if k not in tree)
@@ -261,7 +261,8 @@ def _existing_shas(collection: Any) -> dict[str, str | None]:
     except TreeError:
         log.warning("the existing path tree is unreadable; every page is rewritten")
         return {}
-    return {key: entry.sha256 for key, entry in tree.entries.items()}
+    # Only pages stored as chunks count: a page that was a blob must get chunks written.
+    return {key: entry.sha256 for key, entry in tree.entries.items() if entry.blob is None}
 
 
 def _delete_stale_chunks(

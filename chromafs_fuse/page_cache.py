@@ -5,16 +5,20 @@ from __future__ import annotations
 from cachetools import LRUCache
 
 DEFAULT_CACHE_BYTES = 256 * 1024 * 1024
+OVERSIZE_PAGES = 2
 
 
 class PageCache:
     def __init__(self, max_bytes: int = DEFAULT_CACHE_BYTES) -> None:
         self._lru: LRUCache[str, bytes] = LRUCache(maxsize=max_bytes, getsizeof=len)
+        self._oversize: dict[str, bytes] = {}
         self.hits = 0
         self.misses = 0
 
     def get(self, key: str) -> bytes | None:
         data = self._lru.get(key)
+        if data is None:
+            data = self._oversize.get(key)
         if data is None:
             self.misses += 1
         else:
@@ -24,6 +28,12 @@ class PageCache:
     def put(self, key: str, data: bytes) -> None:
         if len(data) <= self._lru.maxsize:
             self._lru[key] = data
+        else:
+            # Too big for the bound: keep only the most recent few, so that reading one
+            # huge page does not fetch it again for every read request.
+            self._oversize[key] = data
+            while len(self._oversize) > OVERSIZE_PAGES:
+                del self._oversize[next(iter(self._oversize))]
 
     @property
     def current_bytes(self) -> int:

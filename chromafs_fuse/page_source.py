@@ -154,8 +154,8 @@ class PageSource:
         try:
             self.chroma_calls += 1
             chunks = self.chroma().fetch_many(missing)
-        except BackendError as exc:
-            log.error("%s", exc)
+        except Exception as exc:  # BackendError, or the collection vanished (SiteNotFound), ...
+            log.error("%s", exc if isinstance(exc, BackendError) else f"reading from Chroma failed: {exc!r}")
             for entry in missing:
                 loaded[entry.key] = PageUnavailable(entry.key)
             return loaded
@@ -187,6 +187,9 @@ class PageSource:
                     )
             except trio.TooSlowError:
                 log.warning("prefetch stopped: the backend is too slow")
+                return done
+            except Exception:
+                log.exception("prefetch stopped")
                 return done
             for entry in batch:
                 data = results.get(entry.key)

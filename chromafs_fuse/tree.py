@@ -7,6 +7,7 @@ import binascii
 import gzip
 import hashlib
 import json
+import math
 import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -79,11 +80,15 @@ def encode_tree_document(tree: Mapping[str, Mapping[str, object]]) -> str:
     return base64.b64encode(compressed).decode("ascii")
 
 
+MAX_FILE_SIZE = 1 << 53  # far beyond any page; keeps st_size and block counts in range
+MAX_ABS_MTIME = 1 << 40  # seconds: about 35,000 years either side of 1970
+
+
 def _optional_int(value: object, name: str) -> int | None:
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise InvalidPath(f"'{name}' is not a non-negative integer")
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < MAX_FILE_SIZE:
+        raise InvalidPath(f"'{name}' is not an integer in [0, 2^53)")
     return value
 
 
@@ -112,8 +117,13 @@ def _parse_entry(source_key: str, raw: object) -> PathEntry:
     if not isinstance(groups, list) or not all(isinstance(g, str) for g in groups):
         raise InvalidPath("'groups' is not a list of strings")
     mtime = raw.get("mtime")
-    if mtime is not None and (isinstance(mtime, bool) or not isinstance(mtime, int | float)):
-        raise InvalidPath("'mtime' is not a number")
+    if mtime is not None and (
+        isinstance(mtime, bool)
+        or not isinstance(mtime, int | float)
+        or not math.isfinite(mtime)
+        or abs(mtime) >= MAX_ABS_MTIME
+    ):
+        raise InvalidPath("'mtime' is not a finite number of seconds in range")
     blob = None
     raw_blob = raw.get("blob")
     if raw_blob is not None:

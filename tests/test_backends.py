@@ -193,3 +193,15 @@ def test_token_never_reaches_the_daemon_command_line_environment_or_log(
         ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
         assert token not in ps
     assert token not in (mnt.parent / "mnt.log").read_text()
+
+
+def test_reingest_moves_a_file_between_blob_store_and_chunks(mnt: Path, tmp_path: Path) -> None:
+    site = tmp_path / "site"
+    (site / "specs").mkdir(parents=True)
+    spec = site / "specs" / "big.json"
+    spec.write_text('{"a": "' + "x" * 5000 + '"}\n')
+    chroma = str(tmp_path / "chroma")
+    for threshold in ("1000", "100000", "1000"):  # blob, then chunks, then blob again
+        ingest(site, "--site", "acme", "--chroma-path", chroma, "--large-file-threshold", threshold, "--quiet")
+        with mounted(mnt, "--site", "acme", "--chroma-path", chroma):
+            assert (mnt / "specs" / "big.json").read_bytes() == spec.read_bytes(), threshold
