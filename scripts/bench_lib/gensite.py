@@ -13,7 +13,7 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
-WORDS = """
+_WORDS_TEXT = """
 access account action adapter address agent alert alias allow analytics api app archive argument
 audit authentication authorization backend backup balance batch billing branch browser buffer build
 bundle cache callback certificate change channel charge check client cloud cluster code collection
@@ -31,12 +31,14 @@ setting signature snapshot source stage status storage stream subscription table
 template tenant test threshold timeout token topic trace transaction trigger type upload usage user
 value variable version webhook window worker workspace zone the a of to and in for with on by is
 are be can when your this that from it as each every all new only after before then must should
-""".split()
-SECTIONS = """
+"""
+_SECTIONS_TEXT = """
 getting-started guides api-reference concepts authentication billing integrations sdks cli
 deployment security administration webhooks analytics data-export troubleshooting release-notes
 platform tutorials best-practices
-""".split()
+"""
+WORDS = _WORDS_TEXT.split()
+SECTIONS = _SECTIONS_TEXT.split()
 LANGS = ["bash", "python", "javascript", "json", "yaml", "go"]
 PUBLIC, ADMIN, BILLING = "public: true", "groups: [admin]", "groups: [billing]"
 

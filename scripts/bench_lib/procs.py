@@ -80,12 +80,13 @@ class ChromaServer:
     def start(self, wait_s: float = 60.0) -> None:
         argv = [str(BIN / "chroma"), "run", "--path", str(self.data), "--host", "127.0.0.1", "--port", str(self.port)]
         with open(self.log, "ab") as log:
-            self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=child_env())
+            self.proc = subprocess.Popen(
+                argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=child_env()
+            )
         deadline = time.monotonic() + wait_s
         while time.monotonic() < deadline:
-            with contextlib.suppress(OSError):
-                with urllib.request.urlopen(f"{self.url}/api/v2/heartbeat", timeout=1):
-                    return
+            with contextlib.suppress(OSError), urllib.request.urlopen(f"{self.url}/api/v2/heartbeat", timeout=1):
+                return
             if self.proc.poll() is not None:
                 raise RuntimeError(f"chroma run exited with {self.proc.returncode}; see {self.log}")
             time.sleep(0.2)
@@ -106,7 +107,9 @@ class RedisServer:
     def start(self, wait_s: float = 20.0) -> None:
         argv = ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
         argv += ["--dir", str(self.folder)]
-        self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
+        self.proc = subprocess.Popen(
+            argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL
+        )
         deadline = time.monotonic() + wait_s
         while time.monotonic() < deadline:
             if self.cli("ping") == "PONG":

@@ -32,6 +32,8 @@ class Fresh:
 class System(Protocol):
     name: str
 
+    def before(self) -> None: ...
+
     def fresh(self) -> Fresh: ...
 
     def release(self, fresh: Fresh) -> None: ...
@@ -41,6 +43,9 @@ class System(Protocol):
 class Tmpfs:
     copy: Path
     name: str = "tmpfs"
+
+    def before(self) -> None:
+        return None
 
     def fresh(self) -> Fresh:
         return Fresh(self.copy)
@@ -57,6 +62,9 @@ class Sandbox:
     name: str = "sandbox"
     count: int = 0
     runs: list[dict[str, Any]] = field(default_factory=list)
+
+    def before(self) -> None:
+        return None
 
     def fresh(self) -> Fresh:
         self.count += 1
@@ -89,6 +97,7 @@ class Chromafs:
     boot_tree_sources: list[str] = field(default_factory=list)
 
     def before(self) -> None:
+        """Untimed: flush Redis (shared cache cold) or put the tree back if it expired (warm)."""
         if self.redis is None:
             return
         if self.shared == "cold":
@@ -108,7 +117,6 @@ class Chromafs:
             client.set(self.tree_key(), self.tree_doc.encode(), ex=300)
 
     def fresh(self) -> Fresh:
-        self.before()
         point, took = self.mounter.mount()
         return Fresh(point, 0.0, self.mounter.pid(point), {"mount_s": took})
 
@@ -119,3 +127,13 @@ class Chromafs:
         else:
             self.boot_tree_sources.append("chroma")
         self.mounter.unmount(fresh.root)
+
+    def wait_prefetch(self, fresh: Fresh, wait_s: float = 300.0) -> bool:
+        """Wait (bounded) for the daemon's background prefetch to finish; False if it did not."""
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline:
+            log = self.mounter.log_text(fresh.root)
+            if "prefetched" in log or "prefetch stopped" in log:
+                return True
+            time.sleep(0.1)
+        return False

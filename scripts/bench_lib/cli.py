@@ -1,0 +1,110 @@
+"""`scripts/bench`: arguments, machine facts, the run, and the report files."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import os
+import platform
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from bench_lib import report
+from bench_lib.corpus import REPO
+from bench_lib.runner import Run, run_corpus
+
+ALL_SYSTEMS = ["tmpfs", "sandbox", "chromafs-embedded", "chromafs-server-redis"]
+ALL_FIGURES = ["boot", "tools", "memory"]
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="scripts/bench", description="chromafs side by side with tmpfs and a sandbox copy")
+    p.add_argument(
+        "--corpus", action="append", help="sample, gen:N or a docs folder (repeatable; default sample, gen:1000)"
+    )
+    p.add_argument("--seed", type=int, default=1, help="seed of generated corpora")
+    p.add_argument("--boot-runs", type=int, default=20, help="mounts timed for boot p50/p90")
+    p.add_argument("--mounts", type=int, default=8, help="concurrent mounts for the marginal PSS")
+    p.add_argument("--systems", default=",".join(ALL_SYSTEMS), help="comma list (tmpfs is always measured)")
+    p.add_argument("--figures", default=",".join(ALL_FIGURES), help="comma list of boot, tools, memory")
+    p.add_argument("--json", type=Path, default=REPO / "docs/bench/results.json")
+    p.add_argument("--png", type=Path, default=REPO / "docs/bench/ratios.png")
+    p.add_argument("--keep", action="store_true", help="keep temp dirs (generated sites, Chroma data, logs)")
+    args = p.parse_args(argv)
+    args.corpus = args.corpus or ["sample", "gen:1000"]
+    args.systems = [s for s in args.systems.split(",") if s]
+    args.figures = [f for f in args.figures.split(",") if f]
+    for name in args.systems:
+        if name not in ALL_SYSTEMS:
+            p.error(f"unknown system {name!r}")
+    for name in args.figures:
+        if name not in ALL_FIGURES:
+            p.error(f"unknown figure {name!r}")
+    if args.boot_runs < 1 or args.mounts < 1:
+        p.error("--boot-runs and --mounts must be at least 1")
+    return args
+
+
+def machine() -> dict[str, Any]:
+    def first_line(argv: list[str]) -> str:
+        with contextlib.suppress(OSError, subprocess.SubprocessError):
+            return subprocess.run(argv, capture_output=True, text=True, timeout=10).stdout.splitlines()[0]
+        return "?"
+
+    cpuinfo = Path("/proc/cpuinfo").read_text().splitlines()
+    cpu = next((ln.split(":", 1)[1].strip() for ln in cpuinfo if ln.startswith("model name")), "?")
+    meminfo = Path("/proc/meminfo").read_text().splitlines()
+    mem_kb = next(int(ln.split()[1]) for ln in meminfo if ln.startswith("MemTotal"))
+    import chromadb
+
+    return {
+        "nproc": os.cpu_count(),
+        "cpu": cpu,
+        "memory_gib": round(mem_kb / 1024 / 1024, 1),
+        "kernel": platform.release(),
+        "python": platform.python_version(),
+        "chromadb": chromadb.__version__,
+        "grep": first_line(["grep", "--version"]),
+        "rg": first_line(["rg", "--version"]),
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "loadavg_at_start": Path("/proc/loadavg").read_text().split()[:3],
+    }
+
+
+def main(argv: list[str]) -> int:
+    args = parse_args(argv[1:])
+    command = shlex.join(argv)
+    print(f"command: {command}", flush=True)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    run = Run(args)
+    results: dict[str, Any] = {"command": command, "machine": machine(), "corpora": []}
+    print(f"machine: {results['machine']}", flush=True)
+    try:
+        if "chromafs-server-redis" in args.systems:
+            run.start_servers()
+        for index, spec in enumerate(args.corpus):
+            results["corpora"].append(run_corpus(run, spec, index))
+    except BaseException as exc:
+        print(f"bench: FAILED: {exc.__class__.__name__}: {exc} (cleaning up)", file=sys.stderr, flush=True)
+        raise
+    finally:
+        run.close()
+    results["problems"] = run.problems
+    results["elapsed_s"] = round(time.monotonic() - run.started, 1)
+    results["machine"]["loadavg_at_end"] = Path("/proc/loadavg").read_text().split()[:3]
+    print(report.text_report(results), flush=True)
+    report.write_json(results, args.json)
+    print(f"\nJSON: {args.json}")
+    if report.write_png(results, args.png):
+        print(f"PNG: {args.png}")
+    else:
+        print("PNG: skipped (matplotlib missing: pip install -e '.[bench]')")
+    for problem in run.problems:
+        print(f"PROBLEM: {problem}", file=sys.stderr)
+    return 1 if run.problems else 0

@@ -1,0 +1,163 @@
+"""Presenting the results: a terminal table, the JSON file and the PNG chart of ratios to tmpfs."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from bench_lib.measure import TOOLS
+
+SYSTEMS = [
+    ("tmpfs", "tmpfs"),
+    ("sandbox", "sandbox"),
+    ("chromafs-embedded", "embedded"),
+    ("chromafs-server-redis/shared-cold", "server+redis cold"),
+    ("chromafs-server-redis/shared-warm", "server+redis warm"),
+]
+Getter = Callable[[dict[str, Any]], float | None]
+
+
+def _dig(data: dict[str, Any], *path: str) -> Any:
+    for part in path:
+        if not isinstance(data, dict) or part not in data:
+            return None
+        data = data[part]
+    return data
+
+
+def _memory(field: str) -> Getter:
+    def get(system: dict[str, Any]) -> float | None:
+        if "copy_kb" in system.get("memory", {}):
+            return float(system["memory"]["copy_kb"])  # tmpfs and sandbox: the copy is the cost
+        value = _dig(system, "memory", *field.split("."))
+        return None if value is None else float(value)
+
+    return get
+
+
+def rows() -> list[tuple[str, str, Getter]]:
+    """(label, unit, getter) of every figure, in table order."""
+    out: list[tuple[str, str, Getter]] = [
+        ("boot p50", "s", lambda s: _dig(s, "boot", "p50_s")),
+        ("boot p90", "s", lambda s: _dig(s, "boot", "p90_s")),
+    ]
+    for name, _, _ in TOOLS:
+        out.append((f"{name} cold", "s", lambda s, n=name: _dig(s, "tools", n, "cold_s")))
+        out.append((f"{name} warm", "s", lambda s, n=name: _dig(s, "tools", n, "warm_s")))
+    out += [
+        ("RSS, 1 mount", "kb", _memory("after_grep_kb.rss")),
+        ("PSS, 1 mount", "kb", _memory("after_grep_kb.pss")),
+        ("marginal PSS", "kb", _memory("marginal_pss_kb")),
+    ]
+    return out
+
+
+def fmt(value: float | None, unit: str) -> str:
+    if value is None:
+        return "-"
+    if unit == "kb":
+        return f"{value / 1024:.1f} MiB"
+    if value < 1:
+        return f"{value * 1000:.1f} ms" if value < 0.1 else f"{value * 1000:.0f} ms"
+    return f"{value:.2f} s"
+
+
+def ratio(value: float | None, base: float | None) -> float | None:
+    if value is None or not base:
+        return None
+    return value / base
+
+
+def corpus_table(corpus: dict[str, Any]) -> list[str]:
+    systems = corpus["systems"]
+    present = [(key, label) for key, label in SYSTEMS if key in systems]
+    width = 25
+    lines = ["figure".ljust(16) + "".join(label.ljust(width) for _, label in present)]
+    for label, unit, get in rows():
+        base = get(systems["tmpfs"]) if "tmpfs" in systems else None
+        cells = []
+        for key, _ in present:
+            value = get(systems[key])
+            cell = fmt(value, unit)
+            r = ratio(value, base)
+            if key != "tmpfs" and r is not None:
+                cell += f" ({r:.3g}x)"
+            cells.append(cell.ljust(width))
+        lines.append(label.ljust(16) + "".join(cells))
+    answered = [
+        f"{label}: {m['answered_ls']}/{m['mounts']}"
+        for key, label in present
+        if (m := systems[key].get("memory", {})).get("mounts")
+    ]
+    if answered:
+        lines.append("concurrent mounts answering ls: " + ", ".join(answered))
+    return lines
+
+
+def text_report(results: dict[str, Any]) -> str:
+    out = []
+    for corpus in results["corpora"]:
+        f = corpus["facts"]
+        out.append("")
+        out.append(f"== corpus {corpus['name']} (site {corpus['site']}): {_facts_line(f)}")
+        out += corpus_table(corpus)
+    out.append("")
+    out.append("cold: first run on a fresh mount (sandbox: materialise wall time + first run); warm: best of 3")
+    out.append("tmpfs/sandbox memory rows: the size of one copy in /dev/shm (what each extra reader costs)")
+    return "\n".join(out)
+
+
+def _facts_line(f: dict[str, Any]) -> str:
+    parts = [f"{f.get('visible_files')} of {f.get('tree_files')} files visible to anonymous"]
+    parts.append(f"{f.get('visible_bytes', 0) / 1e6:.1f} MB, {f.get('visible_dirs')} dirs")
+    for key in ("ingest_embedded_s", "ingest_server_s", "tmpfs_copy_s", "materialise_p50_s"):
+        if key in f:
+            parts.append(f"{key.removesuffix('_s').replace('_', ' ')} {f[key]:.2f} s")
+    return "; ".join(parts)
+
+
+def write_json(results: dict[str, Any], path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(results, indent=2, sort_keys=False) + "\n")
+
+
+def write_png(results: dict[str, Any], path: Path) -> bool:
+    """One panel per corpus: each figure's ratio to tmpfs per system, log scale. False without matplotlib."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    corpora = results["corpora"]
+    fig, axes = plt.subplots(len(corpora), 1, figsize=(15, 4.5 * len(corpora)), squeeze=False)
+    figures = rows()
+    others = SYSTEMS[1:]
+    for ax, corpus in zip(axes[:, 0], corpora, strict=True):
+        systems = corpus["systems"]
+        bar = 0.8 / len(others)
+        for number, (key, label) in enumerate(others):
+            if key not in systems:
+                continue
+            values = []
+            for _, _, get in figures:
+                r = ratio(get(systems[key]), get(systems["tmpfs"]))
+                values.append(r if r is not None and r > 0 else math.nan)
+            xs = [i + (number - (len(others) - 1) / 2) * bar for i in range(len(figures))]
+            ax.bar(xs, values, bar, label=label)
+        ax.axhline(1.0, color="black", linewidth=0.8)
+        ax.set_yscale("log")
+        ax.set_xticks(range(len(figures)), [label for label, _, _ in figures], rotation=45, ha="right")
+        ax.set_ylabel("ratio to tmpfs (log)")
+        ax.set_title(f"{corpus['name']}: {corpus['facts'].get('visible_files')} visible files")
+        ax.grid(axis="y", which="both", alpha=0.3)
+        ax.legend(fontsize="small", ncol=len(others))
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True

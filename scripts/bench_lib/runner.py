@@ -1,0 +1,179 @@
+"""One benchmark run: the servers it starts, each corpus measured on each system, and cleanup."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from bench_lib import corpus as corpora
+from bench_lib import measure, report
+from bench_lib.mounts import Mounter, mounts_under, unmount
+from bench_lib.procs import ChromaServer, RedisServer, run_timed
+from bench_lib.systems import Chromafs, Sandbox, System, Tmpfs
+
+PREFETCH_AUTO_MAX = 64 * 1024 * 1024  # chromafs-mount --prefetch auto: sites up to this size
+
+
+class Run:
+    """Everything one invocation starts, so `close` can take it all down."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.tmp = Path(tempfile.mkdtemp(prefix="chromafs-bench-", dir="/tmp"))
+        self.shm = Path(tempfile.mkdtemp(prefix="chromafs-bench-", dir="/dev/shm"))
+        self.mounters: list[Mounter] = []
+        self.chroma: ChromaServer | None = None
+        self.redis: RedisServer | None = None
+        self.started = time.monotonic()
+        self.problems: list[str] = []
+
+    def say(self, text: str) -> None:
+        print(f"[{time.monotonic() - self.started:7.1f}s] {text}", file=sys.stderr, flush=True)
+
+    def start_servers(self) -> None:
+        self.chroma = ChromaServer(self.tmp / "chroma-server", self.tmp / "chroma-server.log")
+        self.chroma.start()
+        self.redis = RedisServer(self.tmp)
+        self.redis.start()
+        self.say(
+            f"chroma run on {self.chroma.url} (pid {self.chroma.proc and self.chroma.proc.pid}), "
+            f"redis-server on {self.redis.url} (pid {self.redis.proc and self.redis.proc.pid})"
+        )
+
+    def mounter(self, site: str, backend: list[str], label: str) -> Mounter:
+        made = Mounter(site, backend, self.tmp / "mnt", label)
+        (self.tmp / "mnt").mkdir(exist_ok=True)
+        self.mounters.append(made)
+        return made
+
+    def close(self) -> None:
+        for mounter in self.mounters:
+            with contextlib.suppress(Exception):
+                mounter.unmount_all()
+        for point in mounts_under(self.tmp):
+            unmount(point)
+        for server in (self.chroma, self.redis):
+            if server is not None:
+                server.stop()
+        leftover = mounts_under(self.tmp)
+        if leftover:
+            self.problems.append(f"still mounted after cleanup: {leftover}")
+        if self.args.keep:
+            self.say(f"kept {self.tmp} and {self.shm}")
+        elif not leftover:
+            shutil.rmtree(self.tmp, ignore_errors=True)
+            shutil.rmtree(self.shm, ignore_errors=True)
+
+
+def du_kb(path: Path) -> int:
+    return int(run_timed(["du", "-sk", str(path)]).stdout.split()[0])
+
+
+def measure_system(run: Run, system: System, corpus: corpora.Corpus, expected: dict[str, str] | None) -> dict[str, Any]:
+    args, out = run.args, {}
+    if "boot" in args.figures:
+        if isinstance(system, Chromafs):
+            system.boot_tree_sources.clear()
+        out["boot"] = measure.boot(system, args.boot_runs)
+        if isinstance(system, Chromafs):
+            out["boot"]["tree_from"] = {s: system.boot_tree_sources.count(s) for s in set(system.boot_tree_sources)}
+        run.say(
+            f"{corpus.name} {system.name}: boot p50 {report.fmt(out['boot']['p50_s'], 's')}, "
+            f"p90 {report.fmt(out['boot']['p90_s'], 's')}"
+        )
+    if "tools" in args.figures:
+        out["tools"] = measure.tools(system, expected)
+        for name, entry in out["tools"].items():
+            if entry.get("matches_tmpfs") is False:
+                problem = f"{corpus.name} {system.name}: {name!r} output differs from tmpfs"
+                run.problems.append(problem)
+                print(f"MISMATCH: {problem}", file=sys.stderr)
+        summary = ", ".join(
+            f"{n} {report.fmt(e['cold_s'], 's')}/{report.fmt(e['warm_s'], 's')}" for n, e in out["tools"].items()
+        )
+        run.say(f"{corpus.name} {system.name}: cold/warm {summary}")
+    if "memory" in args.figures:
+        if isinstance(system, Chromafs):
+            prefetch = corpus.visible_bytes <= PREFETCH_AUTO_MAX
+            out["memory"] = measure.memory(system, args.mounts, prefetch)
+            m = out["memory"]
+            run.say(
+                f"{corpus.name} {system.name}: PSS {m['after_grep_kb']['pss'] / 1024:.1f} MiB, marginal "
+                f"{(m['marginal_pss_kb'] or 0) / 1024:.1f} MiB, {m['answered_ls']}/{m['mounts']} answered ls"
+            )
+            if m["answered_ls"] != m["mounts"]:
+                run.problems.append(f"{corpus.name} {system.name}: only {m['answered_ls']}/{m['mounts']} answered ls")
+        elif isinstance(system, Tmpfs):
+            out["memory"] = {"copy_kb": du_kb(system.copy)}
+    return out
+
+
+def run_corpus(run: Run, spec: str, index: int) -> dict[str, Any]:
+    args = run.args
+    corpus = corpora.resolve(spec, index, args.seed, run.tmp)
+    run.say(f"corpus {spec}: {corpus.source}")
+    chroma_dir = run.tmp / f"{corpus.site}-chroma"
+    corpus.facts["ingest_embedded_s"] = corpora.ingest(corpus, ["--chroma-path", str(chroma_dir)])
+    corpora.load_visible(corpus, chroma_dir)
+    corpus.facts["tmpfs_copy_s"] = corpora.copy_visible(corpus, run.shm / f"{corpus.site}-tmpfs")
+    run.say(f"{spec}: ingested (embedded) in {corpus.facts['ingest_embedded_s']:.1f}s; {corpus.facts}")
+    tmpfs = Tmpfs(corpus.tmpfs_copy or Path())
+    systems: list[tuple[str, System]] = [("tmpfs", tmpfs)]
+    if "sandbox" in args.systems:
+        systems.append(("sandbox", Sandbox(chroma_dir, corpus.site, run.shm)))
+    if "chromafs-embedded" in args.systems:
+        mounter = run.mounter(corpus.site, ["--chroma-path", str(chroma_dir)], f"{corpus.site}-embedded")
+        systems.append(("chromafs-embedded", Chromafs("chromafs-embedded", mounter)))
+    if "chromafs-server-redis" in args.systems:
+        assert run.chroma is not None and run.redis is not None
+        blobs = (run.tmp / f"{corpus.site}-blobs").as_uri()
+        backend = ["--chroma-url", run.chroma.url, "--redis-url", run.redis.url]
+        corpus.facts["ingest_server_s"] = corpora.ingest(corpus, [*backend, "--blob-store", blobs])
+        run.say(f"{spec}: ingested (server) in {corpus.facts['ingest_server_s']:.1f}s")
+        tree_doc = _tree_document(chroma_dir, corpus.site)
+        for shared in ("cold", "warm"):
+            mounter = run.mounter(corpus.site, backend, f"{corpus.site}-server-{shared}")
+            name = f"chromafs-server-redis/shared-{shared}"
+            systems.append((name, Chromafs(name, mounter, run.redis, shared, tree_doc)))
+    results: dict[str, Any] = {}
+    expected: dict[str, str] | None = None
+    for name, system in systems:
+        if isinstance(system, Chromafs) and system.shared == "warm":
+            _prime(run, system, corpus)
+        results[name] = measure_system(run, system, corpus, expected)
+        if name == "tmpfs" and "tools" in results[name]:
+            expected = {tool: entry.pop("output") for tool, entry in results[name]["tools"].items()}
+            total = expected["read all"]
+            if total != str(corpus.visible_bytes):
+                raise RuntimeError(f"tmpfs read-all counted {total} bytes, the copy holds {corpus.visible_bytes}")
+        if isinstance(system, Sandbox) and system.runs:
+            results[name]["materialise_runs"] = system.runs
+            walls = sorted(r["wall_s"] for r in system.runs)
+            corpus.facts["materialise_p50_s"] = walls[len(walls) // 2]
+            results[name]["memory"] = {"copy_kb": results["tmpfs"].get("memory", {}).get("copy_kb", 0)}
+    return {"name": spec, "site": corpus.site, "facts": corpus.facts, "systems": results}
+
+
+def _tree_document(chroma_dir: Path, site: str) -> str:
+    from chromafs_fuse.chroma_store import ChromaLocation, ChromaPages
+
+    return ChromaPages.open(ChromaLocation(path=str(chroma_dir), collection=site)).load_tree_document()[0]
+
+
+def _prime(run: Run, system: Chromafs, corpus: corpora.Corpus) -> None:
+    """Warm the shared cache: one mount reads every byte, so Redis holds the tree and every page."""
+    system.before()
+    fresh = system.fresh()
+    try:
+        measure.run_tool(measure.TOOLS[-1][1], fresh.root)
+    finally:
+        system.release(fresh)
+    assert system.redis is not None
+    keys = int(system.redis.cli("dbsize") or 0)
+    run.say(f"{corpus.name}: shared cache primed, {keys} keys in Redis for {len(corpus.visible)} visible files")

@@ -1,0 +1,82 @@
+"""Faults with real processes: Chroma stopped and restarted under a mount, a dead daemon."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from conftest import ChromaServer
+
+from helpers import SAMPLE_SITE, expected_visible, ingest, mounted, try_mount
+
+
+def test_chroma_down_then_back_without_remount(mnt: Path, tmp_path: Path) -> None:
+    chroma = ChromaServer(tmp_path / "chroma-data")
+    chroma.start()
+    try:
+        ingest(
+            SAMPLE_SITE,
+            "--site",
+            "acme",
+            "--chroma-url",
+            chroma.url,
+            "--blob-store",
+            (tmp_path / "blobs").as_uri(),
+            "--quiet",
+        )
+        pages = sorted(p for p in expected_visible(SAMPLE_SITE, "public", None) if not p.endswith(".png"))
+        with mounted(mnt, "--site", "acme", "--chroma-url", chroma.url, "--prefetch", "off", "--backend-timeout", "3"):
+            cached = pages[0]
+            assert (mnt / cached).read_bytes() == (SAMPLE_SITE / cached).read_bytes()
+            chroma.stop()
+            assert (mnt / cached).read_bytes() == (SAMPLE_SITE / cached).read_bytes()  # from the caches
+            started = time.monotonic()
+            with pytest.raises(OSError) as info:
+                (mnt / pages[1]).read_bytes()
+            assert info.value.errno == 5
+            assert time.monotonic() - started < 10, "a dead backend must fail a read in seconds"
+            chroma.start()  # same port, same data
+            assert (mnt / pages[1]).read_bytes() == (SAMPLE_SITE / pages[1]).read_bytes()
+    finally:
+        chroma.stop()
+
+
+def test_reader_of_a_dead_mount_gets_an_error_not_a_hang(sample_chroma: Callable[[str], Path], mnt: Path) -> None:
+    chroma = str(sample_chroma("public"))
+    with mounted(mnt, "--site", "acme", "--chroma-path", chroma, "--prefetch", "off"):
+        pid = int((mnt.parent / "mnt.pid").read_text())
+        os.kill(pid, signal.SIGSTOP)  # the daemon hangs: a reader now blocks in the kernel
+        reader = subprocess.Popen(["cat", str(mnt / "changelog.md")], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        time.sleep(0.5)
+        assert reader.poll() is None
+        os.kill(pid, signal.SIGKILL)  # the daemon dies with the request pending
+        assert reader.wait(timeout=10) != 0, "the blocked reader must get an error once the daemon is gone"
+        with pytest.raises(OSError) as info:
+            os.listdir(mnt)
+        assert info.value.errno in (107, 103)  # ENOTCONN / ECONNABORTED
+        again = try_mount(mnt, "--site", "acme", "--chroma-path", chroma)
+        assert again.returncode == 0, again.stderr
+        assert (mnt / "changelog.md").read_bytes() == (SAMPLE_SITE / "changelog.md").read_bytes()
+
+
+def test_corrupt_tree_record_refuses_the_site(mnt: Path, tmp_path: Path) -> None:
+    import chromadb
+    from chromadb.config import Settings
+
+    client = chromadb.PersistentClient(path=str(tmp_path / "chroma"), settings=Settings(anonymized_telemetry=False))
+    cases = {"badgzip": "H4sIAAAAAAAA/wMAAAAAAAAAAAA=", "notjson": "{not json", "list": "[1, 2]", "empty": " "}
+    for name, document in cases.items():
+        collection = client.create_collection(f"site-{name}", embedding_function=None)
+        collection.add(ids=["__path_tree__"], documents=[document], embeddings=[[0.0, 0.0]])
+    del client
+    for name in cases:
+        proc = try_mount(mnt, "--site", f"site-{name}", "--chroma-path", str(tmp_path / "chroma"))
+        assert proc.returncode == 1, name
+        assert proc.stderr.startswith("chromafs-mount: ") and proc.stderr.count("\n") == 1, (name, proc.stderr)
+        assert "path tree" in proc.stderr, proc.stderr
+        assert not os.path.ismount(mnt)
