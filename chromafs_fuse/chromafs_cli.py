@@ -33,7 +33,43 @@ def build_parser() -> argparse.ArgumentParser:
     grep.add_argument("--prefix", default="", help="print paths under this directory (e.g. the mountpoint)")
     add_session_arguments(grep)
     grep.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
+    status = commands.add_parser("status", help="list this machine's chromafs mounts")
+    status.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    status.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
     return parser
+
+
+def run_status(args: argparse.Namespace) -> int:
+    import json
+
+    from .service import read_statuses
+
+    statuses = read_statuses()
+    if args.json:
+        print(json.dumps(statuses, indent=2, sort_keys=True))
+        return 0
+    header = ("MOUNTPOINT", "SITE", "READER", "BACKEND", "PID", "UPTIME", "FILES", "CACHED", "HIT%")
+    rows = [header]
+    for s in statuses:
+        memory = (s.get("caches") or {}).get("memory", [0, 0])
+        lookups = memory[0] + memory[1]
+        rows.append(
+            (
+                s["mountpoint"],
+                str(s.get("site", "")),
+                str(s.get("reader", "?")),
+                str(s.get("backend", "?")) + (" +redis" if s.get("redis") else ""),
+                str(s.get("pid") or "?"),
+                f"{s['uptime_s']:.0f}s" if "uptime_s" in s else "?",
+                str(s.get("visible_files", "?")),
+                str(s.get("pages_cached", "?")),
+                f"{100 * memory[0] / lookups:.0f}" if lookups else "-",
+            )
+        )
+    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
+    for row in rows:
+        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
+    return 0
 
 
 def run_grep(args: argparse.Namespace) -> int:
@@ -108,6 +144,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     setup_logging(args.log_level, None)
     try:
+        if args.command == "status":
+            return run_status(args)
         return run_grep(args)
     except (CliError, TokenError, CorruptPage, PageUnavailable) as exc:
         print(f"chromafs grep: {exc}", file=sys.stderr)

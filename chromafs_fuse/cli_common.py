@@ -18,7 +18,13 @@ class CliError(Exception):
 
 
 def add_chroma_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--site", required=True, help="site name (the collection, unless --collection)")
+    site = os.environ.get("CHROMAFS_SITE")
+    parser.add_argument(
+        "--site",
+        default=site,
+        required=not site,
+        help="site name (the collection, unless --collection; env CHROMAFS_SITE)",
+    )
     where = parser.add_mutually_exclusive_group()
     where.add_argument("--chroma-path", metavar="DIR", help="embedded Chroma directory (default backend)")
     where.add_argument("--chroma-url", metavar="URL", help="Chroma server, e.g. http://127.0.0.1:8000")
@@ -77,7 +83,7 @@ def default_log_file() -> str:
     return os.devnull
 
 
-def setup_logging(level: str, log_file: str | None, background: bool = False) -> None:
+def setup_logging(level: str, log_file: str | None, background: bool = False, json_lines: bool = False) -> None:
     import logging
 
     handler: logging.Handler
@@ -91,7 +97,10 @@ def setup_logging(level: str, log_file: str | None, background: bool = False) ->
         handler = logging.FileHandler(default_log_file())
     else:
         handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("%(asctime)s chromafs[%(process)d] %(levelname)s %(name)s: %(message)s"))
+    if json_lines:
+        handler.setFormatter(JsonFormatter())
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s chromafs[%(process)d] %(levelname)s %(name)s: %(message)s"))
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
@@ -102,9 +111,19 @@ def setup_logging(level: str, log_file: str | None, background: bool = False) ->
 def add_session_arguments(parser: argparse.ArgumentParser) -> None:
     add_chroma_arguments(parser)
     parser.add_argument("--token", help="session JWT (visible in ps: prefer --token-file or CHROMAFS_TOKEN)")
-    parser.add_argument("--token-file", metavar="F", help="file holding the session JWT")
-    parser.add_argument("--jwt-secret-file", metavar="F", help="HS256 shared secret")
-    parser.add_argument("--jwt-public-key", metavar="F", help="PEM public key (Ed25519, RSA or EC P-256)")
+    parser.add_argument("--token-file", metavar="F", help="file holding the session JWT (env CHROMAFS_TOKEN_FILE)")
+    parser.add_argument(
+        "--jwt-secret-file",
+        metavar="F",
+        default=os.environ.get("CHROMAFS_JWT_SECRET_FILE"),
+        help="HS256 shared secret (env CHROMAFS_JWT_SECRET_FILE)",
+    )
+    parser.add_argument(
+        "--jwt-public-key",
+        metavar="F",
+        default=os.environ.get("CHROMAFS_JWT_PUBLIC_KEY"),
+        help="PEM public key: Ed25519, RSA or EC P-256 (env CHROMAFS_JWT_PUBLIC_KEY)",
+    )
     parser.add_argument("--chunk-joiner", default="\n", help="text put between chunks (default: newline)")
     parser.add_argument("--cache-bytes", type=int, default=256 * 1024 * 1024, help="in-process page cache size")
     parser.add_argument("--backend-timeout", type=float, default=10.0, help="seconds before a backend call fails")
@@ -129,6 +148,8 @@ def resolve_token(args: argparse.Namespace) -> str | None:
         return str(args.token)
     if args.token_file:
         return read_token_file(args.token_file)
+    if os.environ.get("CHROMAFS_TOKEN_FILE"):
+        return read_token_file(os.environ["CHROMAFS_TOKEN_FILE"])
     return os.environ.get("CHROMAFS_TOKEN") or None
 
 
@@ -150,3 +171,29 @@ def read_token_file(path: str) -> str:
     if not token:
         raise CliError(f"token file {path} is empty")
     return token
+
+
+def _json_formatter_class() -> type:
+    import json
+    import logging
+
+    class _JsonFormatter(logging.Formatter):
+        """One JSON object per line: time, level, logger, pid, message."""
+
+        def format(self, record: logging.LogRecord) -> str:
+            entry = {
+                "time": self.formatTime(record, "%Y-%m-%dT%H:%M:%S"),
+                "level": record.levelname.lower(),
+                "logger": record.name,
+                "pid": record.process,
+                "message": record.getMessage(),
+            }
+            if record.exc_info:
+                entry["exception"] = self.formatException(record.exc_info)
+            return json.dumps(entry, ensure_ascii=False)
+
+    return _JsonFormatter
+
+
+def JsonFormatter() -> object:
+    return _json_formatter_class()()

@@ -13,7 +13,9 @@ import contextlib
 import logging
 import os
 import signal
+import sys
 import time
+from urllib.parse import urlsplit, urlunsplit
 
 import pyfuse3
 import trio
@@ -23,12 +25,14 @@ from .chroma_store import BackendError, SiteNotFound
 from .cli_common import CliError, setup_logging
 from .fs import ChromaOperations
 from .inodes import InodeTable
+from .service import StatusFile, sd_notify, start_metrics_server, uptime_since
 from .session import load_site, resolve_principal
 from .tokens import TokenError
 from .tree import TreeError
 
 log = logging.getLogger("chromafs.mount")
 READY = b"READY\n"
+STATUS_EVERY_S = 2.0
 UNKNOWN_SIZE_ESTIMATE = 16 * 1024  # for deciding on auto prefetch when the tree has no sizes
 
 
@@ -45,7 +49,51 @@ def prepare(args: argparse.Namespace, principal: Principal) -> ChromaOperations:
     return ChromaOperations(site.table, site.source, args.cache_timeout)
 
 
-def serve(args: argparse.Namespace, ops: ChromaOperations, ready_fd: int | None, prefetch: bool) -> None:
+def _public_backend(args: argparse.Namespace) -> str:
+    """The Chroma location without credentials, for status and logs."""
+    if args.chroma_url:
+        parts = urlsplit(args.chroma_url)
+        return urlunsplit((parts.scheme, parts.hostname or "", parts.path, "", "")) + (
+            f":{parts.port}" if parts.port else ""
+        )
+    return f"embedded:{os.path.abspath(args.chroma_path or os.environ.get('CHROMAFS_CHROMA_PATH', ''))}"
+
+
+def describe_mount(args: argparse.Namespace, ops: ChromaOperations, principal: Principal, started: float) -> dict:
+    source = ops.source
+    shared = source.shared
+    return {
+        "pid": os.getpid(),
+        "site": args.site,
+        "mountpoint": os.path.abspath(args.mountpoint),
+        "reader": principal.describe(),
+        "backend": _public_backend(args),
+        "redis": bool(shared),
+        "started": started,
+        "uptime_s": uptime_since(started),
+        "visible_files": ops.table.file_count,
+        "tree_version": source.tree_version,
+        "requests": dict(ops.requests),
+        "caches": {
+            "memory": [source.cache.hits, source.cache.misses],
+            "redis": [shared.hits, shared.misses] if shared else [0, 0],
+        },
+        "pages_cached": len(source.cache),
+        "cached_bytes": source.cache.current_bytes,
+        "backend_errors": {**source.backend_errors, "redis": shared.errors if shared else 0},
+        "backend_seconds": dict(source.backend_seconds),
+        "read_latency": ops.read_latency.cumulative(),
+        "read_latency_sum_s": ops.read_latency.total_s,
+    }
+
+
+def serve(
+    args: argparse.Namespace, ops: ChromaOperations, principal: Principal, ready_fd: int | None, prefetch: bool
+) -> None:
+    started = time.time()
+    status = StatusFile(lambda: describe_mount(args, ops, principal, started))
+    if args.metrics_addr:
+        start_metrics_server(args.metrics_addr, lambda: describe_mount(args, ops, principal, started))
     options = set(pyfuse3.default_options)
     options |= {f"fsname=chromafs:{args.site}", "subtype=chromafs", "ro", "noatime"}
     for group in args.options:
@@ -55,20 +103,28 @@ def serve(args: argparse.Namespace, ops: ChromaOperations, ready_fd: int | None,
     async def announce_ready() -> None:
         await trio.to_thread.run_sync(os.listdir, mountpoint)
         log.info("mounted on %s", mountpoint)
+        status.write()
         if ready_fd is not None:
             with contextlib.suppress(OSError):
                 os.write(ready_fd, READY)
                 os.close(ready_fd)
+        sd_notify(f"READY=1\nSTATUS=serving {args.site} on {mountpoint}")
         if prefetch:
             entries = sorted((n.entry for n in ops.table.nodes.values() if n.entry is not None), key=lambda e: e.key)
             started = time.monotonic()
             count = await ops.source.prefetch(entries)
             log.info("prefetched %d pages in %.2fs", count, time.monotonic() - started)
 
+    async def refresh_status() -> None:
+        while True:
+            await trio.sleep(STATUS_EVERY_S)
+            status.write()
+
     async def watch_signals() -> None:
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
             async for signum in signals:
                 log.info("signal %s: unmounting", signal.Signals(signum).name)
+                sd_notify("STOPPING=1")
                 pyfuse3.terminate()
                 return
 
@@ -76,6 +132,7 @@ def serve(args: argparse.Namespace, ops: ChromaOperations, ready_fd: int | None,
         async with trio.open_nursery() as nursery:
             nursery.start_soon(watch_signals)
             nursery.start_soon(announce_ready)
+            nursery.start_soon(refresh_status)
             await pyfuse3.main()
             nursery.cancel_scope.cancel()
 
@@ -87,6 +144,7 @@ def serve(args: argparse.Namespace, ops: ChromaOperations, ready_fd: int | None,
         trio.run(run)
     finally:
         pyfuse3.close(unmount=True)
+        status.remove()
         log.info("unmounted %s; requests served: %s", mountpoint, dict(ops.requests))
         if args.pid_file:
             with contextlib.suppress(OSError):
@@ -96,7 +154,7 @@ def serve(args: argparse.Namespace, ops: ChromaOperations, ready_fd: int | None,
 def report_failure(ready_fd: int | None, message: str) -> int:
     log.error("%s", message)
     if ready_fd is None:
-        print(f"chromafs-mount: {message}", file=__import__("sys").stderr)
+        print(f"chromafs-mount: {message}", file=sys.stderr)
     else:
         with contextlib.suppress(OSError):
             os.write(ready_fd, message.encode("utf-8", "replace"))
@@ -104,9 +162,20 @@ def report_failure(ready_fd: int | None, message: str) -> int:
     return 1
 
 
+def exit_now(status: int) -> None:
+    """Leave without interpreter finalisation: a backend call abandoned at its deadline may
+    still run in a worker thread inside native code (chromadb, boto3), and tearing the
+    interpreter down under it can crash the process after a clean unmount."""
+    logging.shutdown()
+    with contextlib.suppress(Exception):
+        sys.stdout.flush()
+        sys.stderr.flush()
+    os._exit(status)
+
+
 def run_daemon(args: argparse.Namespace, ready_fd: int | None, background: bool) -> int:
     """Serve the mount described by `args`; returns the exit status."""
-    setup_logging(args.log_level, args.log_file, background=background)
+    setup_logging(args.log_level, args.log_file, background=background, json_lines=args.log_format == "json")
     try:
         _token, principal = resolve_principal(args)
         del _token
@@ -117,7 +186,7 @@ def run_daemon(args: argparse.Namespace, ready_fd: int | None, background: bool)
         log.exception("cannot mount")
         return report_failure(ready_fd, f"cannot mount: {exc.__class__.__name__}: {exc}")
     try:
-        serve(args, ops, ready_fd, should_prefetch(args, ops.table))
+        serve(args, ops, principal, ready_fd, should_prefetch(args, ops.table))
     except RuntimeError as exc:  # pyfuse3.init failures (permissions, no /dev/fuse)
         return report_failure(ready_fd, f"mounting {args.mountpoint} failed: {exc}")
     return 0

@@ -17,6 +17,7 @@ import pyfuse3
 
 from .inodes import ROOT_INODE, InodeTable, Node
 from .page_source import PageSource, PageUnavailable
+from .stats import LatencyHistogram
 
 log = logging.getLogger(__name__)
 DIR_MODE = stat.S_IFDIR | 0o555
@@ -45,6 +46,7 @@ class ChromaOperations(pyfuse3.Operations):
         self._negative.st_ino = 0
         self._negative.entry_timeout = cache_timeout_s
         self.requests: Counter[str] = Counter()
+        self.read_latency = LatencyHistogram()
 
     # -- attributes -------------------------------------------------------
 
@@ -161,6 +163,7 @@ class ChromaOperations(pyfuse3.Operations):
         self.requests["read"] += 1
         entry = self.table.nodes[fh].entry
         assert entry is not None
+        started = time.perf_counter()
         try:
             return await self.source.read(entry, off, size)
         except PageUnavailable:
@@ -168,6 +171,8 @@ class ChromaOperations(pyfuse3.Operations):
         except Exception:  # a bug must cost one read, never the whole mount
             log.exception("reading %s failed", entry.key)
             raise pyfuse3.FUSEError(errno.EIO) from None
+        finally:
+            self.read_latency.observe(time.perf_counter() - started)
 
     async def release(self, fh: int) -> None:
         self.requests["release"] += 1

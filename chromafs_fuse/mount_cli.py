@@ -45,6 +45,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--log-file", help="log here (default: stderr in the foreground; syslog, else a file, in the background)"
     )
     parser.add_argument("--pid-file", help="write the daemon's PID here while it serves")
+    parser.add_argument("--log-format", choices=["text", "json"], default="text", help="one line per event")
+    parser.add_argument("--metrics-addr", metavar="HOST:PORT", help="serve Prometheus metrics here")
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     parser.add_argument(
         "--mountd",
@@ -130,7 +132,7 @@ def start_daemon(argv: list[str], token: str | None, mountpoint: str, wait_s: fl
     read_fd, write_fd = os.pipe()
     cmd = [sys.executable, "-m", "chromafs_fuse.mount_cli", *_child_argv(argv)]
     cmd += ["--token-stdin", "--ready-fd", str(write_fd)]
-    env = {k: v for k, v in os.environ.items() if k != "CHROMAFS_TOKEN"}
+    env = {k: v for k, v in os.environ.items() if k not in ("CHROMAFS_TOKEN", "CHROMAFS_TOKEN_FILE")}
     child = subprocess.Popen(
         cmd,
         stdin=subprocess.PIPE,
@@ -184,9 +186,9 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
     if args.foreground or args.ready_fd is not None:
-        from .daemon import run_daemon  # the heavy imports: only in the serving process
+        from .daemon import exit_now, run_daemon  # the heavy imports: only in the serving process
 
-        return run_daemon(args, args.ready_fd, background=args.ready_fd is not None)
+        exit_now(run_daemon(args, args.ready_fd, background=args.ready_fd is not None))
     try:
         token = resolve_token(args)
         check_mountpoint(args.mountpoint)

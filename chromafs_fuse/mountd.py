@@ -125,6 +125,7 @@ def serve_forever(socket_path: str) -> None:
                         server.close()
                         code = _serve_in_child(conn, request)
                     finally:
+                        logging.shutdown()
                         os._exit(code)
                 log.info("mount request from uid %d: daemon pid %d", uid, pid)
     finally:

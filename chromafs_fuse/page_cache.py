@@ -35,6 +35,10 @@ class PageCache:
             while len(self._oversize) > OVERSIZE_PAGES:
                 del self._oversize[next(iter(self._oversize))]
 
+    def __contains__(self, key: str) -> bool:
+        """A peek that does not count as a hit or a miss."""
+        return key in self._lru or key in self._oversize
+
     @property
     def current_bytes(self) -> int:
         return int(self._lru.currsize)

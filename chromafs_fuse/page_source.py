@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
@@ -57,6 +59,8 @@ class PageSource:
         self._inflight: dict[str, trio.Event] = {}
         self.learned_sizes: dict[str, int] = {}
         self.chroma_calls = 0
+        self.backend_errors: Counter[str] = Counter()
+        self.backend_seconds: Counter[str] = Counter()
 
     def chroma(self) -> ChromaPages:
         """The Chroma client, opened on first use (a mount booted from Redis may never need it)."""
@@ -151,14 +155,18 @@ class PageSource:
         missing = [e for e in entries if e.key not in loaded]
         if not missing:
             return loaded
+        started = time.perf_counter()
         try:
             self.chroma_calls += 1
             chunks = self.chroma().fetch_many(missing)
-        except Exception as exc:  # BackendError, or the collection vanished (SiteNotFound), ...
+        except Exception as exc:
+            self.backend_errors["chroma"] += 1  # BackendError, or the collection vanished (SiteNotFound), ...
             log.error("%s", exc if isinstance(exc, BackendError) else f"reading from Chroma failed: {exc!r}")
             for entry in missing:
                 loaded[entry.key] = PageUnavailable(entry.key)
             return loaded
+        finally:
+            self.backend_seconds["chroma"] += time.perf_counter() - started
         fresh: dict[str, bytes] = {}
         for entry in missing:
             try:
@@ -176,7 +184,7 @@ class PageSource:
 
     async def prefetch(self, entries: Sequence[PathEntry], batch_pages: int = 200) -> int:
         """Load pages in a few batched calls; returns how many were loaded."""
-        todo = [e for e in entries if e.blob is None and self.cache.get(self._cache_key(e)) is None]
+        todo = [e for e in entries if e.blob is None and self._cache_key(e) not in self.cache]
         done = 0
         for start in range(0, len(todo), batch_pages):
             batch = todo[start : start + batch_pages]
@@ -224,9 +232,11 @@ class PageSource:
         try:
             data = await self._off_loop(read_blob_range, entry.blob.url, offset, length)
         except trio.TooSlowError as exc:
+            self.backend_errors["blob"] += 1
             log.error("reading %s: blob store did not answer within %.1fs", entry.key, self.timeout_s)
             raise PageUnavailable(entry.key) from exc
         except BlobError as exc:
+            self.backend_errors["blob"] += 1
             log.error("reading %s: %s", entry.key, exc)
             raise PageUnavailable(entry.key) from exc
         if len(data) != length:

@@ -1,0 +1,145 @@
+"""Running as a service: systemd readiness, a status file per mount for
+`chromafs status`, and an optional Prometheus endpoint. No token or page
+content ever goes into any of them."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import socket
+import time
+from collections.abc import Callable
+from typing import Any
+
+log = logging.getLogger("chromafs.service")
+
+
+def sd_notify(message: str) -> None:
+    """Tell systemd about our state when run as a Type=notify unit."""
+    address = os.environ.get("NOTIFY_SOCKET")
+    if not address:
+        return
+    if address.startswith("@"):
+        address = "\0" + address[1:]
+    with contextlib.suppress(OSError), socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+        sock.connect(address)
+        sock.sendall(message.encode("utf-8"))
+
+
+def runtime_dir() -> str:
+    """Where mounts publish their status: /run/chromafs/mounts, else a per-user temp dir."""
+    for base in ("/run/chromafs", os.path.join(os.environ.get("TMPDIR", "/tmp"), f"chromafs-{os.getuid()}")):
+        path = os.path.join(base, "mounts")
+        try:
+            os.makedirs(path, mode=0o700, exist_ok=True)
+        except OSError:
+            continue
+        if os.access(path, os.W_OK):
+            return path
+    return ""
+
+
+class StatusFile:
+    """A small JSON file describing this mount, rewritten every few seconds."""
+
+    def __init__(self, describe: Callable[[], dict[str, Any]]) -> None:
+        self.describe = describe
+        directory = runtime_dir()
+        self.path = os.path.join(directory, f"{os.getpid()}.json") if directory else ""
+
+    def write(self) -> None:
+        if not self.path:
+            return
+        data = json.dumps(self.describe(), sort_keys=True)
+        tmp = f"{self.path}.tmp"
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(data)
+            os.replace(tmp, self.path)
+        except OSError as exc:
+            log.debug("cannot write status file %s: %s", self.path, exc)
+
+    def remove(self) -> None:
+        if self.path:
+            with contextlib.suppress(OSError):
+                os.unlink(self.path)
+
+
+def read_statuses() -> list[dict[str, Any]]:
+    """Status of every live chromafs mount of this machine that this user can see."""
+    mounted: dict[str, str] = {}
+    with open("/proc/self/mounts") as f:
+        for line in f:
+            fields = line.split()
+            if len(fields) > 2 and fields[2] == "fuse.chromafs":
+                mounted[fields[1].encode().decode("unicode_escape")] = fields[0]
+    statuses = []
+    seen = set()
+    directory = runtime_dir()
+    for name in sorted(os.listdir(directory)) if directory else []:
+        if not name.endswith(".json"):
+            continue
+        try:
+            with open(os.path.join(directory, name)) as f:
+                status = json.load(f)
+            os.kill(int(status["pid"]), 0)
+        except (OSError, ValueError, KeyError):
+            continue  # a daemon that is gone, or a file being rewritten
+        if status.get("mountpoint") in mounted:
+            statuses.append(status)
+            seen.add(status["mountpoint"])
+    for mountpoint, source in mounted.items():
+        if mountpoint not in seen:
+            statuses.append({"mountpoint": mountpoint, "site": source.partition(":")[2], "pid": None})
+    return statuses
+
+
+def start_metrics_server(address: str, collect: Callable[[], dict[str, Any]]) -> None:
+    """Serve Prometheus metrics on host:port from a background thread."""
+    from prometheus_client import start_http_server
+    from prometheus_client.core import REGISTRY, CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+
+    class Collector:
+        def collect(self) -> Any:
+            data = collect()
+            requests = CounterMetricFamily("chromafs_requests", "FUSE requests served", labels=["op"])
+            for op, count in sorted(data["requests"].items()):
+                requests.add_metric([op], count)
+            yield requests
+            cache = CounterMetricFamily("chromafs_cache_lookups", "Cache lookups", labels=["tier", "result"])
+            for tier, (hits, misses) in data["caches"].items():
+                cache.add_metric([tier, "hit"], hits)
+                cache.add_metric([tier, "miss"], misses)
+            yield cache
+            errors = CounterMetricFamily("chromafs_backend_errors", "Failed backend calls", labels=["backend"])
+            for backend, count in data["backend_errors"].items():
+                errors.add_metric([backend], count)
+            yield errors
+            latency = CounterMetricFamily("chromafs_backend_seconds", "Time spent in backend calls", labels=["backend"])
+            for backend, seconds in data["backend_seconds"].items():
+                latency.add_metric([backend], seconds)
+            yield latency
+            yield HistogramMetricFamily(
+                "chromafs_read_seconds",
+                "Latency of FUSE read requests that reach the daemon",
+                buckets=data["read_latency"],
+                sum_value=data["read_latency_sum_s"],
+            )
+            gauge = GaugeMetricFamily("chromafs_cached_bytes", "Bytes in the in-process page cache")
+            gauge.add_metric([], data["cached_bytes"])
+            yield gauge
+            files = GaugeMetricFamily("chromafs_visible_files", "Files visible on this mount")
+            files.add_metric([], data["visible_files"])
+            yield files
+
+    REGISTRY.register(Collector())  # type: ignore[arg-type]
+    host, _, port = address.rpartition(":")
+    start_http_server(int(port), addr=host or "127.0.0.1")
+    log.info("metrics on http://%s:%s/metrics", host or "127.0.0.1", port)
+
+
+def uptime_since(started: float) -> float:
+    return round(time.time() - started, 1)

@@ -1,0 +1,153 @@
+"""Running like a system service: systemd units, the mount(8) helper, readiness
+notification, `chromafs status` and the metrics endpoint."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from helpers import BIN, MOUNT, REPO, SAMPLE_SITE, free_port, is_mounted, mounted, unmount
+
+
+@pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze not installed")
+@pytest.mark.parametrize("unit", ["chromafs@.service", "chromafs-mountd.service"])
+def test_units_pass_systemd_analyze_verify(unit: str, tmp_path: Path) -> None:
+    text = (REPO / "systemd" / unit).read_text().replace("/usr/local/bin/", f"{BIN}/")
+    conf = tmp_path / "acme.conf"
+    conf.write_text((REPO / "systemd" / "chromafs.conf.example").read_text())
+    text = text.replace("/etc/chromafs/%i.conf", str(conf))
+    target = tmp_path / unit.replace("@.", "@acme.")
+    target.write_text(text)
+    proc = subprocess.run(["systemd-analyze", "verify", str(target)], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.strip() == "" and proc.stdout.strip() == "", proc.stderr + proc.stdout
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="installing a mount helper needs root")
+def test_mount_t_fuse_chromafs_and_fstab(sample_chroma: Callable[[str], Path], mnt: Path, tmp_path: Path) -> None:
+    helper = Path("/sbin/mount.fuse.chromafs")
+    created = not helper.exists()
+    if created:
+        helper.symlink_to(BIN / "mount.fuse.chromafs")
+    chroma = sample_chroma("public")
+    try:
+        proc = subprocess.run(
+            [
+                "mount",
+                "-t",
+                "fuse.chromafs",
+                "acme",
+                str(mnt),
+                "-o",
+                f"chroma_path={chroma},prefetch=off,_netdev,nodev",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert proc.returncode == 0, proc.stderr
+        assert (mnt / "auth" / "oauth.mdx").read_bytes() == (SAMPLE_SITE / "auth" / "oauth.mdx").read_bytes()
+        assert subprocess.run(["umount", str(mnt)], timeout=30).returncode == 0
+        assert not is_mounted(mnt)
+        fstab = tmp_path / "fstab"
+        fstab.write_text(f"acme {mnt} fuse.chromafs chroma_path={chroma},noauto,_netdev 0 0\n")
+        proc = subprocess.run(["mount", "-T", str(fstab), str(mnt)], capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 0, proc.stderr
+        assert (mnt / "index.mdx").is_file()
+        refused = subprocess.run(
+            ["mount", "-t", "fuse.chromafs", "acme", str(tmp_path), "-o", "token=abc"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert refused.returncode != 0 and "token_file" in refused.stderr
+    finally:
+        unmount(mnt)
+        if created:
+            helper.unlink()
+
+
+def test_foreground_daemon_notifies_systemd_and_stops_cleanly(
+    sample_chroma: Callable[[str], Path], mnt: Path, tmp_path: Path
+) -> None:
+    notify_path = tmp_path / "notify.sock"
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    listener.bind(str(notify_path))
+    listener.settimeout(60)
+    env = {**os.environ, "NOTIFY_SOCKET": str(notify_path)}
+    daemon = subprocess.Popen(
+        [MOUNT, "--foreground", str(mnt), "--site", "acme", "--chroma-path", str(sample_chroma("public"))],
+        env=env,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        ready = listener.recv(4096).decode()
+        assert ready.startswith("READY=1")
+        assert is_mounted(mnt) and (mnt / "index.mdx").is_file()  # ready means answering
+        daemon.send_signal(signal.SIGTERM)
+        assert listener.recv(4096).decode() == "STOPPING=1"
+        assert daemon.wait(30) == 0
+        assert not is_mounted(mnt)
+    finally:
+        listener.close()
+        if daemon.poll() is None:
+            daemon.kill()
+        unmount(mnt)
+    assert "unmounted" in daemon.stderr.read()  # type: ignore[union-attr]
+
+
+def test_status_and_metrics(
+    sample_chroma: Callable[[str], Path], mnt: Path, make_token: Callable[..., str], secret_file: Path
+) -> None:
+    port = free_port()
+    token = make_token(["billing"])
+    with mounted(
+        mnt,
+        "--site",
+        "acme",
+        "--chroma-path",
+        str(sample_chroma("public")),
+        "--token",
+        token,
+        "--jwt-secret-file",
+        str(secret_file),
+        "--metrics-addr",
+        f"127.0.0.1:{port}",
+    ):
+        (mnt / "api-reference" / "payments.mdx").read_bytes()
+        deadline = time.monotonic() + 15
+        while True:  # the status file is refreshed every few seconds
+            out = subprocess.run(
+                [str(BIN / "chromafs"), "status", "--json"], capture_output=True, text=True, timeout=60
+            )
+            assert out.returncode == 0
+            mine = [s for s in json.loads(out.stdout) if s["mountpoint"] == str(mnt)]
+            assert len(mine) == 1
+            status = mine[0]
+            if status.get("requests", {}).get("read") or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        assert status["site"] == "acme" and "groups=billing" in status["reader"]
+        assert status["visible_files"] > 0 and status["requests"]["read"] >= 1
+        assert token not in out.stdout
+        table = subprocess.run([str(BIN / "chromafs"), "status"], capture_output=True, text=True, timeout=60)
+        assert str(mnt) in table.stdout and "acme" in table.stdout
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+            metrics = response.read().decode()
+        assert 'chromafs_requests_total{op="read"}' in metrics
+        assert "chromafs_read_seconds_bucket" in metrics
+        assert 'chromafs_cache_lookups_total{result="hit",tier="memory"}' in metrics
+        assert token not in metrics
+    gone = subprocess.run([str(BIN / "chromafs"), "status", "--json"], capture_output=True, text=True, timeout=60)
+    assert str(mnt) not in gone.stdout
