@@ -83,18 +83,25 @@ def default_log_file() -> str:
     return os.devnull
 
 
+def _private(path: str) -> str:
+    """Create a log file readable by its owner only: it names pages and groups."""
+    if path != os.devnull and not os.path.exists(path):
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600))
+    return path
+
+
 def setup_logging(level: str, log_file: str | None, background: bool = False, json_lines: bool = False) -> None:
     import logging
 
     handler: logging.Handler
     if log_file:
-        handler = logging.FileHandler(log_file)
+        handler = logging.FileHandler(_private(log_file))
     elif background and os.path.exists("/dev/log"):
         from logging.handlers import SysLogHandler
 
         handler = SysLogHandler(address="/dev/log")
     elif background:
-        handler = logging.FileHandler(default_log_file())
+        handler = logging.FileHandler(_private(default_log_file()))
     else:
         handler = logging.StreamHandler(sys.stderr)
     if json_lines:
