@@ -44,8 +44,8 @@ def should_prefetch(args: argparse.Namespace, table: InodeTable) -> bool:
     return total <= min(args.prefetch_max_bytes, args.cache_bytes // 2)
 
 
-def prepare(args: argparse.Namespace, principal: Principal) -> ChromaOperations:
-    site = load_site(args, principal)
+def prepare(args: argparse.Namespace, principal: Principal, preloaded: tuple | None = None) -> ChromaOperations:
+    site = load_site(args, principal, preloaded)
     return ChromaOperations(site.table, site.source, args.cache_timeout)
 
 
@@ -173,13 +173,13 @@ def exit_now(status: int) -> None:
     os._exit(status)
 
 
-def run_daemon(args: argparse.Namespace, ready_fd: int | None, background: bool) -> int:
+def run_daemon(args: argparse.Namespace, ready_fd: int | None, background: bool, preloaded: tuple | None = None) -> int:
     """Serve the mount described by `args`; returns the exit status."""
     setup_logging(args.log_level, args.log_file, background=background, json_lines=args.log_format == "json")
     try:
         _token, principal = resolve_principal(args)
         del _token
-        ops = prepare(args, principal)
+        ops = prepare(args, principal, preloaded)
     except (CliError, TokenError, BackendError, SiteNotFound, TreeError) as exc:
         return report_failure(ready_fd, str(exc))
     except Exception as exc:

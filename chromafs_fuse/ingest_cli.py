@@ -15,6 +15,7 @@ from .blobstore import BlobError, open_blob_store
 from .cli_common import CliError, add_chroma_arguments, chroma_location, setup_logging
 from .ingest import DEFAULT_LARGE_FILE_THRESHOLD, IngestOptions, ingest
 from .ingest_access import AccessSpecError, parse_acl
+from .tree import tree_version
 
 log = logging.getLogger("chromafs.ingest")
 
@@ -98,7 +99,13 @@ def main(argv: list[str] | None = None) -> int:
             from .redis_cache import RedisCache
 
             shared = RedisCache(args.redis_url, args.redis_prefix, tree_ttl_s=args.tree_ttl, timeout_s=5.0)
-            shared.set(shared.tree_key(args.site, location.collection), summary.tree_document.encode(), args.tree_ttl)
+            shared.publish_tree(
+                args.site,
+                location.collection,
+                summary.tree_document.encode(),
+                tree_version(summary.tree_document),
+                args.tree_ttl,
+            )
             if shared.errors:
                 log.warning("the new path tree could not be published to Redis; mounts see it within --tree-ttl")
     except (CliError, AccessSpecError, BlobError) as exc:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import json
 import logging
 import os
@@ -23,6 +24,8 @@ import signal
 import socket
 import struct
 import sys
+from collections import OrderedDict
+from typing import Any
 
 import setproctitle
 
@@ -53,10 +56,80 @@ def _read_request(conn: socket.socket) -> dict[str, object]:
     return request
 
 
-def _serve_in_child(conn: socket.socket, request: dict[str, object]) -> int:
+class TreeCache:
+    """Trees and pruned inode tables kept in the server, handed to forked children.
+
+    Only trees that are in Redis are cached here (the server never opens
+    Chroma: its client starts threads, which do not survive a fork). Each
+    request checks the tree's version key, a few bytes, so a re-ingest
+    published to Redis is picked up by the next mount.
+    """
+
+    MAX_TABLES = 64
+
+    def __init__(self) -> None:
+        self._redis: dict[tuple[str, str], Any] = {}
+        self._trees: dict[tuple[str, ...], Any] = {}
+        self._tables: OrderedDict[tuple[object, ...], Any] = OrderedDict()
+
+    def prepared(self, args: argparse.Namespace, principal: Any) -> tuple[Any, Any] | None:
+        from .access import visible_entries
+        from .cli_common import chroma_location
+        from .inodes import InodeTable
+        from .redis_cache import RedisCache
+        from .tree import TreeError, parse_tree
+
+        if not args.redis_url:
+            return None
+        shared = self._redis.get((args.redis_url, args.redis_prefix))
+        if shared is None:
+            shared = RedisCache(args.redis_url, args.redis_prefix, args.redis_ttl, args.tree_ttl)
+            self._redis[(args.redis_url, args.redis_prefix)] = shared
+        collection = chroma_location(args).collection
+        version = shared.get(shared.tree_version_key(args.site, collection))
+        if version is None:
+            return None
+        site_key = (args.redis_url, args.redis_prefix, args.site, collection)
+        tree = self._trees.get(site_key)
+        if tree is None or tree.version != version.decode():
+            document = shared.get(shared.tree_key(args.site, collection))
+            if document is None:
+                return None
+            try:
+                tree = parse_tree(document)
+            except TreeError:
+                return None  # the child reports it properly
+            if tree.version != version.decode():
+                return None  # a publish raced us: let the child load it
+            for key, reason in tree.skipped:
+                log.warning("tree entry %s skipped: %s", key, reason)
+            self._trees[site_key] = tree
+        table_key = (site_key, tree.version, principal.authenticated, principal.groups)
+        table = self._tables.get(table_key)
+        if table is None:
+            table = InodeTable(visible_entries(tree.entries, principal))
+            self._tables[table_key] = table
+            while len(self._tables) > self.MAX_TABLES:
+                self._tables.popitem(last=False)
+            gc.freeze()  # keep the collector from touching (and un-sharing) what children inherit
+        else:
+            self._tables.move_to_end(table_key)
+        return tree, table
+
+
+def _request_args(request: dict[str, object]) -> argparse.Namespace:
+    from .mount_cli import build_parser
+
+    argv = [str(a) for a in request["argv"]]  # type: ignore[union-attr]
+    args = build_parser().parse_args([*argv, "--foreground"])
+    args.token = request.get("token") or None
+    args.token_file = None
+    return args
+
+
+def _serve_in_child(conn: socket.socket, request: dict[str, object], prepared: tuple[Any, Any] | None) -> int:
     """In the forked child: become the mount's daemon."""
     from .daemon import run_daemon
-    from .mount_cli import build_parser
 
     os.setsid()
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD):
@@ -66,15 +139,30 @@ def _serve_in_child(conn: socket.socket, request: dict[str, object]) -> int:
         os.dup2(devnull, fd)
     os.close(devnull)
     os.chdir(str(request.get("cwd") or "/"))
-    argv = [str(a) for a in request["argv"]]  # type: ignore[union-attr]
-    args = build_parser().parse_args([*argv, "--foreground"])
+    args = _request_args(request)
     # Without this the child shows the server's command line, and `pkill chromafs-mountd` would take
     # every mount down with the server.
     setproctitle.setproctitle(f"chromafs-mount {os.path.abspath(args.mountpoint)} --site {args.site}")
-    args.token = request.get("token") or None
-    args.token_file = None
     conn.setblocking(True)
-    return run_daemon(args, conn.detach(), background=True)
+    return run_daemon(args, conn.detach(), background=True, preloaded=prepared)
+
+
+def _prepare(cache: TreeCache, request: dict[str, object]) -> tuple[Any, Any] | None:
+    """In the server: the cached tree and table for this request, if any. Any failure
+    here just means the child does the work (and reports errors) itself."""
+    from .session import resolve_principal
+
+    try:
+        cwd = os.getcwd()
+        os.chdir(str(request.get("cwd") or "/"))
+        try:
+            args = _request_args(request)
+            _token, principal = resolve_principal(args)
+            return cache.prepared(args, principal)
+        finally:
+            os.chdir(cwd)
+    except (Exception, SystemExit):
+        return None
 
 
 def serve_forever(socket_path: str) -> None:
@@ -86,6 +174,7 @@ def serve_forever(socket_path: str) -> None:
     os.chmod(socket_path, 0o600)
     server.listen(128)
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # children are reaped by the kernel
+    cache = TreeCache()
     stopping = False
 
     def stop(signum: int, _frame: object) -> None:
@@ -118,12 +207,13 @@ def serve_forever(socket_path: str) -> None:
                     with contextlib.suppress(OSError):
                         conn.sendall(b"bad request")
                     continue
+                prepared = _prepare(cache, request)
                 pid = os.fork()
                 if pid == 0:
                     code = 1
                     try:
                         server.close()
-                        code = _serve_in_child(conn, request)
+                        code = _serve_in_child(conn, request, prepared)
                     finally:
                         logging.shutdown()
                         os._exit(code)

@@ -8,8 +8,12 @@ is rejected so that the entry is skipped with a reason.
 
 from __future__ import annotations
 
+import re
+
 MAX_NAME_BYTES = 255
 MAX_PATH_BYTES = 4095
+_CONTROL = re.compile("[\x00-\x1f\x7f]")
+_DOT_PART = re.compile(r"(?:^|/)\.\.?(?:/|$)")
 
 
 class InvalidPath(ValueError):
@@ -25,22 +29,23 @@ def normalize_key(raw: object) -> str:
         raise InvalidPath("empty path")
     if key.endswith("/"):
         raise InvalidPath("path ends with '/'")
-    for ch in key:
-        if ch == "\x00" or ord(ch) < 0x20 or ch == "\x7f":
-            raise InvalidPath("path contains a NUL or control character")
+    if _CONTROL.search(key):
+        raise InvalidPath("path contains a NUL or control character")
     try:
         encoded = key.encode("utf-8")
     except UnicodeEncodeError as exc:  # lone surrogates from non-UTF-8 sources
         raise InvalidPath("path is not valid UTF-8") from exc
     if len(encoded) > MAX_PATH_BYTES:
         raise InvalidPath(f"path longer than {MAX_PATH_BYTES} bytes")
-    for part in key.split("/"):
-        if part == "":
-            raise InvalidPath("path has an empty component ('//')")
-        if part in (".", ".."):
-            raise InvalidPath(f"path has a '{part}' component")
-        if len(part.encode("utf-8")) > MAX_NAME_BYTES:
-            raise InvalidPath(f"a path component is longer than {MAX_NAME_BYTES} bytes")
+    if "//" in key:
+        raise InvalidPath("path has an empty component ('//')")
+    if _DOT_PART.search(key):
+        part = ".." if "/../" in f"/{key}/" else "."
+        raise InvalidPath(f"path has a '{part}' component")
+    if len(encoded) > MAX_NAME_BYTES:  # only then can one component be too long
+        for part in encoded.split(b"/"):
+            if len(part) > MAX_NAME_BYTES:
+                raise InvalidPath(f"a path component is longer than {MAX_NAME_BYTES} bytes")
     return key
 
 

@@ -47,6 +47,16 @@ class RedisCache:
     def tree_key(self, site: str, collection: str) -> str:
         return f"{self.prefix}:{site}:{collection}:tree"
 
+    def tree_version_key(self, site: str, collection: str) -> str:
+        return f"{self.prefix}:{site}:{collection}:tree-version"
+
+    def publish_tree(self, site: str, collection: str, document: bytes, version: str, ttl_s: int) -> None:
+        """The tree and its version, so a mount server can check freshness with a tiny GET."""
+        self.set_many(
+            {self.tree_key(site, collection): document, self.tree_version_key(site, collection): version.encode()},
+            ttl_s,
+        )
+
     def page_key(self, site: str, tree_version: str, page: str) -> str:
         return f"{self.prefix}:{site}:{tree_version}:page:{page}"
 

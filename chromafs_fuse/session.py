@@ -58,9 +58,12 @@ class LoadedSite:
     source: PageSource
 
 
-def load_site(args: argparse.Namespace, principal: Principal) -> LoadedSite:
+def load_site(
+    args: argparse.Namespace, principal: Principal, preloaded: tuple[SiteTree, InodeTable] | None = None
+) -> LoadedSite:
     """Load the tree (shared cache first, then Chroma) and prune it for the
-    principal. Chroma is opened only if the tree or a page needs it."""
+    principal. Chroma is opened only if the tree or a page needs it. A mount
+    server hands in the tree and the pruned table it already holds."""
     from .chroma_store import ChromaPages
     from .page_cache import PageCache
     from .tree import TreeError, parse_tree
@@ -79,10 +82,10 @@ def load_site(args: argparse.Namespace, principal: Principal) -> LoadedSite:
     def open_chroma() -> ChromaPages:
         return ChromaPages.open(location, args.page_field, args.chunk_index_field, args.backend_timeout)
 
-    tree = None
+    tree = preloaded[0] if preloaded else None
     opened: ChromaPages | None = None
     tree_key = shared.tree_key(args.site, location.collection) if shared else ""
-    if shared is not None:
+    if shared is not None and tree is None:
         cached = with_deadline(lambda: shared.get(tree_key), args.backend_timeout, "Redis")
         if cached is not None:
             try:
@@ -99,10 +102,16 @@ def load_site(args: argparse.Namespace, principal: Principal) -> LoadedSite:
         opened, document = with_deadline(load, args.backend_timeout + 20, f"Chroma at {location.describe()}")
         tree = parse_tree(document)
         if shared is not None:
-            shared.set(tree_key, document.encode("utf-8"), ttl_s=args.tree_ttl)
-    for key, reason in tree.skipped:
-        log.warning("tree entry %s skipped: %s", key, reason)
-    visible = visible_entries(tree.entries, principal)
+            shared.publish_tree(args.site, location.collection, document.encode("utf-8"), tree.version, args.tree_ttl)
+    if preloaded is None:
+        for key, reason in tree.skipped:
+            log.warning("tree entry %s skipped: %s", key, reason)
+        visible = visible_entries(tree.entries, principal)
+        table = InodeTable(visible)
+    else:
+        log.info("path tree %s and its pruned table handed over by the mount server", tree.version)
+        table = preloaded[1]
+        visible = {n.entry.key: n.entry for n in table.nodes.values() if n.entry is not None}
     source = PageSource(
         args.site,
         open_chroma,
@@ -122,4 +131,4 @@ def load_site(args: argparse.Namespace, principal: Principal) -> LoadedSite:
         len(tree.entries),
         principal.describe(),
     )
-    return LoadedSite(tree, visible, InodeTable(visible), source)
+    return LoadedSite(tree, visible, table, source)

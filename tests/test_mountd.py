@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -10,8 +11,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from conftest import RedisServer
 
-from helpers import BIN, SAMPLE_SITE, copy_subset, expected_visible, is_mounted, run, try_mount, unmount
+from helpers import BIN, SAMPLE_SITE, copy_subset, expected_visible, ingest, is_mounted, run, try_mount, unmount
 
 
 @pytest.fixture
@@ -106,3 +108,26 @@ def test_mounts_outlive_the_server(mountd: Path, sample_chroma: Callable[[str], 
 def test_unreachable_server_fails_with_one_line(tmp_path: Path, mnt: Path) -> None:
     proc = try_mount(mnt, "--site", "acme", "--chroma-path", str(tmp_path), "--mountd", str(tmp_path / "nope.sock"))
     assert proc.returncode == 1 and proc.stderr.count("\n") == 1 and "chromafs-mountd" in proc.stderr
+
+
+def test_server_hands_over_the_tree_from_redis_and_sees_a_reingest(
+    mountd: Path, redis_server: RedisServer, tmp_path: Path
+) -> None:
+    site = tmp_path / "site"
+    shutil.copytree(SAMPLE_SITE, site)
+    chroma = str(tmp_path / "chroma")
+    ingest(site, "--site", "acme", "--chroma-path", chroma, "--redis-url", redis_server.url, "--quiet")
+    args = ["--site", "acme", "--chroma-path", chroma, "--redis-url", redis_server.url, "--mountd", str(mountd)]
+    for round_number in range(2):
+        mnt = tmp_path / f"mnt{round_number}"
+        mnt.mkdir()
+        log = tmp_path / f"mnt{round_number}.log"
+        try:
+            proc = try_mount(mnt, *args, "--log-file", str(log))
+            assert proc.returncode == 0, proc.stderr
+            assert "handed over by the mount server" in log.read_text()
+            assert (mnt / "quickstart.mdx").read_bytes() == (site / "quickstart.mdx").read_bytes()
+        finally:
+            unmount(mnt)
+        (site / "quickstart.mdx").write_text("# Changed by a re-ingest\n")
+        ingest(site, "--site", "acme", "--chroma-path", chroma, "--redis-url", redis_server.url, "--quiet")

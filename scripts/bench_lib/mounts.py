@@ -86,7 +86,9 @@ class Mounter:
         proc = subprocess.run(argv, capture_output=True, timeout=180, env=child_env(), stdin=subprocess.DEVNULL)
         took = time.perf_counter() - started
         if proc.returncode != 0:
-            raise RuntimeError(f"chromafs-mount {point} failed: {proc.stderr.decode(errors='replace').strip()}")
+            tail = "\n    ".join(self.log_text(point).splitlines()[-15:])
+            err = proc.stderr.decode(errors="replace").strip()
+            raise RuntimeError(f"chromafs-mount {point} failed after {took:.2f}s: {err}\n  daemon log:\n    {tail}")
         self.live[point] = int(pid_file.read_text())
         return point, took
 
