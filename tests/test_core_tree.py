@@ -158,3 +158,10 @@ def test_inodes_are_stable_and_independent_of_hidden_paths() -> None:
         assert public.resolve(path).inode == everyone.resolve(path).inode  # type: ignore[union-attr]
     assert public.resolve("a/secret.md") is None
     assert public.lookup(ROOT_INODE, b"..") is public.nodes[ROOT_INODE]
+
+
+def test_case_only_twins_are_two_files() -> None:
+    parsed = parse_tree(doc({"Guide.md": {"isPublic": True}, "guide.md": {"isPublic": True}}))
+    table = InodeTable(parsed.entries)
+    assert {n.path for n in table.nodes.values() if n.entry} == {"Guide.md", "guide.md"}
+    assert table.resolve("Guide.md") is not table.resolve("guide.md")

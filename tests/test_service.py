@@ -20,12 +20,12 @@ from helpers import BIN, MOUNT, REPO, SAMPLE_SITE, free_port, is_mounted, mounte
 
 
 @pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze not installed")
-@pytest.mark.parametrize("unit", ["chromafs@.service", "chromafs-mountd.service"])
+@pytest.mark.parametrize("unit", ["chromafs@.service", "chromafs-mountd.service", "chromafs-ingest@.service"])
 def test_units_pass_systemd_analyze_verify(unit: str, tmp_path: Path) -> None:
     text = (REPO / "systemd" / unit).read_text().replace("/usr/local/bin/", f"{BIN}/")
     conf = tmp_path / "acme.conf"
     conf.write_text((REPO / "systemd" / "chromafs.conf.example").read_text())
-    text = text.replace("/etc/chromafs/%i.conf", str(conf))
+    text = text.replace("/etc/chromafs/%i.conf", str(conf)).replace("/etc/chromafs/ingest-%i.conf", str(conf))
     target = tmp_path / unit.replace("@.", "@acme.")
     target.write_text(text)
     proc = subprocess.run(["systemd-analyze", "verify", str(target)], capture_output=True, text=True, timeout=60)
@@ -151,3 +151,9 @@ def test_status_and_metrics(
         assert token not in metrics
     gone = subprocess.run([str(BIN / "chromafs"), "status", "--json"], capture_output=True, text=True, timeout=60)
     assert str(mnt) not in gone.stdout
+
+
+def test_daemon_log_is_private(sample_chroma: Callable[[str], Path], mnt: Path) -> None:
+    with mounted(mnt, "--site", "acme", "--chroma-path", str(sample_chroma("public"))):
+        log = mnt.parent / "mnt.log"
+        assert log.stat().st_mode & 0o777 == 0o600  # it names pages and groups: not for other local users
