@@ -17,6 +17,7 @@ from typing import Any
 
 from bench_lib import report
 from bench_lib.corpus import REPO
+from bench_lib.procs import become_subreaper
 from bench_lib.runner import Run, run_corpus
 
 ALL_SYSTEMS = ["tmpfs", "sandbox", "chromafs-embedded", "chromafs-server-redis"]
@@ -82,6 +83,7 @@ def main(argv: list[str]) -> int:
     command = shlex.join(argv)
     print(f"command: {command}", flush=True)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    become_subreaper()
     run = Run(args)
     results: dict[str, Any] = {"command": command, "machine": machine(), "corpora": []}
     print(f"machine: {results['machine']}", flush=True)
@@ -96,6 +98,7 @@ def main(argv: list[str]) -> int:
     finally:
         run.close()
     results["problems"] = run.problems
+    results["incidents"] = [i for m in run.mounters for i in m.incidents]
     results["elapsed_s"] = round(time.monotonic() - run.started, 1)
     results["machine"]["loadavg_at_end"] = Path("/proc/loadavg").read_text().split()[:3]
     print(report.text_report(results), flush=True)
@@ -105,6 +108,8 @@ def main(argv: list[str]) -> int:
         print(f"PNG: {args.png}")
     else:
         print("PNG: skipped (matplotlib missing: pip install -e '.[bench]')")
+    for incident in results["incidents"]:
+        print(f"INCIDENT: {incident}", file=sys.stderr)
     for problem in run.problems:
         print(f"PROBLEM: {problem}", file=sys.stderr)
     return 1 if run.problems else 0

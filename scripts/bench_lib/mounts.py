@@ -6,6 +6,7 @@ import contextlib
 import os
 import signal
 import subprocess
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,17 +39,24 @@ def unmount(path: Path) -> None:
     subprocess.run(["fusermount3", "-u", "-z", str(path)], capture_output=True, check=False, timeout=30)
 
 
-def wait_exit(pid: int, wait_s: float = 10.0) -> None:
-    """Wait for a daemon we started to exit after its unmount; SIGKILL it if it does not."""
+def wait_exit(pid: int, wait_s: float = 10.0) -> int | None:
+    """Wait for a daemon we started to exit after its unmount (SIGKILL it if it does not);
+    its exit status when we could reap it (we are its subreaper), else None."""
     deadline = time.monotonic() + wait_s
     while time.monotonic() < deadline:
         try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return
-        time.sleep(0.02)
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                return os.waitstatus_to_exitcode(status)
+        except ChildProcessError:  # not adopted by us: poll instead
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                return None
+        time.sleep(0.01)
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signal.SIGKILL)
+    return -signal.SIGKILL
 
 
 def memory_kb(pid: int) -> dict[str, int]:
@@ -72,25 +80,33 @@ class Mounter:
     label: str
     live: dict[Path, int | None] = field(default_factory=dict)
     count: int = 0
+    incidents: list[str] = field(default_factory=list)
 
-    def mount(self) -> tuple[Path, float]:
-        """A fresh mount; returns (mountpoint, seconds chromafs-mount took)."""
-        self.count += 1
-        point = self.workdir / f"{self.label}-{self.count}"
-        point.mkdir(parents=True)
-        log, pid_file = point.with_suffix(".log"), point.with_suffix(".pid")
-        argv = [str(BIN / "chromafs-mount"), str(point), "--site", self.site, *self.backend_args]
-        argv += ["--log-file", str(log), "--pid-file", str(pid_file)]
-        self.live[point] = None
-        started = time.perf_counter()
-        proc = subprocess.run(argv, capture_output=True, timeout=180, env=child_env(), stdin=subprocess.DEVNULL)
-        took = time.perf_counter() - started
-        if proc.returncode != 0:
+    def mount(self, attempts: int = 2) -> tuple[Path, float]:
+        """A fresh mount; returns (mountpoint, seconds chromafs-mount took). A failed mount is
+        recorded as an incident (with the daemon's log) and tried again, up to `attempts` times."""
+        for attempt in range(1, attempts + 1):
+            self.count += 1
+            point = self.workdir / f"{self.label}-{self.count}"
+            point.mkdir(parents=True)
+            log, pid_file = point.with_suffix(".log"), point.with_suffix(".pid")
+            argv = [str(BIN / "chromafs-mount"), str(point), "--site", self.site, *self.backend_args]
+            argv += ["--log-file", str(log), "--pid-file", str(pid_file)]
+            self.live[point] = None
+            started = time.perf_counter()
+            proc = subprocess.run(argv, capture_output=True, timeout=180, env=child_env(), stdin=subprocess.DEVNULL)
+            took = time.perf_counter() - started
+            if proc.returncode == 0:
+                self.live[point] = int(pid_file.read_text())
+                return point, took
             tail = "\n    ".join(self.log_text(point).splitlines()[-15:])
             err = proc.stderr.decode(errors="replace").strip()
-            raise RuntimeError(f"chromafs-mount {point} failed after {took:.2f}s: {err}\n  daemon log:\n    {tail}")
-        self.live[point] = int(pid_file.read_text())
-        return point, took
+            self.incidents.append(f"{point.name}: chromafs-mount failed after {took:.2f}s: {err}; daemon log: {tail}")
+            print(f"INCIDENT: {self.incidents[-1]}", file=sys.stderr, flush=True)
+            self.unmount(point)
+            if attempt == attempts:
+                raise RuntimeError(self.incidents[-1])
+        raise AssertionError("unreachable")
 
     def pid(self, point: Path) -> int:
         pid = self.live[point]
@@ -106,7 +122,9 @@ class Mounter:
         pid = self.live.pop(point, None)
         unmount(point)
         if pid is not None:
-            wait_exit(pid)
+            status = wait_exit(pid)
+            if status not in (0, None):
+                self.incidents.append(f"{point.name}: daemon {pid} exited with status {status} after its unmount")
         with contextlib.suppress(OSError):
             point.rmdir()
 

@@ -6,6 +6,7 @@ Every server is started on a free loopback port and stopped by its PID; every wa
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import signal
 import socket
@@ -27,6 +28,14 @@ def child_env() -> dict[str, str]:
     env["PATH"] = f"{BIN}:{env.get('PATH', '/usr/bin:/bin')}"
     env["LC_ALL"] = "C"
     return env
+
+
+def become_subreaper() -> None:
+    """Adopt the mount daemons once their `chromafs-mount` parent exits, so we can reap them and
+    read their exit status (PR_SET_CHILD_SUBREAPER)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(36, 1, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_CHILD_SUBREAPER) failed")
 
 
 def free_port() -> int:

@@ -77,6 +77,8 @@ def corpus_table(corpus: dict[str, Any]) -> list[str]:
     width = 25
     lines = ["figure".ljust(16) + "".join(label.ljust(width) for _, label in present)]
     for label, unit, get in rows():
+        if all(get(systems[key]) is None for key, _ in present):
+            continue
         base = get(systems["tmpfs"]) if "tmpfs" in systems else None
         cells = []
         for key, _ in present:
@@ -107,6 +109,8 @@ def text_report(results: dict[str, Any]) -> str:
     out.append("")
     out.append("cold: first run on a fresh mount (sandbox: materialise wall time + first run); warm: best of 3")
     out.append("tmpfs/sandbox memory rows: the size of one copy in /dev/shm (what each extra reader costs)")
+    if results.get("incidents"):
+        out.append(f"incidents (failed mounts, retried; daemons exiting non-zero): {len(results['incidents'])}")
     return "\n".join(out)
 
 
