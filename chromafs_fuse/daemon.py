@@ -47,7 +47,7 @@ def should_prefetch(args: argparse.Namespace, table: InodeTable) -> bool:
 
 def prepare(args: argparse.Namespace, principal: Principal, preloaded: tuple | None = None) -> ChromaOperations:
     site = load_site(args, principal, preloaded)
-    return ChromaOperations(site.table, site.source, args.cache_timeout)
+    return ChromaOperations(site.table, site.source, args.cache_timeout, args.readahead_pages)
 
 
 def _public_backend(args: argparse.Namespace) -> str:
@@ -131,6 +131,7 @@ def serve(
 
     async def run() -> None:
         async with trio.open_nursery() as nursery:
+            ops.source.nursery = nursery
             nursery.start_soon(watch_signals)
             nursery.start_soon(announce_ready)
             nursery.start_soon(refresh_status)

@@ -33,11 +33,14 @@ class ChromaOperations(pyfuse3.Operations):
     supports_dot_lookup = True
     enable_writeback_cache = False
 
-    def __init__(self, table: InodeTable, source: PageSource, cache_timeout_s: float = 3600.0) -> None:
+    def __init__(
+        self, table: InodeTable, source: PageSource, cache_timeout_s: float = 3600.0, readahead_pages: int = 32
+    ) -> None:
         super().__init__()
         self.table = table
         self.source = source
         self.cache_timeout_s = cache_timeout_s
+        self.readahead_pages = readahead_pages
         self.uid = os.getuid()
         self.gid = os.getgid()
         self.mount_time_ns = time.time_ns()
@@ -155,6 +158,8 @@ class ChromaOperations(pyfuse3.Operations):
             raise pyfuse3.FUSEError(errno.EISDIR)
         if flags & os.O_ACCMODE != os.O_RDONLY or flags & (os.O_TRUNC | os.O_APPEND):
             raise _erofs()
+        if self.readahead_pages and not self.source.is_cached(node.entry):
+            self.source.read_ahead(self.table.files_after(node, self.readahead_pages))
         size_known = self.source.size_of(node.entry) is not None
         # Without a known size the kernel must not clamp reads to st_size.
         return pyfuse3.FileInfo(fh=inode, keep_cache=size_known, direct_io=not size_known)

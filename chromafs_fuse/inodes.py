@@ -25,6 +25,7 @@ class Node:
     entry: PathEntry | None  # None for directories
     children: dict[bytes, int] = field(default_factory=dict)
     sorted_children: list[tuple[bytes, int]] = field(default_factory=list)
+    position: int = 0  # index in the parent's sorted_children
 
     @property
     def is_dir(self) -> bool:
@@ -62,6 +63,8 @@ class InodeTable:
             self.total_bytes += entry.size or 0
         for node in self.nodes.values():
             node.sorted_children = sorted(node.children.items())
+            for position, (_name, child) in enumerate(node.sorted_children):
+                self.nodes[child].position = position
 
     def _add(self, path: str, name: str, parent: Node, entry: PathEntry | None) -> Node:
         salt = 0
@@ -96,6 +99,18 @@ class InodeTable:
                 continue
             node = self.lookup(node.inode, part.encode("utf-8"))
         return node
+
+    def files_after(self, node: Node, count: int) -> list[PathEntry]:
+        """`node`'s entry and those of up to count-1 files that follow it in its directory."""
+        siblings = self.nodes[node.parent].sorted_children
+        out: list[PathEntry] = []
+        for _name, inode in siblings[node.position : node.position + count * 2]:
+            entry = self.nodes[inode].entry
+            if entry is not None:
+                out.append(entry)
+                if len(out) == count:
+                    break
+        return out
 
     @property
     def dir_count(self) -> int:

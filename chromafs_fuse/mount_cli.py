@@ -44,6 +44,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--log-file", help="log here (default: stderr in the foreground; syslog, else a file, in the background)"
     )
+    parser.add_argument(
+        "--readahead-pages",
+        type=int,
+        default=32,
+        help="on a cache miss, load this many pages of the same directory in one batch (0: off)",
+    )
     parser.add_argument("--pid-file", help="write the daemon's PID here while it serves")
     parser.add_argument("--log-format", choices=["text", "json"], default="text", help="one line per event")
     parser.add_argument("--metrics-addr", metavar="HOST:PORT", help="serve Prometheus metrics here")

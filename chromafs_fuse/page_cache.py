@@ -35,6 +35,11 @@ class PageCache:
             while len(self._oversize) > OVERSIZE_PAGES:
                 del self._oversize[next(iter(self._oversize))]
 
+    def peek(self, key: str) -> bytes | None:
+        """Like get, without counting a hit or a miss."""
+        data = self._lru.get(key)
+        return self._oversize.get(key) if data is None else data
+
     def __contains__(self, key: str) -> bool:
         """A peek that does not count as a hit or a miss."""
         return key in self._lru or key in self._oversize

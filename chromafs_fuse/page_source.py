@@ -58,6 +58,7 @@ class PageSource:
         self._limiter = trio.CapacityLimiter(max_backend_threads)
         self._inflight: dict[str, trio.Event] = {}
         self.learned_sizes: dict[str, int] = {}
+        self.nursery: trio.Nursery | None = None  # set while serving: where read-ahead batches run
         self.chroma_calls = 0
         self.backend_errors: Counter[str] = Counter()
         self.backend_seconds: Counter[str] = Counter()
@@ -97,18 +98,19 @@ class PageSource:
 
     async def page(self, entry: PathEntry) -> bytes:
         key = self._cache_key(entry)
-        while True:
-            data = self.cache.get(key)
+        data = self.cache.get(key)
+        if data is not None:
+            return data
+        pending = self._inflight.get(key)
+        if pending is not None:  # a read or a read-ahead batch is already fetching it
+            await pending.wait()
+            data = self.cache.peek(key)
             if data is not None:
                 return data
-            pending = self._inflight.get(key)
-            if pending is None:
-                break
-            await pending.wait()
-            if key in self._inflight or self.cache.get(key) is None:
-                break  # the shared fetch failed (or did not fit the cache): fetch ourselves
+        own = key not in self._inflight
         done = trio.Event()
-        self._inflight[key] = done
+        if own:
+            self._inflight[key] = done
         try:
             try:
                 data = await self._off_loop(self._load_one, entry)
@@ -118,7 +120,47 @@ class PageSource:
             self._remember(entry, data)
             return data
         finally:
-            del self._inflight[key]
+            if own:
+                del self._inflight[key]
+                done.set()
+
+    def is_cached(self, entry: PathEntry) -> bool:
+        return self._cache_key(entry) in self.cache
+
+    def read_ahead(self, entries: Sequence[PathEntry]) -> None:
+        """Start loading these pages in one batch in the background (one Redis MGET or one
+        Chroma query), so that reading a directory's files one by one, as `grep -r` and
+        `cat *` do, costs one round trip per batch instead of one per file. Reads of a page
+        in the batch wait for it instead of fetching it again."""
+        if self.nursery is None:
+            return
+        todo = [
+            e
+            for e in entries
+            if e.blob is None and self._cache_key(e) not in self.cache and self._cache_key(e) not in self._inflight
+        ]
+        if not todo:
+            return
+        done = trio.Event()
+        for entry in todo:
+            self._inflight[self._cache_key(entry)] = done
+        self.nursery.start_soon(self._load_batch, todo, done)
+
+    async def _load_batch(self, todo: list[PathEntry], done: trio.Event) -> None:
+        try:
+            with trio.fail_after(self.timeout_s):
+                results = await trio.to_thread.run_sync(
+                    self._load_many, todo, abandon_on_cancel=True, limiter=self._limiter
+                )
+            for entry in todo:
+                data = results.get(entry.key)
+                if isinstance(data, bytes):
+                    self._remember(entry, data)
+        except Exception as exc:  # the readers waiting on the batch fetch (and report) themselves
+            log.debug("read-ahead batch failed: %r", exc)
+        finally:
+            for entry in todo:
+                self._inflight.pop(self._cache_key(entry), None)
             done.set()
 
     def _remember(self, entry: PathEntry, data: bytes) -> None:
