@@ -132,7 +132,12 @@ def add_session_arguments(parser: argparse.ArgumentParser) -> None:
         help="PEM public key: Ed25519, RSA or EC P-256 (env CHROMAFS_JWT_PUBLIC_KEY)",
     )
     parser.add_argument("--chunk-joiner", default="\n", help="text put between chunks (default: newline)")
-    parser.add_argument("--cache-bytes", type=int, default=256 * 1024 * 1024, help="in-process page cache size")
+    parser.add_argument(
+        "--cache-bytes",
+        type=int,
+        default=32 * 1024 * 1024,
+        help="in-process page cache bound (the kernel page cache and Redis sit on either side of it)",
+    )
     parser.add_argument("--backend-timeout", type=float, default=10.0, help="seconds before a backend call fails")
     parser.add_argument("--s3-endpoint-url", help="S3 endpoint for lazy files (default: AWS_ENDPOINT_URL or AWS)")
     parser.add_argument(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from cachetools import LRUCache
 
-DEFAULT_CACHE_BYTES = 256 * 1024 * 1024
+DEFAULT_CACHE_BYTES = 32 * 1024 * 1024
 OVERSIZE_PAGES = 2
 
 
