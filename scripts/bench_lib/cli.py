@@ -20,7 +20,7 @@ from bench_lib.corpus import REPO
 from bench_lib.procs import become_subreaper
 from bench_lib.runner import Run, run_corpus
 
-ALL_SYSTEMS = ["tmpfs", "sandbox", "chromafs-embedded", "chromafs-server-redis"]
+ALL_SYSTEMS = ["tmpfs", "sandbox", "chromafs-embedded", "chromafs-server-redis", "chromafs-mountd"]
 ALL_FIGURES = ["boot", "tools", "memory"]
 
 

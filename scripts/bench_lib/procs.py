@@ -139,3 +139,25 @@ class RedisServer:
     def stop(self) -> None:
         if self.proc is not None:
             stop_pid(self.proc)
+
+
+class MountServer:
+    """chromafs-mountd on a Unix socket in the run's temp dir."""
+
+    def __init__(self, folder: Path) -> None:
+        self.socket = folder / "mountd.sock"
+        self.log = folder / "mountd.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, wait_s: float = 60.0) -> None:
+        argv = [str(BIN / "chromafs-mountd"), "--socket", str(self.socket), "--log-file", str(self.log)]
+        self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, env=child_env())
+        deadline = time.monotonic() + wait_s
+        while not self.socket.exists():
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("chromafs-mountd did not start")
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            stop_pid(self.proc)

@@ -14,7 +14,7 @@ from typing import Any
 from bench_lib import corpus as corpora
 from bench_lib import measure, report
 from bench_lib.mounts import Mounter, mounts_under, unmount
-from bench_lib.procs import ChromaServer, RedisServer, run_timed
+from bench_lib.procs import ChromaServer, MountServer, RedisServer, run_timed
 from bench_lib.systems import Chromafs, Sandbox, System, Tmpfs
 
 PREFETCH_AUTO_MAX = 64 * 1024 * 1024  # chromafs-mount --prefetch auto: sites up to this size
@@ -30,6 +30,7 @@ class Run:
         self.mounters: list[Mounter] = []
         self.chroma: ChromaServer | None = None
         self.redis: RedisServer | None = None
+        self.mountd: MountServer | None = None
         self.started = time.monotonic()
         self.problems: list[str] = []
 
@@ -41,6 +42,9 @@ class Run:
         self.chroma.start()
         self.redis = RedisServer(self.tmp)
         self.redis.start()
+        if "chromafs-mountd" in self.args.systems:
+            self.mountd = MountServer(self.tmp)
+            self.mountd.start()
         self.say(
             f"chroma run on {self.chroma.url} (pid {self.chroma.proc and self.chroma.proc.pid}), "
             f"redis-server on {self.redis.url} (pid {self.redis.proc and self.redis.proc.pid})"
@@ -58,7 +62,7 @@ class Run:
                 mounter.unmount_all()
         for point in mounts_under(self.tmp):
             unmount(point)
-        for server in (self.chroma, self.redis):
+        for server in (self.mountd, self.chroma, self.redis):
             if server is not None:
                 server.stop()
         leftover = mounts_under(self.tmp)
@@ -141,6 +145,11 @@ def run_corpus(run: Run, spec: str, index: int) -> dict[str, Any]:
             mounter = run.mounter(corpus.site, backend, f"{corpus.site}-server-{shared}")
             name = f"chromafs-server-redis/shared-{shared}"
             systems.append((name, Chromafs(name, mounter, run.redis, shared, tree_doc)))
+        if run.mountd is not None:
+            # The same deployment, each mount forked by the resident mount server.
+            mounter = run.mounter(corpus.site, [*backend, "--mountd", str(run.mountd.socket)], f"{corpus.site}-mountd")
+            name = "chromafs-mountd/shared-warm"
+            systems.append((name, Chromafs(name, mounter, run.redis, "warm", tree_doc)))
     results: dict[str, Any] = {}
     expected: dict[str, str] | None = None
     for name, system in systems:

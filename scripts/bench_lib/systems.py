@@ -110,11 +110,15 @@ class Chromafs:
         return f"chromafs:{site}:{site}:tree"
 
     def ensure_tree(self) -> None:
-        """Keep the tree in Redis: it lives --tree-ttl (300 s) and a long run outlasts that."""
+        """Keep the tree (and its version key) in Redis: they live --tree-ttl (300 s) and a long run
+        outlasts that."""
+        from chromafs_fuse.tree import tree_version
+
         assert self.redis is not None
         client = redis.Redis.from_url(self.redis.url)
-        if not client.exists(self.tree_key()):
+        if not client.exists(self.tree_key()) or not client.exists(self.tree_key() + "-version"):
             client.set(self.tree_key(), self.tree_doc.encode(), ex=300)
+            client.set(self.tree_key() + "-version", tree_version(self.tree_doc).encode(), ex=300)
 
     def fresh(self) -> Fresh:
         point, took = self.mounter.mount()
@@ -122,7 +126,9 @@ class Chromafs:
 
     def release(self, fresh: Fresh) -> None:
         log = self.mounter.log_text(fresh.root)
-        if "loaded from Redis" in log:
+        if "handed over by the mount server" in log:
+            self.boot_tree_sources.append("mount server")
+        elif "loaded from Redis" in log:
             self.boot_tree_sources.append("redis")
         else:
             self.boot_tree_sources.append("chroma")
