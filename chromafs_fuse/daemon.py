@@ -196,4 +196,7 @@ def run_daemon(args: argparse.Namespace, ready_fd: int | None, background: bool,
         serve(args, ops, principal, ready_fd, should_prefetch(args, ops.table))
     except RuntimeError as exc:  # pyfuse3.init failures (permissions, no /dev/fuse)
         return report_failure(ready_fd, f"mounting {args.mountpoint} failed: {exc}")
+    except Exception as exc:  # never die silently: the log says why
+        log.exception("the daemon failed")
+        return report_failure(ready_fd, f"the daemon failed: {exc.__class__.__name__}: {exc}")
     return 0
