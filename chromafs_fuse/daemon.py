@@ -84,6 +84,7 @@ def describe_mount(args: argparse.Namespace, ops: ChromaOperations, principal: P
         "backend_errors": {**source.backend_errors, "redis": shared.errors if shared else 0},
         "backend_seconds": dict(source.backend_seconds),
         "read_latency": ops.read_latency.cumulative(),
+        "latency": {op: [h.cumulative(), h.total_s] for op, h in sorted(ops.latency.items())},
         "read_latency_sum_s": ops.read_latency.total_s,
     }
 

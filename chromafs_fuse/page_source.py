@@ -28,6 +28,7 @@ from .tree import PathEntry
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 BLOB_BLOCK = 128 * 1024  # a lazy file is fetched in ranged requests of this size
+MAX_READAHEAD_BATCHES = 2  # more would queue behind each other and make waiting reads slower
 
 
 class PageUnavailable(Exception):
@@ -58,7 +59,8 @@ class PageSource:
         self._limiter = trio.CapacityLimiter(max_backend_threads)
         self._inflight: dict[str, trio.Event] = {}
         self.learned_sizes: dict[str, int] = {}
-        self.nursery: trio.Nursery | None = None  # set while serving: where read-ahead batches run
+        self.nursery: trio.Nursery | None = None
+        self._batches = 0  # read-ahead batches in flight  # set while serving: where read-ahead batches run
         self.chroma_calls = 0
         self.backend_errors: Counter[str] = Counter()
         self.backend_seconds: Counter[str] = Counter()
@@ -132,8 +134,8 @@ class PageSource:
         Chroma query), so that reading a directory's files one by one, as `grep -r` and
         `cat *` do, costs one round trip per batch instead of one per file. Reads of a page
         in the batch wait for it instead of fetching it again."""
-        if self.nursery is None:
-            return
+        if self.nursery is None or self._batches >= MAX_READAHEAD_BATCHES:
+            return  # already busy: the read fetches its own page rather than queue behind batches
         todo = [
             e
             for e in entries
@@ -144,6 +146,7 @@ class PageSource:
         done = trio.Event()
         for entry in todo:
             self._inflight[self._cache_key(entry)] = done
+        self._batches += 1
         self.nursery.start_soon(self._load_batch, todo, done)
 
     async def _load_batch(self, todo: list[PathEntry], done: trio.Event) -> None:
@@ -159,6 +162,7 @@ class PageSource:
         except Exception as exc:  # the readers waiting on the batch fetch (and report) themselves
             log.debug("read-ahead batch failed: %r", exc)
         finally:
+            self._batches -= 1
             for entry in todo:
                 self._inflight.pop(self._cache_key(entry), None)
             done.set()

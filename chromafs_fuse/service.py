@@ -122,6 +122,12 @@ def start_metrics_server(address: str, collect: Callable[[], dict[str, Any]]) ->
             for backend, seconds in data["backend_seconds"].items():
                 latency.add_metric([backend], seconds)
             yield latency
+            per_op = HistogramMetricFamily(
+                "chromafs_request_seconds", "Time the daemon spent on each FUSE request", labels=["op"]
+            )
+            for op, (buckets, total) in data.get("latency", {}).items():
+                per_op.add_metric([op], buckets, total)
+            yield per_op
             yield HistogramMetricFamily(
                 "chromafs_read_seconds",
                 "Latency of FUSE read requests that reach the daemon",

@@ -147,6 +147,7 @@ def test_status_and_metrics(
             metrics = response.read().decode()
         assert 'chromafs_requests_total{op="read"}' in metrics
         assert "chromafs_read_seconds_bucket" in metrics
+        assert 'chromafs_request_seconds_bucket{le="+Inf",op="open"}' in metrics
         assert 'chromafs_cache_lookups_total{result="hit",tier="memory"}' in metrics
         assert token not in metrics
     gone = subprocess.run([str(BIN / "chromafs"), "status", "--json"], capture_output=True, text=True, timeout=60)
