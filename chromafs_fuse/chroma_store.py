@@ -141,10 +141,6 @@ class ChromaPages:
             raise SiteNotFound(f"{TREE_RECORD_ID} record has no document")
         return document, metadata
 
-    def fetch_chunks(self, entry: PathEntry) -> list[tuple[object, object]]:
-        """(chunk_index, document) of every chunk of the page, in no particular order."""
-        return self.fetch_many([entry])[entry.key]
-
     def fetch_many(self, entries: Sequence[PathEntry]) -> dict[str, list[tuple[object, object]]]:
         """The chunks of several pages in one query, by page key."""
         slugs = sorted({slug for entry in entries for slug in _slug_variants(entry)})

@@ -111,7 +111,3 @@ class InodeTable:
                 if len(out) == count:
                     break
         return out
-
-    @property
-    def dir_count(self) -> int:
-        return len(self.nodes) - self.file_count

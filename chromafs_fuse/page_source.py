@@ -61,7 +61,6 @@ class PageSource:
         self.learned_sizes: dict[str, int] = {}
         self.nursery: trio.Nursery | None = None
         self._batches = 0  # read-ahead batches in flight  # set while serving: where read-ahead batches run
-        self.chroma_calls = 0
         self.backend_errors: Counter[str] = Counter()
         self.backend_seconds: Counter[str] = Counter()
 
@@ -203,7 +202,6 @@ class PageSource:
             return loaded
         started = time.perf_counter()
         try:
-            self.chroma_calls += 1
             chunks = self.chroma().fetch_many(missing)
         except Exception as exc:
             self.backend_errors["chroma"] += 1  # BackendError, or the collection vanished (SiteNotFound), ...

@@ -47,9 +47,3 @@ def normalize_key(raw: object) -> str:
             if len(part) > MAX_NAME_BYTES:
                 raise InvalidPath(f"a path component is longer than {MAX_NAME_BYTES} bytes")
     return key
-
-
-def parent_dirs(key: str) -> list[str]:
-    """The directories that must exist for `key`, outermost first ("" is the root)."""
-    parts = key.split("/")
-    return ["/".join(parts[:i]) for i in range(1, len(parts))]

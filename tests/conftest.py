@@ -191,6 +191,13 @@ class S3Server:
                 time.sleep(0.2)
         raise RuntimeError("moto_server did not answer")
 
+    def client(self) -> object:
+        import boto3
+
+        return boto3.client(
+            "s3", endpoint_url=self.url, region_name="us-east-1", aws_access_key_id="test", aws_secret_access_key="test"
+        )
+
     def stop(self) -> None:
         if self.proc and self.proc.poll() is None:
             self.proc.terminate()

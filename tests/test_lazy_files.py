@@ -8,7 +8,6 @@ import subprocess
 import time
 from pathlib import Path
 
-import boto3
 import pytest
 from conftest import S3Server
 
@@ -18,9 +17,7 @@ SPEC = "openapi/openapi.json"
 
 
 def _ingest_to_s3(s3: S3Server, chroma: Path) -> None:
-    boto3.client(
-        "s3", endpoint_url=s3.url, region_name="us-east-1", aws_access_key_id="test", aws_secret_access_key="test"
-    ).create_bucket(Bucket="docs")
+    s3.client().create_bucket(Bucket="docs")
     env = {**os.environ, **s3.env}
     proc = subprocess.run(
         [

@@ -13,7 +13,6 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import boto3
 import chromadb
 from chromadb.config import Settings
 from conftest import RedisServer, S3Server
@@ -70,13 +69,7 @@ def test_redis_flapping_during_reads(
 
 
 def test_s3_flapping_fails_only_lazy_reads_and_recovers(s3_server: S3Server, mnt: Path, tmp_path: Path) -> None:
-    boto3.client(
-        "s3",
-        endpoint_url=s3_server.url,
-        region_name="us-east-1",
-        aws_access_key_id="test",
-        aws_secret_access_key="test",
-    ).create_bucket(Bucket="docs")
+    s3_server.client().create_bucket(Bucket="docs")
     chroma = tmp_path / "chroma"
     proc = subprocess.run(
         [
@@ -121,13 +114,7 @@ def test_s3_flapping_fails_only_lazy_reads_and_recovers(s3_server: S3Server, mnt
             assert time.monotonic() - started < 15
             assert (mnt / "index.mdx").read_bytes() == (SAMPLE_SITE / "index.mdx").read_bytes()
             s3_server.start()  # a new, empty moto: put the object back
-            s3 = boto3.client(
-                "s3",
-                endpoint_url=s3_server.url,
-                region_name="us-east-1",
-                aws_access_key_id="test",
-                aws_secret_access_key="test",
-            )
+            s3 = s3_server.client()
             s3.create_bucket(Bucket="docs")
             data = (SAMPLE_SITE / image).read_bytes()
             s3.put_object(Bucket="docs", Key=f"acme/{hashlib.sha256(data).hexdigest()}", Body=data)
