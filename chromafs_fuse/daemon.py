@@ -24,7 +24,7 @@ import trio
 from .access import Principal
 from .chroma_store import BackendError, SiteNotFound
 from .cli_common import CliError, setup_logging
-from .fs import ChromaOperations
+from .fs import ChromaOperations, pyfuse3_passes_inode
 from .inodes import InodeTable
 from .service import StatusFile, sd_notify, start_metrics_server, uptime_since
 from .session import load_site, resolve_principal
@@ -47,7 +47,9 @@ def should_prefetch(args: argparse.Namespace, table: InodeTable) -> bool:
 
 def prepare(args: argparse.Namespace, principal: Principal, preloaded: tuple | None = None) -> ChromaOperations:
     site = load_site(args, principal, preloaded)
-    return ChromaOperations(site.table, site.source, args.cache_timeout, args.readahead_pages)
+    return ChromaOperations(
+        site.table, site.source, args.cache_timeout, args.readahead_pages, no_open=pyfuse3_passes_inode()
+    )
 
 
 def _public_backend(args: argparse.Namespace) -> str:
@@ -73,6 +75,7 @@ def describe_mount(args: argparse.Namespace, ops: ChromaOperations, principal: P
         "started": started,
         "uptime_s": uptime_since(started),
         "visible_files": ops.table.file_count,
+        "kernel_open": "skipped" if ops.no_open else "per open",
         "tree_version": source.tree_version,
         "requests": dict(ops.requests),
         "caches": {

@@ -2,11 +2,18 @@
 
 Everything but `read` is answered from the in-memory inode table. Hidden and
 nonexistent names take the same code path and get the same answer.
+
+In no-open mode `open` and `opendir` answer ENOSYS once; from then on the kernel
+sends neither open nor release, keeps file pages cached across opens and caches
+directory listings, so a warm `grep -r` never reaches this process. Reads then
+carry the inode in place of a file handle, which needs the pyfuse3 build made by
+scripts/build_pyfuse3.py; with a stock pyfuse3 the mount stays in open mode.
 """
 
 from __future__ import annotations
 
 import errno
+import importlib.util
 import logging
 import os
 import stat
@@ -29,16 +36,30 @@ def _erofs() -> pyfuse3.FUSEError:
     return pyfuse3.FUSEError(errno.EROFS)
 
 
+def pyfuse3_passes_inode() -> bool:
+    """True when pyfuse3 hands read/readdir the inode once the kernel skips open."""
+    return importlib.util.find_spec("pyfuse3.chromafs_inode_fallback") is not None
+
+
 class ChromaOperations(pyfuse3.Operations):
     supports_dot_lookup = True
     enable_writeback_cache = False
 
     def __init__(
-        self, table: InodeTable, source: PageSource, cache_timeout_s: float = 3600.0, readahead_pages: int = 32
+        self,
+        table: InodeTable,
+        source: PageSource,
+        cache_timeout_s: float = 3600.0,
+        readahead_pages: int = 32,
+        no_open: bool = False,
     ) -> None:
         super().__init__()
         self.table = table
         self.source = source
+        # Without a known size the kernel must not cache a file's pages: keep open mode.
+        self.no_open = no_open and all(
+            node.entry.size is not None for node in table.nodes.values() if node.entry is not None
+        )
         self.cache_timeout_s = cache_timeout_s
         self.readahead_pages = readahead_pages
         self.uid = os.getuid()
@@ -135,6 +156,8 @@ class ChromaOperations(pyfuse3.Operations):
         node = self._node(inode)
         if not node.is_dir:
             raise pyfuse3.FUSEError(errno.ENOTDIR)
+        if self.no_open:
+            raise pyfuse3.FUSEError(errno.ENOSYS)
         return inode
 
     async def readdir(self, fh: int, start_id: int, token: pyfuse3.ReaddirToken) -> None:
@@ -159,16 +182,19 @@ class ChromaOperations(pyfuse3.Operations):
             raise pyfuse3.FUSEError(errno.EISDIR)
         if flags & os.O_ACCMODE != os.O_RDONLY or flags & (os.O_TRUNC | os.O_APPEND):
             raise _erofs()
-        if self.readahead_pages and not self.source.is_cached(node.entry):
-            self.source.read_ahead(self.table.files_after(node, self.readahead_pages))
+        if self.no_open:
+            raise pyfuse3.FUSEError(errno.ENOSYS)
         size_known = self.source.size_of(node.entry) is not None
         # Without a known size the kernel must not clamp reads to st_size.
         return pyfuse3.FileInfo(fh=inode, keep_cache=size_known, direct_io=not size_known)
 
     async def read(self, fh: int, off: int, size: int) -> bytes:
         self.requests["read"] += 1
-        entry = self.table.nodes[fh].entry
+        node = self.table.nodes[fh]  # fh is the inode in both modes
+        entry = node.entry
         assert entry is not None
+        if off == 0 and self.readahead_pages and entry.blob is None and not self.source.is_cached(entry):
+            self.source.read_ahead(self.table.files_after(node, self.readahead_pages))
         started = time.perf_counter()
         try:
             return await self.source.read(entry, off, size)
@@ -189,17 +215,17 @@ class ChromaOperations(pyfuse3.Operations):
         self._node(inode)
         return not mode & os.W_OK
 
-    # -- extended attributes: there are none -------------------------------
+    # -- extended attributes: not supported --------------------------------
+    # ENOSYS makes the kernel answer EOPNOTSUPP itself from then on, so `ls -l` (which asks
+    # for ACLs and security labels on every file) never reaches the daemon for them.
 
     async def getxattr(self, inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> bytes:
         self.requests["getxattr"] += 1
-        self._node(inode)
-        raise pyfuse3.FUSEError(errno.ENODATA)
+        raise pyfuse3.FUSEError(errno.ENOSYS)
 
     async def listxattr(self, inode: int, ctx: pyfuse3.RequestContext) -> list[bytes]:
         self.requests["listxattr"] += 1
-        self._node(inode)
-        return []
+        raise pyfuse3.FUSEError(errno.ENOSYS)
 
     async def setxattr(self, inode: int, name: bytes, value: bytes, ctx: pyfuse3.RequestContext) -> None:
         raise _erofs()

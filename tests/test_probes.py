@@ -3,6 +3,7 @@ or read a hidden page. Each must find nothing."""
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import statistics
@@ -100,7 +101,9 @@ def test_listings_counts_inodes_and_xattrs_reveal_nothing(
             a, b = os.stat(anon / rel), os.stat(admin / rel)
             assert a.st_ino == b.st_ino, "inode numbers must not depend on what else is visible"
             assert (a.st_size, a.st_mode, a.st_mtime_ns) == (b.st_size, b.st_mode, b.st_mtime_ns)
-            assert os.listxattr(anon / rel) == []
+            with pytest.raises(OSError) as no_xattrs:
+                os.listxattr(anon / rel)
+            assert no_xattrs.value.errno == errno.EOPNOTSUPP
         for directory in {r.rsplit("/", 1)[0] for r in visible if "/" in r} | {"."}:
             names = set(os.listdir(anon / directory))
             assert names == {p.name for p in (anon / directory).iterdir()}
