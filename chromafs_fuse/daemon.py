@@ -40,8 +40,7 @@ UNKNOWN_SIZE_ESTIMATE = 16 * 1024  # for deciding on auto prefetch when the tree
 def should_prefetch(args: argparse.Namespace, table: InodeTable) -> bool:
     if args.prefetch != "auto":
         return bool(args.prefetch == "on")
-    unknown = sum(1 for n in table.nodes.values() if n.entry is not None and n.entry.size is None)
-    total = table.total_bytes + unknown * UNKNOWN_SIZE_ESTIMATE
+    total = table.total_bytes + table.unknown_sizes * UNKNOWN_SIZE_ESTIMATE
     return total <= min(args.prefetch_max_bytes, args.cache_bytes // 2)
 
 

@@ -25,6 +25,7 @@ import pyfuse3
 from .inodes import ROOT_INODE, InodeTable, Node
 from .page_source import PageSource, PageUnavailable
 from .stats import LatencyHistogram
+from .tree import PathEntry
 
 log = logging.getLogger(__name__)
 DIR_MODE = stat.S_IFDIR | 0o555
@@ -57,9 +58,7 @@ class ChromaOperations(pyfuse3.Operations):
         self.table = table
         self.source = source
         # Without a known size the kernel must not cache a file's pages: keep open mode.
-        self.no_open = no_open and all(
-            node.entry.size is not None for node in table.nodes.values() if node.entry is not None
-        )
+        self.no_open = no_open and table.unknown_sizes == 0
         self.cache_timeout_s = cache_timeout_s
         self.readahead_pages = readahead_pages
         self.uid = os.getuid()
@@ -193,8 +192,8 @@ class ChromaOperations(pyfuse3.Operations):
         node = self.table.nodes[fh]  # fh is the inode in both modes
         entry = node.entry
         assert entry is not None
-        if off == 0 and self.readahead_pages and entry.blob is None and not self.source.is_cached(entry):
-            self.source.read_ahead(self.table.files_after(node, self.readahead_pages))
+        if off == 0 and self.readahead_pages and entry.blob is None:
+            self._read_ahead(node, entry)
         started = time.perf_counter()
         try:
             return await self.source.read(entry, off, size)
@@ -205,6 +204,20 @@ class ChromaOperations(pyfuse3.Operations):
             raise pyfuse3.FUSEError(errno.EIO) from None
         finally:
             self.read_latency.observe(time.perf_counter() - started)
+
+    def _read_ahead(self, node: Node, entry: PathEntry) -> None:
+        """A miss loads this page and the next files of its directory in one batch; a hit
+        half way through a batch already starts the next one, so a reader going through a
+        directory in order does not wait at every batch boundary."""
+        if not self.source.is_cached(entry):
+            self.source.read_ahead(self.table.files_after(node, self.readahead_pages))
+            return
+        siblings = self.table.nodes[node.parent].sorted_children
+        ahead = node.position + self.readahead_pages // 2
+        if ahead < len(siblings):
+            ahead_node = self.table.nodes[siblings[ahead][1]]
+            if ahead_node.entry is not None and not self.source.is_cached_or_loading(ahead_node.entry):
+                self.source.read_ahead(self.table.files_after(ahead_node, self.readahead_pages))
 
     async def release(self, fh: int) -> None:
         self.requests["release"] += 1

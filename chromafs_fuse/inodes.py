@@ -45,8 +45,10 @@ class InodeTable:
         root = Node(ROOT_INODE, "", b"", ROOT_INODE, None)
         self.nodes[ROOT_INODE] = root
         by_path: dict[str, Node] = {"": root}
+        self.entries = entries  # the visible entries, by key
         self.file_count = 0
         self.total_bytes = 0
+        self.unknown_sizes = 0  # entries without a size in the tree
         for key in sorted(entries):
             parent = root
             parts = key.split("/")
@@ -60,7 +62,10 @@ class InodeTable:
             entry = entries[key]
             self._add(key, parts[-1], parent, entry)
             self.file_count += 1
-            self.total_bytes += entry.size or 0
+            if entry.size is None:
+                self.unknown_sizes += 1
+            else:
+                self.total_bytes += entry.size
         for node in self.nodes.values():
             node.sorted_children = sorted(node.children.items())
             for position, (_name, child) in enumerate(node.sorted_children):

@@ -127,7 +127,12 @@ def _request_args(request: dict[str, object]) -> argparse.Namespace:
     return args
 
 
-def _serve_in_child(conn: socket.socket, request: dict[str, object], prepared: tuple[Any, Any] | None) -> int:
+def _serve_in_child(
+    conn: socket.socket,
+    request: dict[str, object],
+    parsed: argparse.Namespace | None,
+    prepared: tuple[Any, Any] | None,
+) -> int:
     """In the forked child: become the mount's daemon."""
     from .daemon import run_daemon
 
@@ -139,7 +144,7 @@ def _serve_in_child(conn: socket.socket, request: dict[str, object], prepared: t
         os.dup2(devnull, fd)
     os.close(devnull)
     os.chdir(str(request.get("cwd") or "/"))
-    args = _request_args(request)
+    args = parsed if parsed is not None else _request_args(request)  # a bad argv fails here, reported
     # Without this the child shows the server's command line, and `pkill chromafs-mountd` would take
     # every mount down with the server.
     setproctitle.setproctitle(f"chromafs-mount {os.path.abspath(args.mountpoint)} --site {args.site}")
@@ -147,22 +152,24 @@ def _serve_in_child(conn: socket.socket, request: dict[str, object], prepared: t
     return run_daemon(args, conn.detach(), background=True, preloaded=prepared)
 
 
-def _prepare(cache: TreeCache, request: dict[str, object]) -> tuple[Any, Any] | None:
-    """In the server: the cached tree and table for this request, if any. Any failure
-    here just means the child does the work (and reports errors) itself."""
+def _prepare(cache: TreeCache, request: dict[str, object]) -> tuple[argparse.Namespace | None, tuple[Any, Any] | None]:
+    """In the server: the parsed arguments and the cached tree and table for this request,
+    as far as they can be had. Any failure here just means the child does the work (and
+    reports errors) itself."""
     from .session import resolve_principal
 
+    args = None
     try:
         cwd = os.getcwd()
         os.chdir(str(request.get("cwd") or "/"))
         try:
             args = _request_args(request)
             _token, principal = resolve_principal(args)
-            return cache.prepared(args, principal)
+            return args, cache.prepared(args, principal)
         finally:
             os.chdir(cwd)
     except (Exception, SystemExit):
-        return None
+        return args, None
 
 
 def serve_forever(socket_path: str) -> None:
@@ -207,13 +214,13 @@ def serve_forever(socket_path: str) -> None:
                     with contextlib.suppress(OSError):
                         conn.sendall(b"bad request")
                     continue
-                prepared = _prepare(cache, request)
+                parsed, prepared = _prepare(cache, request)
                 pid = os.fork()
                 if pid == 0:
                     code = 1
                     try:
                         server.close()
-                        code = _serve_in_child(conn, request, prepared)
+                        code = _serve_in_child(conn, request, parsed, prepared)
                     finally:
                         logging.shutdown()
                         os._exit(code)

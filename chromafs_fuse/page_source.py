@@ -128,6 +128,10 @@ class PageSource:
     def is_cached(self, entry: PathEntry) -> bool:
         return self._cache_key(entry) in self.cache
 
+    def is_cached_or_loading(self, entry: PathEntry) -> bool:
+        key = self._cache_key(entry)
+        return key in self.cache or key in self._inflight
+
     def read_ahead(self, entries: Sequence[PathEntry]) -> None:
         """Start loading these pages in one batch in the background (one Redis MGET or one
         Chroma query), so that reading a directory's files one by one, as `grep -r` and

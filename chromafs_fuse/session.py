@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -53,7 +53,7 @@ def with_deadline(fn: Callable[[], T], seconds: float, what: str) -> T:
 @dataclass
 class LoadedSite:
     tree: SiteTree
-    visible: dict[str, PathEntry]
+    visible: Mapping[str, PathEntry]
     table: InodeTable
     source: PageSource
 
@@ -111,7 +111,7 @@ def load_site(
     else:
         log.info("path tree %s and its pruned table handed over by the mount server", tree.version)
         table = preloaded[1]
-        visible = {n.entry.key: n.entry for n in table.nodes.values() if n.entry is not None}
+        visible = table.entries
     source = PageSource(
         args.site,
         open_chroma,

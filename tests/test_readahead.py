@@ -1,0 +1,46 @@
+"""Directory read-ahead, seen from Redis: reading a directory's files in order fetches
+each page once, in batches, and never stops to fetch pages one by one."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import time
+from pathlib import Path
+
+from conftest import RedisServer
+
+from helpers import ingest, mounted, run
+
+FILES = 100
+
+
+def test_reading_a_directory_in_order_fetches_pages_in_batches(
+    redis_server: RedisServer, mnt: Path, tmp_path: Path
+) -> None:
+    site = tmp_path / "site"
+    (site / "many").mkdir(parents=True)
+    for i in range(FILES):
+        (site / "many" / f"page-{i:03d}.md").write_text(f"# Page {i}\n\n" + f"line {i}\n" * (i + 1))
+    chroma = tmp_path / "chroma"
+    ingest(site, "--site", "readahead", "--chroma-path", str(chroma), "--default-access", "public", "--quiet")
+    base = ["--site", "readahead", "--chroma-path", str(chroma), "--redis-url", redis_server.url]
+    with mounted(tmp_path / "prime", *base, "--prefetch", "on"):
+        run(["grep", "-rq", "never-matches", str(tmp_path / "prime")])  # every page into Redis
+
+    monitor = subprocess.Popen(["redis-cli", "-p", str(redis_server.port), "monitor"], stdout=subprocess.PIPE, text=True)
+    try:
+        time.sleep(0.3)
+        with mounted(mnt, *base, "--prefetch", "off"):
+            for i in range(FILES):  # one reader, in order, like `cat many/*`
+                name = f"page-{i:03d}.md"
+                assert (mnt / "many" / name).read_bytes() == (site / "many" / name).read_bytes()
+            time.sleep(0.5)
+    finally:
+        monitor.terminate()
+        seen = monitor.communicate(timeout=10)[0]
+    fetches = [line for line in seen.splitlines() if re.search(r'"(MGET|GET)"', line) and ":page:" in line]
+    fetched = re.findall(r":page:many/(page-\d+\.md)", "\n".join(fetches))
+    assert sorted(fetched) == sorted(set(fetched)), "a page was fetched twice"
+    assert len(set(fetched)) == FILES
+    assert len(fetches) <= FILES // 16 + 1, f"{len(fetches)} fetches for {FILES} files: not batched"
