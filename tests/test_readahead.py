@@ -28,7 +28,9 @@ def test_reading_a_directory_in_order_fetches_pages_in_batches(
     with mounted(tmp_path / "prime", *base, "--prefetch", "on"):
         run(["grep", "-rq", "never-matches", str(tmp_path / "prime")])  # every page into Redis
 
-    monitor = subprocess.Popen(["redis-cli", "-p", str(redis_server.port), "monitor"], stdout=subprocess.PIPE, text=True)
+    monitor = subprocess.Popen(
+        ["redis-cli", "-p", str(redis_server.port), "monitor"], stdout=subprocess.PIPE, text=True
+    )
     try:
         time.sleep(0.3)
         with mounted(mnt, *base, "--prefetch", "off"):
