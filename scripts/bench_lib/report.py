@@ -16,6 +16,7 @@ SYSTEMS = [
     ("chromafs-embedded", "embedded"),
     ("chromafs-server-redis/shared-cold", "server+redis cold"),
     ("chromafs-server-redis/shared-warm", "server+redis warm"),
+    ("chromafs-mountd/shared-cold", "mountd+redis cold"),
     ("chromafs-mountd/shared-warm", "mountd+redis warm"),
 ]
 Getter = Callable[[dict[str, Any]], float | None]
