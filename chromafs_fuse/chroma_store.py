@@ -1,5 +1,7 @@
 """The Chroma adapter: the only module that talks to Chroma.
 
+A Chroma server is read over its REST API with the standard library
+(chroma_http); embedded Chroma and ingest use the chromadb package.
 Calls here are blocking; the filesystem runs them on worker threads.
 """
 
@@ -9,7 +11,6 @@ import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlparse
 
 from .names import (
     DEFAULT_CHUNK_INDEX_FIELD,
@@ -43,7 +44,8 @@ class ChromaLocation:
 
     def describe(self) -> str:
         where = self.url if self.url else f"embedded:{self.path}"
-        return f"{where} collection={self.collection}"
+        scope = "".join(f" {k}={v}" for k, v in (("tenant", self.tenant), ("database", self.database)) if v)
+        return f"{where}{scope} collection={self.collection}"
 
 
 def _settings() -> Any:
@@ -58,19 +60,16 @@ def connect_client(location: ChromaLocation, timeout_s: float = 10.0) -> Any:
 
     try:
         if location.url:
-            parsed = urlparse(location.url)
-            if parsed.scheme not in ("http", "https") or not parsed.hostname:
-                raise BackendError(f"--chroma-url must be http(s)://host:port, got {location.url!r}")
-            port = parsed.port or (443 if parsed.scheme == "https" else 8000)
+            https, host, port = _server_address(location.url)
             extra: dict[str, str] = {}
             if location.tenant:
                 extra["tenant"] = location.tenant
             if location.database:
                 extra["database"] = location.database
             client = chromadb.HttpClient(
-                host=parsed.hostname,
+                host=host,
                 port=port,
-                ssl=parsed.scheme == "https",
+                ssl=https,
                 headers=dict(location.headers or {}),
                 settings=_settings(),
                 **extra,
@@ -84,6 +83,36 @@ def connect_client(location: ChromaLocation, timeout_s: float = 10.0) -> Any:
         raise
     except Exception as exc:  # chromadb raises many kinds for an unreachable server
         raise BackendError(f"cannot connect to Chroma at {location.describe()}: {exc}") from exc
+
+
+def _server_address(url: str) -> tuple[bool, str, int]:
+    from .chroma_http import parse_server_url
+
+    try:
+        return parse_server_url(url)
+    except ValueError as exc:
+        raise BackendError(str(exc)) from None
+
+
+def _open_http_collection(location: ChromaLocation, timeout_s: float) -> Any:
+    """The collection on a Chroma server, through the standard-library REST adapter (no chromadb import)."""
+    from .chroma_http import CollectionNotFound, HttpCollection
+
+    assert location.url
+    _server_address(location.url)
+    try:
+        return HttpCollection.open(
+            location.url,
+            location.collection,
+            headers=location.headers,
+            tenant=location.tenant,
+            database=location.database,
+            timeout_s=timeout_s,
+        )
+    except CollectionNotFound as exc:
+        raise SiteNotFound(f"no collection {location.collection!r} in Chroma at {location.describe()}") from exc
+    except Exception as exc:  # ChromaHttpError, ChromaUnreachable, a malformed answer
+        raise BackendError(f"cannot open Chroma at {location.describe()}: {exc}") from exc
 
 
 def _bound_http_timeout(client: Any, timeout_s: float) -> None:
@@ -118,6 +147,8 @@ class ChromaPages:
         chunk_index_field: str = DEFAULT_CHUNK_INDEX_FIELD,
         timeout_s: float = 10.0,
     ) -> ChromaPages:
+        if location.url:
+            return cls(_open_http_collection(location, timeout_s), page_field, chunk_index_field)
         client = connect_client(location, timeout_s)
         try:
             collection = client.get_collection(location.collection, embedding_function=None)

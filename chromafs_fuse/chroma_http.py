@@ -1,0 +1,246 @@
+"""A Chroma server's REST API (v2), read side only, with the standard library.
+
+The mount daemon needs one call, a collection's `get`; importing the chromadb
+package for it costs ~0.7 s and ~100 MB. This adapter sends the requests
+chromadb's HttpClient sends (chromadb/api/fastapi.py), with the same bodies:
+
+    GET  /api/v2/tenants/{tenant}/databases/{database}/collections/{name}
+    POST /api/v2/tenants/{tenant}/databases/{database}/collections/{id}/get
+
+Tenant and database default to `default_tenant` and `default_database`, as
+HttpClient's do (it also asks /auth/identity, but with default settings it
+ignores the answer, so ingest and mount always agree on where a site is).
+
+Calls are blocking and thread-safe: each thread keeps one keep-alive
+connection, and a kept-alive connection the server has closed (an idle
+timeout, a restart) is reopened once. Every request has the timeout on
+connect and on each read.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import threading
+import weakref
+from collections.abc import Iterable, Mapping, Sequence
+from http import HTTPStatus
+from typing import Any
+from urllib.parse import quote, urlparse
+
+from . import __version__
+
+API_PATH = "/api/v2"
+DEFAULT_TENANT = "default_tenant"
+DEFAULT_DATABASE = "default_database"
+DEFAULT_INCLUDE = ("documents", "metadatas")
+
+
+class ChromaHttpError(RuntimeError):
+    """Chroma answered with an error status; `kind` is Chroma's error name (NotFoundError, ...)."""
+
+    def __init__(self, status: int, kind: str, message: str) -> None:
+        self.status = status
+        self.kind = kind
+        self.message = message
+        super().__init__(f"HTTP {status} {kind or _reason(status)}: {message}")
+
+
+class CollectionNotFound(ChromaHttpError):
+    """The tenant and database exist, the collection does not."""
+
+
+class ChromaUnreachable(RuntimeError):
+    """No answer: connection refused, dropped or timed out."""
+
+
+def parse_server_url(url: str) -> tuple[bool, str, int]:
+    """(https, host, port) of a Chroma server URL; ValueError unless it is http(s)://host[:port]."""
+    parsed = urlparse(url)
+    try:
+        port = parsed.port
+    except ValueError:
+        port = -1
+    if parsed.scheme not in ("http", "https") or not parsed.hostname or port == -1:
+        raise ValueError(f"--chroma-url must be http(s)://host:port, got {url!r}")
+    https = parsed.scheme == "https"
+    return https, parsed.hostname, port or (443 if https else 8000)
+
+
+class ChromaServer:
+    """JSON requests to one Chroma server: a keep-alive connection per thread."""
+
+    def __init__(self, url: str, headers: Mapping[str, str] | None = None, timeout_s: float = 10.0) -> None:
+        self.https, self.host, self.port = parse_server_url(url)
+        self.timeout_s = timeout_s
+        self._headers = {
+            "Content-Type": "application/json",
+            "Accept": "application/json",
+            "User-Agent": f"chromafs/{__version__}",
+            **dict(headers or {}),
+        }
+        self._local = threading.local()
+        self._all: weakref.WeakSet[http.client.HTTPConnection] = weakref.WeakSet()
+        self._lock = threading.Lock()
+
+    def request(self, method: str, path: str, body: object = None) -> Any:
+        """The decoded JSON answer; ChromaHttpError on an error status, ChromaUnreachable on no answer."""
+        data = None if body is None else json.dumps(body).encode("utf-8")
+        for attempt in (1, 2):
+            conn = self._connection()
+            reused = conn.sock is not None
+            try:
+                conn.request(method, API_PATH + path, body=data, headers=self._headers)
+                response = conn.getresponse()
+                payload = response.read()
+            except (OSError, http.client.HTTPException) as exc:
+                conn.close()
+                if attempt == 1 and reused and not isinstance(exc, TimeoutError):
+                    continue  # the server closed a kept-alive connection: once more on a new one
+                raise ChromaUnreachable(self._failure(exc)) from exc
+            return _decode(response.status, payload)
+        raise AssertionError("unreachable")
+
+    def close(self) -> None:
+        """Close every thread's connection (a later request opens a new one)."""
+        with self._lock:
+            connections = list(self._all)
+        for conn in connections:
+            conn.close()
+
+    def _connection(self) -> http.client.HTTPConnection:
+        conn: http.client.HTTPConnection | None = getattr(self._local, "conn", None)
+        if conn is None:
+            if self.https:
+                import ssl
+
+                context = ssl.create_default_context()
+                conn = http.client.HTTPSConnection(self.host, self.port, timeout=self.timeout_s, context=context)
+            else:
+                conn = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout_s)
+            self._local.conn = conn
+            with self._lock:
+                self._all.add(conn)
+        return conn
+
+    def _failure(self, exc: BaseException) -> str:
+        if isinstance(exc, TimeoutError):
+            return f"no answer within {self.timeout_s:g} s"
+        if isinstance(exc, http.client.RemoteDisconnected):
+            return "the server closed the connection without answering"
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else repr(exc)
+        return f"no answer: {reason}"
+
+
+class HttpCollection:
+    """A collection on a Chroma server, read with `get` the way chromadb's Collection reads it."""
+
+    def __init__(self, server: ChromaServer, tenant: str, database: str, collection_id: str, name: str) -> None:
+        self.server = server
+        self.tenant = tenant
+        self.database = database
+        self.id = collection_id
+        self.name = name
+        self._get_path = f"{_database_path(tenant, database)}/collections/{_segment(collection_id)}/get"
+
+    @classmethod
+    def open(
+        cls,
+        url: str,
+        name: str,
+        headers: Mapping[str, str] | None = None,
+        tenant: str | None = None,
+        database: str | None = None,
+        timeout_s: float = 10.0,
+    ) -> HttpCollection:
+        """Look the collection up by name (one request). CollectionNotFound if it does not exist;
+        ChromaHttpError naming the tenant or database if one of those does not."""
+        server = ChromaServer(url, headers, timeout_s)
+        tenant = tenant or DEFAULT_TENANT
+        database = database or DEFAULT_DATABASE
+        base = _database_path(tenant, database)
+        try:
+            model = server.request("GET", f"{base}/collections/{_segment(name)}")
+        except ChromaHttpError as exc:
+            if exc.status == 404 and (exc.kind == "NotFoundError" or "does not exist" in exc.message):
+                # The server answers the same for a missing tenant or database: say which.
+                server.request("GET", f"/tenants/{_segment(tenant)}")
+                server.request("GET", base)
+                raise CollectionNotFound(exc.status, exc.kind, exc.message) from exc
+            raise
+        if not isinstance(model, dict) or not isinstance(model.get("id"), str):
+            raise ChromaHttpError(200, "", f"collection lookup answered without an id: {_snippet(model)}")
+        return cls(server, tenant, database, model["id"], str(model.get("name") or name))
+
+    def get(
+        self,
+        ids: Sequence[str] | None = None,
+        where: Mapping[str, Any] | None = None,
+        where_document: Mapping[str, Any] | None = None,
+        include: Iterable[str] = DEFAULT_INCLUDE,
+        limit: int | None = None,
+        offset: int | None = None,
+    ) -> dict[str, Any]:
+        """Records by id and/or filter, in chromadb's GetResult shape (ids, documents, metadatas, ...)."""
+        included = list(include)
+        body = {
+            "ids": None if ids is None else list(ids),
+            "where": where,
+            "limit": limit,
+            "offset": offset,
+            "where_document": where_document,
+            "include": [i for i in included if i != "data"],  # chromadb hydrates "data" itself
+        }
+        result = self.server.request("POST", self._get_path, body)
+        if not isinstance(result, dict) or not isinstance(result.get("ids"), list):
+            raise ChromaHttpError(200, "", f"get answered without ids: {_snippet(result)}")
+        return {
+            "ids": result["ids"],
+            "embeddings": result.get("embeddings"),
+            "documents": result.get("documents"),
+            "uris": result.get("uris"),
+            "data": None,
+            "metadatas": result.get("metadatas"),
+            "included": included,
+        }
+
+    def close(self) -> None:
+        self.server.close()
+
+
+def _segment(value: str) -> str:
+    return quote(value, safe="")
+
+
+def _database_path(tenant: str, database: str) -> str:
+    return f"/tenants/{_segment(tenant)}/databases/{_segment(database)}"
+
+
+def _reason(status: int) -> str:
+    try:
+        return HTTPStatus(status).phrase
+    except ValueError:
+        return "error"
+
+
+def _snippet(value: object, limit: int = 200) -> str:
+    text = value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+    text = " ".join(text.split())  # one line: Chroma's messages (a regex error) span several
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _decode(status: int, payload: bytes) -> Any:
+    if 200 <= status < 300:
+        try:
+            return json.loads(payload)
+        except ValueError:
+            raise ChromaHttpError(status, "", f"answer is not JSON: {_snippet(payload)}") from None
+    kind, message = "", _snippet(payload) or _reason(status)
+    try:
+        body = json.loads(payload)
+    except ValueError:
+        body = None
+    if isinstance(body, dict):
+        kind = str(body.get("error") or "")
+        message = _snippet(body.get("message") or body.get("detail") or message)
+    raise ChromaHttpError(status, kind, message)
