@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -90,6 +91,13 @@ def mounted(mountpoint: Path, *args: str, env: dict[str, str] | None = None) -> 
             else:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
+
+
+def kernel_open_mode(mnt: Path) -> str:
+    """What `chromafs status` says of the mount: "skipped" (no-open mode) or "per open"."""
+    out = run([str(BIN / "chromafs"), "status", "--json"])
+    (mine,) = [s for s in json.loads(out.stdout) if s["mountpoint"] == str(mnt)]
+    return str(mine["kernel_open"])
 
 
 def run(cmd: list[str], cwd: Path | None = None) -> subprocess.CompletedProcess[str]:

@@ -15,7 +15,7 @@ import chromadb
 import pytest
 from chromadb.config import Settings
 
-from helpers import SAMPLE_SITE, copy_subset, expected_visible, ingest, mounted, run
+from helpers import SAMPLE_SITE, copy_subset, expected_visible, ingest, kernel_open_mode, mounted, run
 
 MINTLIFY = Path(__file__).resolve().parents[2] / "shared" / "corpora" / "mintlify-docs"
 
@@ -97,6 +97,7 @@ def test_minimal_reference_format_mounts_and_reads(variant: str, mnt: Path, tmp_
         fields[1],
     ]
     with mounted(mnt, *args):
+        assert kernel_open_mode(mnt) == "per open"  # unknown sizes: the kernel must not cache pages
         assert sorted(run(["find", ".", "-type", "f"], cwd=mnt).stdout.split()) == sorted(
             ["./broken.md", "./intro.md", "./guide/setup.mdx", "./guide/deep/nested.txt"]
         )

@@ -11,7 +11,7 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
-from helpers import SAMPLE_SITE, expected_visible, free_port, mounted, run
+from helpers import SAMPLE_SITE, expected_visible, free_port, kernel_open_mode, mounted, run
 
 REQUEST_LINE = re.compile(r'^chromafs_requests_total\{op="(\w+)"\} ([0-9.e+]+)$', re.M)
 
@@ -47,6 +47,7 @@ def test_second_pass_of_every_tool_never_reaches_the_daemon(sample_chroma: Calla
     port = free_port()
     chroma = sample_chroma("public")
     with mounted(mnt, "--site", "acme", "--chroma-path", str(chroma), "--metrics-addr", f"127.0.0.1:{port}"):
+        assert kernel_open_mode(mnt) == "skipped"
         first = _tools(mnt)
         after_first = _requests(port)
         second = _tools(mnt)
