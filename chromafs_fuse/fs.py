@@ -206,18 +206,22 @@ class ChromaOperations(pyfuse3.Operations):
             self.read_latency.observe(time.perf_counter() - started)
 
     def _read_ahead(self, node: Node, entry: PathEntry) -> None:
-        """A miss loads this page and the next files of its directory in one batch; a hit
-        half way through a batch already starts the next one, so a reader going through a
-        directory in order does not wait at every batch boundary."""
-        if not self.source.is_cached(entry):
-            self.source.read_ahead(self.table.files_after(node, self.readahead_pages))
+        """A miss loads the block of `window` files around this one (in the order `grep -r`
+        reads them, across directories) in one batch. A first read of a loaded page looks half a
+        window further: if that file is neither loaded nor loading, a batch four windows long
+        starts there, so a reader going through the tree keeps the backend busy with large
+        batches instead of waiting at each boundary."""
+        window = self.readahead_pages
+        if not self.source.is_cached(entry):  # a reader waits for this batch either way
+            # The aligned block around the file: readers that go backwards or jump around
+            # within a directory (rg's threads take files last in, first out) hit it too.
+            start = self.table.file_at(node.order - node.order % window)
+            if start is not None:
+                self.source.read_ahead(self.table.files_after(start, window), reader_waits=True)
             return
-        siblings = self.table.nodes[node.parent].sorted_children
-        ahead = node.position + self.readahead_pages // 2
-        if ahead < len(siblings):
-            ahead_node = self.table.nodes[siblings[ahead][1]]
-            if ahead_node.entry is not None and not self.source.is_cached_or_loading(ahead_node.entry):
-                self.source.read_ahead(self.table.files_after(ahead_node, self.readahead_pages))
+        ahead = self.table.file_at(node.order + window // 2)
+        if ahead is not None and ahead.entry is not None and not self.source.is_cached_or_loading(ahead.entry):
+            self.source.read_ahead(self.table.files_after(ahead, window * 4))
 
     async def release(self, fh: int) -> None:
         self.requests["release"] += 1

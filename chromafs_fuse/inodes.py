@@ -26,6 +26,7 @@ class Node:
     children: dict[bytes, int] = field(default_factory=dict)
     sorted_children: list[tuple[bytes, int]] = field(default_factory=list)
     position: int = 0  # index in the parent's sorted_children
+    order: int = -1  # a file's index in the table's file_order
 
     @property
     def is_dir(self) -> bool:
@@ -70,6 +71,21 @@ class InodeTable:
             node.sorted_children = sorted(node.children.items())
             for position, (_name, child) in enumerate(node.sorted_children):
                 self.nodes[child].position = position
+        # Files in the order `grep -r`, `find` and `rg` (per thread) visit them: depth first,
+        # each directory's entries sorted by name, as readdir returns them.
+        self.file_order: list[int] = []
+        stack = [ROOT_INODE]
+        while stack:
+            directory = self.nodes[stack.pop()]
+            subdirs = []
+            for _name, child in directory.sorted_children:
+                child_node = self.nodes[child]
+                if child_node.entry is None:
+                    subdirs.append(child)
+                else:
+                    child_node.order = len(self.file_order)
+                    self.file_order.append(child)
+            stack.extend(reversed(subdirs))
 
     def _add(self, path: str, name: str, parent: Node, entry: PathEntry | None) -> Node:
         salt = 0
@@ -106,13 +122,10 @@ class InodeTable:
         return node
 
     def files_after(self, node: Node, count: int) -> list[PathEntry]:
-        """`node`'s entry and those of up to count-1 files that follow it in its directory."""
-        siblings = self.nodes[node.parent].sorted_children
-        out: list[PathEntry] = []
-        for _name, inode in siblings[node.position : node.position + count * 2]:
-            entry = self.nodes[inode].entry
-            if entry is not None:
-                out.append(entry)
-                if len(out) == count:
-                    break
-        return out
+        """`node`'s entry and those of the count-1 files that follow it in file_order, across
+        directory boundaries."""
+        order = self.file_order[node.order : node.order + count] if node.order >= 0 else []
+        return [entry for inode in order if (entry := self.nodes[inode].entry) is not None]
+
+    def file_at(self, index: int) -> Node | None:
+        return self.nodes[self.file_order[index]] if 0 <= index < len(self.file_order) else None

@@ -28,7 +28,7 @@ from .tree import PathEntry
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 BLOB_BLOCK = 128 * 1024  # a lazy file is fetched in ranged requests of this size
-MAX_READAHEAD_BATCHES = 2  # more would queue behind each other and make waiting reads slower
+MAX_READAHEAD_BATCHES = 4  # one per reader thread of rg on 2-4 cores; more queue behind each other
 
 
 class PageUnavailable(Exception):
@@ -132,13 +132,15 @@ class PageSource:
         key = self._cache_key(entry)
         return key in self.cache or key in self._inflight
 
-    def read_ahead(self, entries: Sequence[PathEntry]) -> None:
+    def read_ahead(self, entries: Sequence[PathEntry], reader_waits: bool = False) -> None:
         """Start loading these pages in one batch in the background (one Redis MGET or one
         Chroma query), so that reading a directory's files one by one, as `grep -r` and
         `cat *` do, costs one round trip per batch instead of one per file. Reads of a page
         in the batch wait for it instead of fetching it again."""
-        if self.nursery is None or self._batches >= MAX_READAHEAD_BATCHES:
-            return  # already busy: the read fetches its own page rather than queue behind batches
+        if self.nursery is None:
+            return
+        if self._batches >= MAX_READAHEAD_BATCHES and not reader_waits:
+            return  # speculative, and the backend is busy enough
         todo = [
             e
             for e in entries

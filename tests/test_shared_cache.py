@@ -94,6 +94,8 @@ def test_reads_survive_redis_outage_and_use_it_again(
         redis_server.url,
         "--prefetch",
         "off",
+        "--readahead-pages",
+        "0",  # one page per read: read-ahead would load the whole sample site at the first read
     ]
     pages = sorted(expected_visible(SAMPLE_SITE, "public", None))
     with mounted(mnt, *args):
