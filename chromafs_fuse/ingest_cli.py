@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -63,6 +64,10 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# Chroma's own rule for collection names, checked up front for a readable error.
+COLLECTION_NAME = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._-]{1,510})[A-Za-z0-9]")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     setup_logging(args.log_level, None)
@@ -71,6 +76,11 @@ def main(argv: list[str] | None = None) -> int:
         if not source.is_dir():
             raise CliError(f"{source}: not a directory")
         location = chroma_location(args)
+        if not COLLECTION_NAME.fullmatch(location.collection):
+            raise CliError(
+                f"collection name {location.collection!r} (from --site or --collection): Chroma needs 3-512 "
+                "characters from a-z A-Z 0-9 . _ -, starting and ending with a letter or digit"
+            )
         rules = []
         if args.acl:
             try:

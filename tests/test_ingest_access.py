@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
@@ -17,7 +18,7 @@ from chromafs_fuse.ingest_access import (
     parse_frontmatter,
     public_pages_from_navigation,
 )
-from helpers import ingest, mounted, tree_listing
+from helpers import INGEST, SAMPLE_SITE, ingest, mounted, tree_listing
 
 
 def test_frontmatter() -> None:
@@ -81,3 +82,17 @@ def test_acl_file_and_unreadable_frontmatter_end_to_end(
     admin = ["--token-file", str(token_file(["admin"])), "--jwt-secret-file", str(secret_file)]
     with mounted(mnt, "--site", "acme", "--chroma-path", str(chroma), *admin):
         assert tree_listing(mnt) == {"specs", "specs/public.json", "specs/admin.yaml", "open.md"}
+
+
+@pytest.mark.parametrize("name", ["ra", "-docs", "docs-", "my docs", "x" * 513])
+def test_a_site_name_chroma_cannot_store_is_refused_in_one_line(name: str, tmp_path: Path) -> None:
+    chroma = tmp_path / "chroma"
+    proc = subprocess.run(
+        [INGEST, str(SAMPLE_SITE), f"--site={name}", "--chroma-path", str(chroma), "--quiet"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 1
+    assert proc.stderr.count("\n") == 1 and "collection name" in proc.stderr and "3-512" in proc.stderr
+    assert not chroma.exists(), "nothing may be written for a refused name"
