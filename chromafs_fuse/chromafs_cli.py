@@ -84,7 +84,7 @@ def run_grep(args: argparse.Namespace) -> int:
     entries = sorted(
         (
             e
-            for e in site.visible.values()
+            for e in site.table.entries.values()
             if (e.key == scope if not node.is_dir else e.key.startswith(prefix) or not scope)
         ),
         key=lambda e: e.key,

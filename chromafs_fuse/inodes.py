@@ -25,7 +25,6 @@ class Node:
     entry: PathEntry | None  # None for directories
     children: dict[bytes, int] = field(default_factory=dict)
     sorted_children: list[tuple[bytes, int]] = field(default_factory=list)
-    position: int = 0  # index in the parent's sorted_children
     order: int = -1  # a file's index in the table's file_order
 
     @property
@@ -69,8 +68,6 @@ class InodeTable:
                 self.total_bytes += entry.size
         for node in self.nodes.values():
             node.sorted_children = sorted(node.children.items())
-            for position, (_name, child) in enumerate(node.sorted_children):
-                self.nodes[child].position = position
         # Files in the order `grep -r`, `find` and `rg` (per thread) visit them: depth first,
         # each directory's entries sorted by name, as readdir returns them.
         self.file_order: list[int] = []
@@ -122,10 +119,10 @@ class InodeTable:
         return node
 
     def files_after(self, node: Node, count: int) -> list[PathEntry]:
-        """`node`'s entry and those of the count-1 files that follow it in file_order, across
-        directory boundaries."""
-        order = self.file_order[node.order : node.order + count] if node.order >= 0 else []
-        return [entry for inode in order if (entry := self.nodes[inode].entry) is not None]
+        """The entries of `node` (a file) and of the count-1 files that follow it in file_order,
+        across directory boundaries."""
+        inodes = self.file_order[node.order : node.order + count]
+        return [entry for inode in inodes if (entry := self.nodes[inode].entry) is not None]
 
     def file_at(self, index: int) -> Node | None:
         return self.nodes[self.file_order[index]] if 0 <= index < len(self.file_order) else None

@@ -134,9 +134,10 @@ class PageSource:
 
     def read_ahead(self, entries: Sequence[PathEntry], reader_waits: bool = False) -> None:
         """Start loading these pages in one batch in the background (one Redis MGET or one
-        Chroma query), so that reading a directory's files one by one, as `grep -r` and
-        `cat *` do, costs one round trip per batch instead of one per file. Reads of a page
-        in the batch wait for it instead of fetching it again."""
+        Chroma query), so that reading files one by one, as `grep -r` and `cat *` do, costs one
+        round trip per batch instead of one per file. Reads of a page in the batch wait for it
+        instead of fetching it again. A speculative batch (no reader waits for it) is dropped
+        when MAX_READAHEAD_BATCHES are already in flight."""
         if self.nursery is None:
             return
         if self._batches >= MAX_READAHEAD_BATCHES and not reader_waits:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import logging
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -15,7 +15,7 @@ from .cli_common import CliError, chroma_location, resolve_token
 from .inodes import InodeTable
 from .page_source import PageSource
 from .tokens import load_verification_key, principal_from_token
-from .tree import PathEntry, SiteTree
+from .tree import SiteTree
 
 log = logging.getLogger("chromafs.session")
 T = TypeVar("T")
@@ -53,7 +53,6 @@ def with_deadline(fn: Callable[[], T], seconds: float, what: str) -> T:
 @dataclass
 class LoadedSite:
     tree: SiteTree
-    visible: Mapping[str, PathEntry]
     table: InodeTable
     source: PageSource
 
@@ -106,12 +105,10 @@ def load_site(
     if preloaded is None:
         for key, reason in tree.skipped:
             log.warning("tree entry %s skipped: %s", key, reason)
-        visible = visible_entries(tree.entries, principal)
-        table = InodeTable(visible)
+        table = InodeTable(visible_entries(tree.entries, principal))
     else:
         log.info("path tree %s and its pruned table handed over by the mount server", tree.version)
         table = preloaded[1]
-        visible = table.entries
     source = PageSource(
         args.site,
         open_chroma,
@@ -127,8 +124,8 @@ def load_site(
         "site %s (tree %s): %d of %d files visible to %s",
         args.site,
         tree.version,
-        len(visible),
+        table.file_count,
         len(tree.entries),
         principal.describe(),
     )
-    return LoadedSite(tree, visible, table, source)
+    return LoadedSite(tree, table, source)
