@@ -26,7 +26,7 @@ from .chroma_store import BackendError, SiteNotFound
 from .cli_common import CliError, setup_logging
 from .fs import ChromaOperations, pyfuse3_passes_inode
 from .inodes import InodeTable
-from .service import StatusFile, sd_notify, start_metrics_server, uptime_since
+from .service import StatusFile, limit_malloc_arenas, sd_notify, start_metrics_server, uptime_since
 from .session import load_site, resolve_principal
 from .tokens import TokenError
 from .tree import TreeError
@@ -45,9 +45,14 @@ def should_prefetch(args: argparse.Namespace, table: InodeTable) -> bool:
 
 
 def prepare(args: argparse.Namespace, principal: Principal, preloaded: tuple | None = None) -> ChromaOperations:
-    site = load_site(args, principal, preloaded)
+    site = load_site(args, principal, preloaded[:2] if preloaded else None)
     return ChromaOperations(
-        site.table, site.source, args.cache_timeout, args.readahead_pages, no_open=pyfuse3_passes_inode()
+        site.table,
+        site.source,
+        args.cache_timeout,
+        args.readahead_pages,
+        no_open=pyfuse3_passes_inode(),
+        attributes=preloaded[2] if preloaded else None,
     )
 
 
@@ -185,6 +190,7 @@ def exit_now(status: int) -> None:
 
 def run_daemon(args: argparse.Namespace, ready_fd: int | None, background: bool, preloaded: tuple | None = None) -> int:
     """Serve the mount described by `args`; returns the exit status."""
+    limit_malloc_arenas()
     setup_logging(args.log_level, args.log_file, background=background, json_lines=args.log_format == "json")
     try:
         _token, principal = resolve_principal(args)

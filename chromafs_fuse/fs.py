@@ -42,6 +42,52 @@ def pyfuse3_passes_inode() -> bool:
     return importlib.util.find_spec("pyfuse3.chromafs_inode_fallback") is not None
 
 
+def node_attributes(
+    table: InodeTable, node: Node, size: int | None, default_time_ns: int, timeout_s: float
+) -> pyfuse3.EntryAttributes:
+    """What stat shows for a node. `size` None (a file whose size the tree does not give):
+    0 with no attribute caching, so the kernel never keeps a size that would cut the file."""
+    attrs = pyfuse3.EntryAttributes()
+    attrs.st_ino = node.inode
+    attrs.generation = 0
+    attrs.entry_timeout = timeout_s
+    attrs.attr_timeout = timeout_s
+    attrs.st_uid = os.getuid()
+    attrs.st_gid = os.getgid()
+    attrs.st_rdev = 0
+    attrs.st_blksize = BLOCK_SIZE
+    mtime_ns = default_time_ns
+    if node.entry is None:
+        attrs.st_mode = DIR_MODE
+        attrs.st_nlink = 2 + sum(1 for _, i in node.sorted_children if table.nodes[i].is_dir)
+        attrs.st_size = 0
+    else:
+        attrs.st_mode = FILE_MODE
+        attrs.st_nlink = 1
+        if size is None:
+            attrs.st_size = 0
+            attrs.attr_timeout = 0
+        else:
+            attrs.st_size = size
+        if node.entry.mtime is not None:
+            mtime_ns = int(node.entry.mtime * 1e9)
+    attrs.st_blocks = (attrs.st_size + 511) // 512
+    attrs.st_atime_ns = mtime_ns
+    attrs.st_mtime_ns = mtime_ns
+    attrs.st_ctime_ns = mtime_ns
+    return attrs
+
+
+def table_attributes(table: InodeTable, default_time_ns: int, timeout_s: float) -> dict[int, pyfuse3.EntryAttributes]:
+    """The attributes of every node whose size the tree gives, built ahead of the first
+    listing: the mount server does this once per table, and forked mounts share it."""
+    return {
+        inode: node_attributes(table, node, node.entry.size if node.entry else None, default_time_ns, timeout_s)
+        for inode, node in table.nodes.items()
+        if node.entry is None or node.entry.size is not None
+    }
+
+
 class ChromaOperations(pyfuse3.Operations):
     supports_dot_lookup = True
     enable_writeback_cache = False
@@ -53,6 +99,7 @@ class ChromaOperations(pyfuse3.Operations):
         cache_timeout_s: float = 3600.0,
         readahead_pages: int = 32,
         no_open: bool = False,
+        attributes: tuple[int, dict[int, pyfuse3.EntryAttributes]] | None = None,
     ) -> None:
         super().__init__()
         self.table = table
@@ -61,10 +108,10 @@ class ChromaOperations(pyfuse3.Operations):
         self.no_open = no_open and table.unknown_sizes == 0
         self.cache_timeout_s = cache_timeout_s
         self.readahead_pages = readahead_pages
-        self.uid = os.getuid()
-        self.gid = os.getgid()
-        self.mount_time_ns = time.time_ns()
-        self._attrs: dict[int, pyfuse3.EntryAttributes] = {}
+        # Directories and files the tree gives no mtime show the mount time; with attributes
+        # built ahead (by the mount server), the time they were built.
+        self.mount_time_ns, self._attrs = attributes if attributes is not None else (time.time_ns(), {})
+        self._delivered = bytearray(len(table.file_order))  # by file order: the kernel has it
         self._negative = pyfuse3.EntryAttributes()
         self._negative.st_ino = 0
         self._negative.entry_timeout = cache_timeout_s
@@ -78,37 +125,8 @@ class ChromaOperations(pyfuse3.Operations):
         attrs = self._attrs.get(node.inode)
         if attrs is not None:
             return attrs
-        attrs = pyfuse3.EntryAttributes()
-        attrs.st_ino = node.inode
-        attrs.generation = 0
-        attrs.entry_timeout = self.cache_timeout_s
-        attrs.attr_timeout = self.cache_timeout_s
-        attrs.st_uid = self.uid
-        attrs.st_gid = self.gid
-        attrs.st_rdev = 0
-        attrs.st_blksize = BLOCK_SIZE
-        mtime_ns = self.mount_time_ns
-        if node.entry is None:
-            attrs.st_mode = DIR_MODE
-            subdirs = sum(1 for _, i in node.sorted_children if self.table.nodes[i].is_dir)
-            attrs.st_nlink = 2 + subdirs
-            attrs.st_size = 0
-        else:
-            attrs.st_mode = FILE_MODE
-            attrs.st_nlink = 1
-            size = self.source.size_of(node.entry)
-            if size is None:
-                # Unknown until first read: never cache a size that would truncate the file.
-                attrs.st_size = 0
-                attrs.attr_timeout = 0
-            else:
-                attrs.st_size = size
-            if node.entry.mtime is not None:
-                mtime_ns = int(node.entry.mtime * 1e9)
-        attrs.st_blocks = (attrs.st_size + 511) // 512
-        attrs.st_atime_ns = mtime_ns
-        attrs.st_mtime_ns = mtime_ns
-        attrs.st_ctime_ns = mtime_ns
+        size = None if node.entry is None else self.source.size_of(node.entry)
+        attrs = node_attributes(self.table, node, size, self.mount_time_ns, self.cache_timeout_s)
         if attrs.attr_timeout:  # only final attributes are kept
             self._attrs[node.inode] = attrs
         return attrs
@@ -162,10 +180,12 @@ class ChromaOperations(pyfuse3.Operations):
     async def readdir(self, fh: int, start_id: int, token: pyfuse3.ReaddirToken) -> None:
         self.requests["readdir"] += 1
         children = self.table.nodes[fh].sorted_children
-        nodes = self.table.nodes
+        known = self._attrs
+        reply = pyfuse3.readdir_reply
         for position in range(start_id, len(children)):
             name, inode = children[position]
-            if not pyfuse3.readdir_reply(token, name, self._attributes(nodes[inode]), position + 1):
+            attrs = known.get(inode) or self._attributes(self.table.nodes[inode])
+            if not reply(token, name, attrs, position + 1):
                 return
 
     async def releasedir(self, fh: int) -> None:
@@ -196,7 +216,13 @@ class ChromaOperations(pyfuse3.Operations):
             self._read_ahead(node, entry)
         started = time.perf_counter()
         try:
-            return await self.source.read(entry, off, size)
+            data = await self.source.read(entry, off, size)
+            if entry.size is not None and entry.blob is None and off + len(data) >= entry.size:
+                # The kernel caches every file of known size (keep_cache, or no-open mode):
+                # once it has the last bytes, this copy only costs memory.
+                self.source.release(entry)
+                self._delivered[node.order] = 1
+            return data
         except PageUnavailable:
             raise pyfuse3.FUSEError(errno.EIO) from None
         except Exception:  # a bug must cost one read, never the whole mount
@@ -210,18 +236,27 @@ class ChromaOperations(pyfuse3.Operations):
         reads them, across directories) in one batch. A first read of a loaded page looks half a
         window further: if that file is neither loaded nor loading, a batch four windows long
         starts there, so a reader going through the tree keeps the backend busy with large
-        batches instead of waiting at each boundary."""
+        batches instead of waiting at each boundary. Files already handed to the kernel are
+        left out: it has them."""
         window = self.readahead_pages
         if not self.source.is_cached(entry):  # a reader waits for this batch either way
             # The aligned block around the file: readers that go backwards or jump around
             # within a directory (rg's threads take files last in, first out) hit it too.
-            start = self.table.file_at(node.order - node.order % window)
-            if start is not None:
-                self.source.read_ahead(self.table.files_after(start, window), reader_waits=True)
+            self._load_ahead(node.order - node.order % window, window, reader_waits=True)
             return
         ahead = self.table.file_at(node.order + window // 2)
-        if ahead is not None and ahead.entry is not None and not self.source.is_cached_or_loading(ahead.entry):
-            self.source.read_ahead(self.table.files_after(ahead, window * 4))
+        if (
+            ahead is not None
+            and ahead.entry is not None
+            and not self._delivered[ahead.order]
+            and not self.source.is_cached_or_loading(ahead.entry)
+        ):
+            self._load_ahead(ahead.order, window * 4)
+
+    def _load_ahead(self, index: int, count: int, reader_waits: bool = False) -> None:
+        delivered = self._delivered
+        entries = [n.entry for n in self.table.files_from(index, count) if n.entry and not delivered[n.order]]
+        self.source.read_ahead(entries, reader_waits=reader_waits)
 
     async def release(self, fh: int) -> None:
         self.requests["release"] += 1

@@ -7,12 +7,13 @@ that shows the path and say nothing about which other paths exist.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from .tree import PathEntry
 
 ROOT_INODE = 1
+_NO_CHILDREN: dict[bytes, int] = {}  # a file's; never written: files are never parents
 _INODE_MASK = (1 << 63) - 1
 
 
@@ -23,8 +24,8 @@ class Node:
     name: bytes
     parent: int
     entry: PathEntry | None  # None for directories
-    children: dict[bytes, int] = field(default_factory=dict)
-    sorted_children: list[tuple[bytes, int]] = field(default_factory=list)
+    children: dict[bytes, int] = field(default_factory=dict)  # files share one empty dict
+    sorted_children: Sequence[tuple[bytes, int]] = ()
     order: int = -1  # a file's index in the table's file_order
 
     @property
@@ -67,7 +68,8 @@ class InodeTable:
             else:
                 self.total_bytes += entry.size
         for node in self.nodes.values():
-            node.sorted_children = sorted(node.children.items())
+            if node.children:
+                node.sorted_children = sorted(node.children.items())
         # Files in the order `grep -r`, `find` and `rg` (per thread) visit them: depth first,
         # each directory's entries sorted by name, as readdir returns them.
         self.file_order: list[int] = []
@@ -90,7 +92,7 @@ class InodeTable:
         while inode <= ROOT_INODE or inode in self.nodes:
             salt += 1
             inode = _inode_for(path, salt)
-        node = Node(inode, path, name.encode("utf-8"), parent.inode, entry)
+        node = Node(inode, path, name.encode("utf-8"), parent.inode, entry, {} if entry is None else _NO_CHILDREN)
         self.nodes[inode] = node
         parent.children[node.name] = inode
         return node
@@ -118,11 +120,10 @@ class InodeTable:
             node = self.lookup(node.inode, part.encode("utf-8"))
         return node
 
-    def files_after(self, node: Node, count: int) -> list[PathEntry]:
-        """The entries of `node` (a file) and of the count-1 files that follow it in file_order,
-        across directory boundaries."""
-        inodes = self.file_order[node.order : node.order + count]
-        return [entry for inode in inodes if (entry := self.nodes[inode].entry) is not None]
+    def files_from(self, index: int, count: int) -> list[Node]:
+        """The `count` files from position `index` of file_order, across directory boundaries."""
+        nodes = self.nodes
+        return [nodes[inode] for inode in self.file_order[max(index, 0) : index + count]]
 
     def file_at(self, index: int) -> Node | None:
         return self.nodes[self.file_order[index]] if 0 <= index < len(self.file_order) else None

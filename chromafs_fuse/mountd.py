@@ -24,12 +24,14 @@ import signal
 import socket
 import struct
 import sys
+import time
 from collections import OrderedDict
 from typing import Any
 
 import setproctitle
 
 log = logging.getLogger("chromafs.mountd")
+Prepared = tuple[Any, Any, Any]  # (tree, pruned inode table, (built ns, listing attributes))
 MAX_REQUEST_BYTES = 256 * 1024
 DEFAULT_SOCKET = "/run/chromafs/mountd.sock"
 
@@ -72,9 +74,10 @@ class TreeCache:
         self._trees: dict[tuple[str, ...], Any] = {}
         self._tables: OrderedDict[tuple[object, ...], Any] = OrderedDict()
 
-    def prepared(self, args: argparse.Namespace, principal: Any) -> tuple[Any, Any] | None:
+    def prepared(self, args: argparse.Namespace, principal: Any) -> Prepared | None:
         from .access import visible_entries
         from .cli_common import chroma_location
+        from .fs import table_attributes
         from .inodes import InodeTable
         from .redis_cache import RedisCache
         from .tree import TreeError, parse_tree
@@ -104,17 +107,20 @@ class TreeCache:
             for key, reason in tree.skipped:
                 log.warning("tree entry %s skipped: %s", key, reason)
             self._trees[site_key] = tree
-        table_key = (site_key, tree.version, principal.authenticated, principal.groups)
-        table = self._tables.get(table_key)
-        if table is None:
+        table_key = (site_key, tree.version, principal.authenticated, principal.groups, args.cache_timeout)
+        prepared = self._tables.get(table_key)
+        if prepared is None:
             table = InodeTable(visible_entries(tree.entries, principal))
-            self._tables[table_key] = table
+            # Listing attributes too: a fresh mount's first `find` then allocates nothing.
+            built_ns = time.time_ns()
+            attributes = (built_ns, table_attributes(table, built_ns, args.cache_timeout))
+            prepared = self._tables[table_key] = (tree, table, attributes)
             while len(self._tables) > self.MAX_TABLES:
                 self._tables.popitem(last=False)
             gc.freeze()  # keep the collector from touching (and un-sharing) what children inherit
         else:
             self._tables.move_to_end(table_key)
-        return tree, table
+        return prepared
 
 
 def _request_args(request: dict[str, object]) -> argparse.Namespace:
@@ -131,7 +137,7 @@ def _serve_in_child(
     conn: socket.socket,
     request: dict[str, object],
     parsed: argparse.Namespace | None,
-    prepared: tuple[Any, Any] | None,
+    prepared: Prepared | None,
 ) -> int:
     """In the forked child: become the mount's daemon."""
     from .daemon import run_daemon
@@ -152,7 +158,7 @@ def _serve_in_child(
     return run_daemon(args, conn.detach(), background=True, preloaded=prepared)
 
 
-def _prepare(cache: TreeCache, request: dict[str, object]) -> tuple[argparse.Namespace | None, tuple[Any, Any] | None]:
+def _prepare(cache: TreeCache, request: dict[str, object]) -> tuple[argparse.Namespace | None, Prepared | None]:
     """In the server: the parsed arguments and the cached tree and table for this request,
     as far as they can be had. Any failure here just means the child does the work (and
     reports errors) itself."""
@@ -235,6 +241,9 @@ def serve_forever(socket_path: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     from .cli_common import setup_logging
+    from .service import limit_malloc_arenas
+
+    limit_malloc_arenas()  # inherited by every forked mount
 
     parser = argparse.ArgumentParser(prog="chromafs-mountd", description=__doc__.split("\n\n")[0])
     parser.add_argument("--socket", default=os.environ.get("CHROMAFS_MOUNTD_SOCKET", DEFAULT_SOCKET))

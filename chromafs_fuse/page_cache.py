@@ -35,6 +35,10 @@ class PageCache:
             while len(self._oversize) > OVERSIZE_PAGES:
                 del self._oversize[next(iter(self._oversize))]
 
+    def pop(self, key: str) -> None:
+        self._lru.pop(key, None)
+        self._oversize.pop(key, None)
+
     def peek(self, key: str) -> bytes | None:
         """Like get, without counting a hit or a miss."""
         data = self._lru.get(key)

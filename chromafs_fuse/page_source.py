@@ -175,7 +175,13 @@ class PageSource:
 
     def _remember(self, entry: PathEntry, data: bytes) -> None:
         self.cache.put(self._cache_key(entry), data)
-        self.learned_sizes[entry.key] = len(data)
+        if entry.size is None:
+            self.learned_sizes[entry.key] = len(data)
+
+    def release(self, entry: PathEntry) -> None:
+        """Drop a page the kernel now holds in its own page cache: it asks again only if it
+        evicts the page, and then the shared cache or Chroma serves it."""
+        self.cache.pop(self._cache_key(entry))
 
     # -- worker-thread side --------------------------------------------------
 

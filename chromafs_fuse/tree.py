@@ -110,11 +110,14 @@ def _optional_sha256(value: object) -> str | None:
         bytes.fromhex(value)
     except ValueError as exc:
         raise InvalidPath("'sha256' is not a 64-digit hex string") from exc
-    return value.lower()
+    lowered = value.lower()
+    return value if lowered == value else lowered  # keep one string, not two
 
 
 def _parse_entry(source_key: str, raw: object, group_sets: dict[tuple[str, ...], frozenset[str]]) -> PathEntry:
     key = normalize_key(source_key)
+    if key == source_key:
+        key = source_key  # one string, not two
     if not isinstance(raw, dict):
         raise InvalidPath("entry is not an object")
     is_public = raw.get("isPublic", False)

@@ -16,9 +16,13 @@ from helpers import SAMPLE_SITE, expected_visible, free_port, kernel_open_mode, 
 REQUEST_LINE = re.compile(r'^chromafs_requests_total\{op="(\w+)"\} ([0-9.e+]+)$', re.M)
 
 
-def _requests(port: int) -> dict[str, int]:
+def _metrics(port: int) -> str:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
-        text = response.read().decode()
+        return str(response.read().decode())
+
+
+def _requests(port: int) -> dict[str, int]:
+    text = _metrics(port)
     counts = {op: int(float(count)) for op, count in REQUEST_LINE.findall(text)}
     counts.pop("statfs", None)  # asked once per tool run (find checks the filesystem type), never per file
     return counts
@@ -56,6 +60,12 @@ def test_second_pass_of_every_tool_never_reaches_the_daemon(sample_chroma: Calla
         assert after_second == after_first, "a warm pass reached the daemon"
         assert after_first.get("open", 0) <= 1 and after_first.get("opendir", 0) <= 1
         assert after_first.get("release", 0) == 0 and after_first.get("releasedir", 0) == 0
+        # The kernel holds every page read: the daemon keeps no copy of them, only the lazy
+        # (blob) files' blocks, which it caches by block.
+        cached = float(re.search(r"^chromafs_cached_bytes ([0-9.e+]+)$", _metrics(port), re.M).group(1))  # type: ignore[union-attr]
+        visible = expected_visible(SAMPLE_SITE, "public", None)
+        blob_bytes = sum((SAMPLE_SITE / r).stat().st_size for r in visible if r.endswith(".png"))
+        assert blob_bytes > 0 and cached <= blob_bytes, f"{cached} bytes still cached after the kernel read them"
         for relative in expected_visible(SAMPLE_SITE, "public", None):
             source = SAMPLE_SITE / relative
             if source.is_file():
