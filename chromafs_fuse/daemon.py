@@ -119,7 +119,7 @@ def serve(
                 os.close(ready_fd)
         sd_notify(f"READY=1\nSTATUS=serving {args.site} on {mountpoint}")
         if prefetch:
-            entries = sorted((n.entry for n in ops.table.nodes.values() if n.entry is not None), key=lambda e: e.key)
+            entries = sorted(ops.table.entries.values(), key=lambda e: e.key)
             started = time.monotonic()
             count = await ops.source.prefetch(entries)
             log.info("prefetched %d pages in %.2fs", count, time.monotonic() - started)

@@ -43,12 +43,12 @@ def pyfuse3_passes_inode() -> bool:
 
 
 def node_attributes(
-    table: InodeTable, node: Node, size: int | None, default_time_ns: int, timeout_s: float
+    table: InodeTable, index: int, size: int | None, default_time_ns: int, timeout_s: float
 ) -> pyfuse3.EntryAttributes:
-    """What stat shows for a node. `size` None (a file whose size the tree does not give):
-    0 with no attribute caching, so the kernel never keeps a size that would cut the file."""
+    """What stat shows for the node at `index`. `size` None (a file whose size the tree does
+    not give): 0 with no attribute caching, so the kernel never keeps a size that cuts the file."""
     attrs = pyfuse3.EntryAttributes()
-    attrs.st_ino = node.inode
+    attrs.st_ino = table.inode_at(index)
     attrs.generation = 0
     attrs.entry_timeout = timeout_s
     attrs.attr_timeout = timeout_s
@@ -57,9 +57,9 @@ def node_attributes(
     attrs.st_rdev = 0
     attrs.st_blksize = BLOCK_SIZE
     mtime_ns = default_time_ns
-    if node.entry is None:
+    if table.is_dir_at(index):
         attrs.st_mode = DIR_MODE
-        attrs.st_nlink = 2 + sum(1 for _, i in node.sorted_children if table.nodes[i].is_dir)
+        attrs.st_nlink = 2 + table.subdir_count(index)
         attrs.st_size = 0
     else:
         attrs.st_mode = FILE_MODE
@@ -69,8 +69,9 @@ def node_attributes(
             attrs.attr_timeout = 0
         else:
             attrs.st_size = size
-        if node.entry.mtime is not None:
-            mtime_ns = int(node.entry.mtime * 1e9)
+        mtime = table.mtime_at(index)
+        if mtime is not None:
+            mtime_ns = int(mtime * 1e9)
     attrs.st_blocks = (attrs.st_size + 511) // 512
     attrs.st_atime_ns = mtime_ns
     attrs.st_mtime_ns = mtime_ns
@@ -78,14 +79,18 @@ def node_attributes(
     return attrs
 
 
-def table_attributes(table: InodeTable, default_time_ns: int, timeout_s: float) -> dict[int, pyfuse3.EntryAttributes]:
+Attributes = list[pyfuse3.EntryAttributes | None]  # by node index
+
+
+def table_attributes(table: InodeTable, default_time_ns: int, timeout_s: float) -> Attributes:
     """The attributes of every node whose size the tree gives, built ahead of the first
     listing: the mount server does this once per table, and forked mounts share it."""
-    return {
-        inode: node_attributes(table, node, node.entry.size if node.entry else None, default_time_ns, timeout_s)
-        for inode, node in table.nodes.items()
-        if node.entry is None or node.entry.size is not None
-    }
+    return [
+        None
+        if not table.is_dir_at(index) and table.size_at(index) is None
+        else node_attributes(table, index, table.size_at(index), default_time_ns, timeout_s)
+        for index in range(len(table))
+    ]
 
 
 class ChromaOperations(pyfuse3.Operations):
@@ -99,7 +104,7 @@ class ChromaOperations(pyfuse3.Operations):
         cache_timeout_s: float = 3600.0,
         readahead_pages: int = 32,
         no_open: bool = False,
-        attributes: tuple[int, dict[int, pyfuse3.EntryAttributes]] | None = None,
+        attributes: tuple[int, Attributes] | None = None,
     ) -> None:
         super().__init__()
         self.table = table
@@ -110,7 +115,9 @@ class ChromaOperations(pyfuse3.Operations):
         self.readahead_pages = readahead_pages
         # Directories and files the tree gives no mtime show the mount time; with attributes
         # built ahead (by the mount server), the time they were built.
-        self.mount_time_ns, self._attrs = attributes if attributes is not None else (time.time_ns(), {})
+        self.mount_time_ns, self._attrs = (
+            attributes if attributes is not None else (time.time_ns(), [None] * len(table))
+        )
         self._delivered = bytearray(len(table.file_order))  # by file order: the kernel has it
         self._negative = pyfuse3.EntryAttributes()
         self._negative.st_ino = 0
@@ -121,32 +128,40 @@ class ChromaOperations(pyfuse3.Operations):
 
     # -- attributes -------------------------------------------------------
 
-    def _attributes(self, node: Node) -> pyfuse3.EntryAttributes:
-        attrs = self._attrs.get(node.inode)
+    def _attributes(self, index: int) -> pyfuse3.EntryAttributes:
+        attrs = self._attrs[index]
         if attrs is not None:
             return attrs
-        size = None if node.entry is None else self.source.size_of(node.entry)
-        attrs = node_attributes(self.table, node, size, self.mount_time_ns, self.cache_timeout_s)
+        size = self.table.size_at(index)
+        if size is None and not self.table.is_dir_at(index):
+            size = self.source.learned_sizes.get(self.table.key_at(index))
+        attrs = node_attributes(self.table, index, size, self.mount_time_ns, self.cache_timeout_s)
         if attrs.attr_timeout:  # only final attributes are kept
-            self._attrs[node.inode] = attrs
+            self._attrs[index] = attrs
         return attrs
 
+    def _index(self, inode: int) -> int:
+        index = self.table.index_of(inode)
+        if index < 0:
+            raise pyfuse3.FUSEError(errno.ENOENT)
+        return index
+
     def _node(self, inode: int) -> Node:
-        node = self.table.nodes.get(inode)
+        node = self.table.get(inode)
         if node is None:
             raise pyfuse3.FUSEError(errno.ENOENT)
         return node
 
     async def lookup(self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
         self.requests["lookup"] += 1
-        node = self.table.lookup(parent_inode, name)
-        if node is None:
+        index = self.table.lookup_index(parent_inode, name)
+        if index < 0:
             return self._negative  # cached by the kernel like any absent name
-        return self._attributes(node)
+        return self._attributes(index)
 
     async def getattr(self, inode: int, ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
         self.requests["getattr"] += 1
-        return self._attributes(self._node(inode))
+        return self._attributes(self._index(inode))
 
     async def forget(self, inode_list: list[tuple[int, int]]) -> None:
         self.requests["forget"] += 1
@@ -160,7 +175,7 @@ class ChromaOperations(pyfuse3.Operations):
         data.f_blocks = (self.table.total_bytes + BLOCK_SIZE - 1) // BLOCK_SIZE
         data.f_bfree = 0
         data.f_bavail = 0
-        data.f_files = len(self.table.nodes)
+        data.f_files = len(self.table)
         data.f_ffree = 0
         data.f_favail = 0
         data.f_namemax = 255
@@ -170,8 +185,7 @@ class ChromaOperations(pyfuse3.Operations):
 
     async def opendir(self, inode: int, ctx: pyfuse3.RequestContext) -> int:
         self.requests["opendir"] += 1
-        node = self._node(inode)
-        if not node.is_dir:
+        if not self.table.is_dir_at(self._index(inode)):
             raise pyfuse3.FUSEError(errno.ENOTDIR)
         if self.no_open:
             raise pyfuse3.FUSEError(errno.ENOSYS)
@@ -179,13 +193,14 @@ class ChromaOperations(pyfuse3.Operations):
 
     async def readdir(self, fh: int, start_id: int, token: pyfuse3.ReaddirToken) -> None:
         self.requests["readdir"] += 1
-        children = self.table.nodes[fh].sorted_children
+        table = self.table
+        children = table.children_at(table.index_of(fh))
         known = self._attrs
         reply = pyfuse3.readdir_reply
         for position in range(start_id, len(children)):
-            name, inode = children[position]
-            attrs = known.get(inode) or self._attributes(self.table.nodes[inode])
-            if not reply(token, name, attrs, position + 1):
+            child = children[position]
+            attrs = known[child] or self._attributes(child)
+            if not reply(token, table.name_at(child), attrs, position + 1):
                 return
 
     async def releasedir(self, fh: int) -> None:
@@ -209,9 +224,9 @@ class ChromaOperations(pyfuse3.Operations):
 
     async def read(self, fh: int, off: int, size: int) -> bytes:
         self.requests["read"] += 1
-        node = self.table.nodes[fh]  # fh is the inode in both modes
+        node = self.table.get(fh)  # fh is the inode in both modes
+        assert node is not None and node.entry is not None
         entry = node.entry
-        assert entry is not None
         if off == 0 and self.readahead_pages and entry.blob is None:
             self._read_ahead(node, entry)
         started = time.perf_counter()
@@ -264,7 +279,7 @@ class ChromaOperations(pyfuse3.Operations):
 
     async def access(self, inode: int, mode: int, ctx: pyfuse3.RequestContext) -> bool:
         self.requests["access"] += 1
-        self._node(inode)
+        self._index(inode)
         return not mode & os.W_OK
 
     # -- extended attributes: not supported --------------------------------

@@ -2,31 +2,42 @@
 
 Inode numbers are derived from the path, so they are the same on every mount
 that shows the path and say nothing about which other paths exist.
+
+The table is flat arrays and byte strings, not an object per node: a mount
+forked from `chromafs-mountd` shares the table with the server, and reading
+an array element writes nothing to it, where touching a Python object writes
+its reference count and un-shares the memory page it sits on. The `Node`s
+(and the `PathEntry`s in them) that requests see are made on demand.
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+import math
+from array import array
+from bisect import bisect_left
+from collections.abc import Mapping
+from dataclasses import dataclass
 
-from .tree import PathEntry
+from .tree import BlobPointer, PathEntry
 
 ROOT_INODE = 1
-_NO_CHILDREN: dict[bytes, int] = {}  # a file's; never written: files are never parents
+ROOT_INDEX = 0
 _INODE_MASK = (1 << 63) - 1
+_NO_SHA = bytes(32)
 
 
 @dataclass(slots=True)
 class Node:
+    """One directory or file, as a request sees it (made on demand, not kept)."""
+
+    index: int  # position in the table
     inode: int
-    path: str  # "" for the root
     name: bytes
-    parent: int
+    path: str  # "" for the root
+    parent: int  # the parent's inode (the root's is its own)
     entry: PathEntry | None  # None for directories
-    children: dict[bytes, int] = field(default_factory=dict)  # files share one empty dict
-    sorted_children: Sequence[tuple[bytes, int]] = ()
-    order: int = -1  # a file's index in the table's file_order
+    order: int  # a file's position in file_order; -1 for directories
 
     @property
     def is_dir(self) -> bool:
@@ -38,92 +49,255 @@ def _inode_for(path: str, salt: int) -> int:
     return int.from_bytes(digest, "little") & _INODE_MASK
 
 
+class _Dir:
+    __slots__ = ("children", "path")
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.children: dict[str, _Dir | PathEntry] = {}
+
+
 class InodeTable:
-    """Maps inode numbers to nodes and (parent, name) to inode numbers."""
+    """Maps inode numbers to nodes and (parent, name) to inode numbers.
+
+    Nodes are laid out breadth first, each directory's children next to each
+    other and sorted by name (as bytes), so a listing is a range of indices.
+    """
 
     def __init__(self, entries: Mapping[str, PathEntry]) -> None:
-        self.nodes: dict[int, Node] = {}
-        root = Node(ROOT_INODE, "", b"", ROOT_INODE, None)
-        self.nodes[ROOT_INODE] = root
-        by_path: dict[str, Node] = {"": root}
         self.entries = entries  # the visible entries, by key
+        root = _Dir("")
+        for key, entry in entries.items():
+            parts = key.split("/")
+            directory = root
+            for depth in range(1, len(parts)):
+                child = directory.children.get(parts[depth - 1])
+                if child is None:
+                    child = directory.children[parts[depth - 1]] = _Dir("/".join(parts[:depth]))
+                assert isinstance(child, _Dir), key  # parse_tree drops keys that are also directories
+                directory = child
+            directory.children[parts[-1]] = entry
+
+        self._inode = array("Q")
+        self._parent = array("l")
+        self._first = array("l")  # a directory's first child
+        self._count = array("l")  # its number of children (0 for files)
+        self._size = array("q")  # -1: not in the tree
+        self._mtime = array("d")  # NaN: not in the tree
+        self._name_end = array("l")
+        self._path_end = array("l")
+        self._has_sha = bytearray()
+        self._public = bytearray()
+        self._group_id = array("l")
+        self._group_sets: list[frozenset[str]] = []
+        self._source_keys: dict[int, str] = {}  # only where the tree spells a key differently
+        self._blobs: dict[int, BlobPointer] = {}
         self.file_count = 0
         self.total_bytes = 0
         self.unknown_sizes = 0  # entries without a size in the tree
-        for key in sorted(entries):
-            parent = root
-            parts = key.split("/")
-            for depth in range(1, len(parts)):
-                dir_path = "/".join(parts[:depth])
-                node = by_path.get(dir_path)
-                if node is None:
-                    node = self._add(dir_path, parts[depth - 1], parent, None)
-                    by_path[dir_path] = node
-                parent = node
-            entry = entries[key]
-            self._add(key, parts[-1], parent, entry)
+        names = bytearray()
+        paths = bytearray()
+        shas = bytearray()
+        group_ids: dict[frozenset[str], int] = {}
+        used: set[int] = set()
+
+        def add(path: str, name: str, parent: int, entry: PathEntry | None) -> int:
+            index = len(self._inode)
+            if index == ROOT_INDEX:
+                inode = ROOT_INODE
+            else:
+                salt = 0
+                inode = _inode_for(path, salt)
+                while inode <= ROOT_INODE or inode in used:
+                    salt += 1
+                    inode = _inode_for(path, salt)
+            used.add(inode)
+            self._inode.append(inode)
+            self._parent.append(parent)
+            self._first.append(0)
+            self._count.append(0)
+            names.extend(name.encode("utf-8"))
+            self._name_end.append(len(names))
+            paths.extend(path.encode("utf-8"))
+            self._path_end.append(len(paths))
+            if entry is None:
+                self._size.append(0)
+                self._mtime.append(math.nan)
+                shas.extend(_NO_SHA)
+                self._has_sha.append(0)
+                self._public.append(0)
+                self._group_id.append(-1)
+                return index
             self.file_count += 1
             if entry.size is None:
                 self.unknown_sizes += 1
+                self._size.append(-1)
             else:
                 self.total_bytes += entry.size
-        for node in self.nodes.values():
-            if node.children:
-                node.sorted_children = sorted(node.children.items())
+                self._size.append(entry.size)
+            self._mtime.append(math.nan if entry.mtime is None else entry.mtime)
+            shas.extend(_NO_SHA if entry.sha256 is None else bytes.fromhex(entry.sha256))
+            self._has_sha.append(entry.sha256 is not None)
+            self._public.append(entry.is_public)
+            group_id = group_ids.get(entry.groups)
+            if group_id is None:
+                group_id = group_ids[entry.groups] = len(self._group_sets)
+                self._group_sets.append(entry.groups)
+            self._group_id.append(group_id)
+            if entry.source_key != entry.key:
+                self._source_keys[index] = entry.source_key
+            if entry.blob is not None:
+                self._blobs[index] = entry.blob
+            return index
+
+        queue: list[tuple[int, _Dir]] = [(add("", "", ROOT_INDEX, None), root)]
+        for index, directory in queue:  # breadth first: the queue grows while we walk it
+            children = sorted(directory.children.items(), key=lambda item: item[0].encode("utf-8"))
+            self._first[index] = len(self._inode)
+            self._count[index] = len(children)
+            for name, child in children:
+                if isinstance(child, _Dir):
+                    queue.append((add(child.path, name, index, None), child))
+                else:
+                    add(child.key, name, index, child)
+        self._names = bytes(names)
+        self._paths = bytes(paths)
+        self._sha = bytes(shas)
+        self._by_inode = array("Q", sorted(self._inode))
+        self._index_by_inode = array("l", sorted(range(len(self._inode)), key=self._inode.__getitem__))
+
         # Files in the order `grep -r`, `find` and `rg` (per thread) visit them: depth first,
-        # each directory's entries sorted by name, as readdir returns them.
-        self.file_order: list[int] = []
-        stack = [ROOT_INODE]
+        # each directory's files by name, then its subdirectories by name.
+        self.file_order = array("l")
+        self._order = array("l", [-1]) * len(self._inode)
+        stack = [ROOT_INDEX]
         while stack:
-            directory = self.nodes[stack.pop()]
+            directory_index = stack.pop()
+            first = self._first[directory_index]
             subdirs = []
-            for _name, child in directory.sorted_children:
-                child_node = self.nodes[child]
-                if child_node.entry is None:
+            for child in range(first, first + self._count[directory_index]):
+                if self._count[child]:  # a directory always has a child
                     subdirs.append(child)
                 else:
-                    child_node.order = len(self.file_order)
+                    self._order[child] = len(self.file_order)
                     self.file_order.append(child)
             stack.extend(reversed(subdirs))
 
-    def _add(self, path: str, name: str, parent: Node, entry: PathEntry | None) -> Node:
-        salt = 0
-        inode = _inode_for(path, salt)
-        while inode <= ROOT_INODE or inode in self.nodes:
-            salt += 1
-            inode = _inode_for(path, salt)
-        node = Node(inode, path, name.encode("utf-8"), parent.inode, entry, {} if entry is None else _NO_CHILDREN)
-        self.nodes[inode] = node
-        parent.children[node.name] = inode
-        return node
+    def __len__(self) -> int:
+        return len(self._inode)
+
+    # -- by index: no objects made --------------------------------------------
+
+    def index_of(self, inode: int) -> int:
+        """The node's index, or -1 when no visible node has this inode."""
+        at = bisect_left(self._by_inode, inode)
+        if at < len(self._by_inode) and self._by_inode[at] == inode:
+            return self._index_by_inode[at]
+        return -1
+
+    def is_dir_at(self, index: int) -> bool:
+        return self._count[index] > 0 or index == ROOT_INDEX
+
+    def children_at(self, index: int) -> range:
+        """The indices of a directory's children, sorted by name."""
+        first = self._first[index]
+        return range(first, first + self._count[index])
+
+    def name_at(self, index: int) -> bytes:
+        return self._names[self._name_end[index - 1] if index else 0 : self._name_end[index]]
+
+    def key_at(self, index: int) -> str:
+        """The node's path ("" for the root)."""
+        return self._paths[self._path_end[index - 1] if index else 0 : self._path_end[index]].decode("utf-8")
+
+    def inode_at(self, index: int) -> int:
+        return self._inode[index]
+
+    def size_at(self, index: int) -> int | None:
+        size = self._size[index]
+        return None if size < 0 else size
+
+    def mtime_at(self, index: int) -> float | None:
+        mtime = self._mtime[index]
+        return None if math.isnan(mtime) else mtime
+
+    def subdir_count(self, index: int) -> int:
+        return sum(1 for child in self.children_at(index) if self._count[child])
+
+    # -- nodes, made on demand --------------------------------------------------
+
+    def node(self, index: int) -> Node:
+        path = self.key_at(index)
+        entry = None
+        if index != ROOT_INDEX and not self._count[index]:
+            size = self._size[index]
+            mtime = self._mtime[index]
+            entry = PathEntry(
+                key=path,
+                source_key=self._source_keys.get(index, path),
+                is_public=bool(self._public[index]),
+                groups=self._group_sets[self._group_id[index]],
+                size=None if size < 0 else size,
+                sha256=self._sha[32 * index : 32 * index + 32].hex() if self._has_sha[index] else None,
+                mtime=None if math.isnan(mtime) else mtime,
+                blob=self._blobs.get(index),
+            )
+        return Node(
+            index,
+            self._inode[index],
+            self.name_at(index),
+            path,
+            self._inode[self._parent[index]],
+            entry,
+            self._order[index],
+        )
 
     def get(self, inode: int) -> Node | None:
-        return self.nodes.get(inode)
+        index = self.index_of(inode)
+        return None if index < 0 else self.node(index)
 
-    def lookup(self, parent_inode: int, name: bytes) -> Node | None:
-        parent = self.nodes.get(parent_inode)
-        if parent is None:
-            return None
+    def lookup_index(self, parent_inode: int, name: bytes) -> int:
+        """The index of `name` in the directory `parent_inode`, or -1."""
+        parent = self.index_of(parent_inode)
+        if parent < 0:
+            return -1
         if name == b".":
             return parent
         if name == b"..":
-            return self.nodes[parent.parent]
-        inode = parent.children.get(name)
-        return None if inode is None else self.nodes[inode]
+            return self._parent[parent]
+        children = self.children_at(parent)
+        low, high = children.start, children.stop
+        while low < high:  # binary search: the children are sorted by name
+            middle = (low + high) // 2
+            if self.name_at(middle) < name:
+                low = middle + 1
+            else:
+                high = middle
+        return low if low < children.stop and self.name_at(low) == name else -1
+
+    def lookup(self, parent_inode: int, name: bytes) -> Node | None:
+        index = self.lookup_index(parent_inode, name)
+        return None if index < 0 else self.node(index)
+
+    def children(self, inode: int) -> list[tuple[bytes, int]]:
+        """(name, inode) of a directory's children, sorted by name."""
+        index = self.index_of(inode)
+        if index < 0:
+            return []
+        return [(self.name_at(child), self._inode[child]) for child in self.children_at(index)]
 
     def resolve(self, path: str) -> Node | None:
         """The node at a "/"-separated path relative to the root, if visible."""
-        node: Node | None = self.nodes[ROOT_INODE]
+        node: Node | None = self.node(ROOT_INDEX)
         for part in path.strip("/").split("/"):
             if not part or node is None:
                 continue
             node = self.lookup(node.inode, part.encode("utf-8"))
         return node
 
-    def files_from(self, index: int, count: int) -> list[Node]:
-        """The `count` files from position `index` of file_order, across directory boundaries."""
-        nodes = self.nodes
-        return [nodes[inode] for inode in self.file_order[max(index, 0) : index + count]]
+    def files_from(self, order: int, count: int) -> list[Node]:
+        """The `count` files from position `order` of file_order, across directory boundaries."""
+        return [self.node(index) for index in self.file_order[max(order, 0) : order + count]]
 
-    def file_at(self, index: int) -> Node | None:
-        return self.nodes[self.file_order[index]] if 0 <= index < len(self.file_order) else None
+    def file_at(self, order: int) -> Node | None:
+        return self.node(self.file_order[order]) if 0 <= order < len(self.file_order) else None

@@ -130,10 +130,11 @@ def test_property_visible_set_is_exactly_the_rule(
     dirs: set[str] = set()
 
     def walk(inode: int, prefix: str) -> None:
-        for name, child in table.nodes[inode].sorted_children:
+        for name, child in table.children(inode):
             path = prefix + name.decode()
-            node = table.nodes[child]
-            assert table.lookup(inode, name) is node
+            node = table.get(child)
+            assert node is not None and node.inode == child
+            assert table.lookup(inode, name) == node
             if node.is_dir:
                 dirs.add(path)
                 walk(child, path + "/")
@@ -157,11 +158,42 @@ def test_inodes_are_stable_and_independent_of_hidden_paths() -> None:
     for path in ("a", "a/b.md", "c.md"):
         assert public.resolve(path).inode == everyone.resolve(path).inode  # type: ignore[union-attr]
     assert public.resolve("a/secret.md") is None
-    assert public.lookup(ROOT_INODE, b"..") is public.nodes[ROOT_INODE]
+    assert public.lookup(ROOT_INODE, b"..") == public.get(ROOT_INODE)
 
 
 def test_case_only_twins_are_two_files() -> None:
     parsed = parse_tree(doc({"Guide.md": {"isPublic": True}, "guide.md": {"isPublic": True}}))
     table = InodeTable(parsed.entries)
-    assert {n.path for n in table.nodes.values() if n.entry} == {"Guide.md", "guide.md"}
-    assert table.resolve("Guide.md") is not table.resolve("guide.md")
+    assert {n.path for n in map(table.node, range(len(table))) if n.entry} == {"Guide.md", "guide.md"}
+    assert table.resolve("Guide.md") != table.resolve("guide.md")
+
+
+FULL_ENTRY = st.fixed_dictionaries(
+    {"isPublic": st.booleans(), "groups": st.lists(GROUPS, max_size=2)},
+    optional={
+        "size": st.integers(0, 10**9),
+        "sha256": st.binary(min_size=32, max_size=32).map(bytes.hex),
+        "mtime": st.floats(0, 4e9, allow_nan=False),
+        "blob": st.fixed_dictionaries({"url": st.just("s3://b/k"), "size": st.integers(0, 10**6)}),
+    },
+)
+
+
+@given(st.dictionaries(st.lists(NAME, min_size=1, max_size=4).map("/".join), FULL_ENTRY, max_size=25))
+def test_property_the_table_gives_back_every_entry_exactly_and_in_tree_order(raw: dict[str, dict[str, object]]) -> None:
+    parsed = parse_tree(doc(raw))
+    table = InodeTable(parsed.entries)
+    for key, entry in parsed.entries.items():
+        node = table.resolve(key)
+        assert node is not None and node.entry == entry and node.path == key
+        assert table.get(node.inode) == node
+    assert table.file_count == len(parsed.entries)
+    assert table.total_bytes == sum(e.size or 0 for e in parsed.entries.values())
+
+    def depth_first(prefix: str) -> list[str]:  # files by name, then each subdirectory by name
+        names = {k[len(prefix) :].split("/")[0] for k in parsed.entries if k.startswith(prefix)}
+        ordered = sorted(names, key=lambda n: n.encode())
+        files = [prefix + n for n in ordered if prefix + n in parsed.entries]
+        return files + [f for n in ordered if prefix + n not in parsed.entries for f in depth_first(prefix + n + "/")]
+
+    assert [table.node(i).path for i in table.file_order] == depth_first("")
