@@ -1,7 +1,8 @@
 """The Chroma adapter: the only module that talks to Chroma.
 
 A Chroma server is read over its REST API with the standard library
-(chroma_http); embedded Chroma and ingest use the chromadb package.
+(chroma_http); an embedded Chroma directory is read through its SQLite file
+(chroma_sqlite), with chromadb as the fallback; ingest uses chromadb.
 Calls here are blocking; the filesystem runs them on worker threads.
 """
 
@@ -126,6 +127,17 @@ def _bound_http_timeout(client: Any, timeout_s: float) -> None:
         log.debug("could not set a timeout on the Chroma HTTP client")
 
 
+def _open_chromadb_collection(location: ChromaLocation, timeout_s: float) -> Any:
+    client = connect_client(location, timeout_s)
+    try:
+        return client.get_collection(location.collection, embedding_function=None)
+    except Exception as exc:
+        message = str(exc)
+        if "does not exist" in message or "not found" in message.lower():
+            raise SiteNotFound(f"no collection {location.collection!r} in Chroma at {location.describe()}") from exc
+        raise BackendError(f"cannot open collection {location.collection!r}: {exc}") from exc
+
+
 class ChromaPages:
     """Reads one site's collection: the tree record and the chunks of a page."""
 
@@ -149,15 +161,20 @@ class ChromaPages:
     ) -> ChromaPages:
         if location.url:
             return cls(_open_http_collection(location, timeout_s), page_field, chunk_index_field)
-        client = connect_client(location, timeout_s)
-        try:
-            collection = client.get_collection(location.collection, embedding_function=None)
-        except Exception as exc:
-            message = str(exc)
-            if "does not exist" in message or "not found" in message.lower():
-                raise SiteNotFound(f"no collection {location.collection!r} in Chroma at {location.describe()}") from exc
-            raise BackendError(f"cannot open collection {location.collection!r}: {exc}") from exc
-        return cls(collection, page_field, chunk_index_field)
+        if location.path:
+            from .chroma_sqlite import SqliteCollection
+
+            direct = SqliteCollection.open(
+                location.path,
+                location.collection,
+                lambda: _open_chromadb_collection(location, timeout_s),
+                tenant=location.tenant or "default_tenant",
+                database=location.database or "default_database",
+                timeout_s=timeout_s,
+            )
+            if direct is not None:
+                return cls(direct, page_field, chunk_index_field)
+        return cls(_open_chromadb_collection(location, timeout_s), page_field, chunk_index_field)
 
     def load_tree_document(self) -> tuple[str, Mapping[str, Any]]:
         try:

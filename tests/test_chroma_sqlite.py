@@ -1,0 +1,119 @@
+"""The embedded Chroma directory read through its SQLite file: the same answers as chromadb,
+chromadb taken instead whenever the file cannot be trusted, and a mount that never loads it."""
+
+from __future__ import annotations
+
+import shutil
+import sqlite3
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import chromadb
+import pytest
+
+from chromafs_fuse.chroma_sqlite import SqliteCollection
+from chromafs_fuse.chroma_store import ChromaLocation, ChromaPages
+from chromafs_fuse.names import TREE_RECORD_ID
+from chromafs_fuse.tree import parse_tree
+from helpers import SAMPLE_SITE, expected_visible, mounted
+
+SITE = "acme"  # the sample_chroma fixture's site
+CHROMADB_FOOTPRINT = ("chromadb_rust_bindings", "/numpy/", "pydantic_core")
+
+
+def _records(result: dict[str, Any]) -> dict[str, tuple[object, object]]:
+    return {record_id: (result["documents"][i], result["metadatas"][i]) for i, record_id in enumerate(result["ids"])}
+
+
+def _chromadb_collection(path: Path) -> Any:
+    return chromadb.PersistentClient(path=str(path)).get_collection(SITE, embedding_function=None)
+
+
+def _refuse() -> Any:
+    raise AssertionError("chromadb was opened though the SQLite file answers")
+
+
+def test_same_answers_as_chromadb(sample_chroma: Callable[[str], Path]) -> None:
+    path = sample_chroma("public")
+    direct = SqliteCollection.open(str(path), SITE, _refuse)
+    assert direct is not None and direct.is_current()
+    reference = _chromadb_collection(path)
+    tree_query: dict[str, Any] = {"ids": [TREE_RECORD_ID], "include": ["documents", "metadatas"]}
+    assert _records(direct.get(**tree_query)) == _records(reference.get(**tree_query))
+    tree = parse_tree(direct.get(ids=[TREE_RECORD_ID])["documents"][0])
+    slugs = sorted(tree.entries) + ["/" + k for k in tree.entries] + ["no/such/page.md"]
+    page_query: dict[str, Any] = {"where": {"page_slug": {"$in": slugs}}, "include": ["documents", "metadatas"]}
+    mine, theirs = _records(direct.get(**page_query)), _records(reference.get(**page_query))
+    assert mine == theirs and len(mine) > len(tree.entries) // 2
+    assert direct.get(ids=["no-such-id"])["ids"] == []
+
+
+def test_the_page_reader_uses_it_and_pages_match(sample_chroma: Callable[[str], Path]) -> None:
+    path = sample_chroma("public")
+    pages = ChromaPages.open(ChromaLocation(path=str(path), collection=SITE))
+    assert isinstance(pages.collection, SqliteCollection)
+    document, metadata = pages.load_tree_document()
+    reference = ChromaPages(_chromadb_collection(path))
+    assert (document, metadata) == reference.load_tree_document()
+    entries = list(parse_tree(document).entries.values())
+    assert pages.fetch_many(entries) == reference.fetch_many(entries)
+
+
+def test_unapplied_writes_in_the_log_go_through_chromadb(sample_chroma: Callable[[str], Path], tmp_path: Path) -> None:
+    copy = tmp_path / "chroma"
+    shutil.copytree(sample_chroma("public"), copy)
+    answered: list[dict[str, Any]] = []
+
+    class Recorder:  # stands in for the chromadb collection the fallback would open
+        def get(self, **query: Any) -> dict[str, Any]:
+            answered.append(query)
+            return {"ids": [], "documents": [], "metadatas": []}
+
+    direct = SqliteCollection.open(str(copy), SITE, Recorder)
+    assert direct is not None
+    direct.get(ids=[TREE_RECORD_ID])
+    assert answered == []
+    with sqlite3.connect(copy / "chroma.sqlite3") as db:  # a write the metadata segment has not applied
+        (collection_id,) = db.execute("SELECT id FROM collections WHERE name = ?", (SITE,)).fetchone()
+        (newest,) = db.execute("SELECT coalesce(max(seq_id), 0) FROM max_seq_id").fetchone()
+        db.execute(
+            "INSERT INTO embeddings_queue (seq_id, operation, topic, id) VALUES (?, 0, ?, 'pending')",
+            (newest + 1000, f"persistent://default/default/{collection_id}"),
+        )
+    assert not direct.is_current()
+    direct.get(ids=[TREE_RECORD_ID])
+    assert answered == [{"ids": [TREE_RECORD_ID], "where": None}]
+    direct.get(where={"page_slug": {"$eq": "x"}})  # a filter the adapter does not answer itself
+    assert len(answered) == 2
+
+
+@pytest.mark.parametrize("layout", ["no file", "not chroma", "unknown collection"])
+def test_a_directory_it_cannot_read_is_left_to_chromadb(
+    layout: str, sample_chroma: Callable[[str], Path], tmp_path: Path
+) -> None:
+    directory = tmp_path / "chroma"
+    name = SITE
+    if layout == "not chroma":
+        directory.mkdir()
+        with sqlite3.connect(directory / "chroma.sqlite3") as db:
+            db.execute("CREATE TABLE embeddings (id INTEGER PRIMARY KEY)")
+    elif layout == "unknown collection":
+        directory = sample_chroma("public")
+        name = "other-site"
+    assert SqliteCollection.open(str(directory), name, _refuse) is None
+
+
+def test_an_embedded_mount_never_loads_chromadb(
+    sample_chroma: Callable[[str], Path], mnt: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("CHROMAFS_MOUNTD_SOCKET", raising=False)  # a daemon of its own
+    path = sample_chroma("public")
+    with mounted(mnt, "--site", SITE, "--chroma-path", str(path), "--prefetch", "off"):
+        for rel in sorted(expected_visible(SAMPLE_SITE, "public", None)):
+            assert (mnt / rel).read_bytes() == (SAMPLE_SITE / rel).read_bytes(), rel
+        pid = int((mnt.parent / f"{mnt.name}.pid").read_text())
+        maps = Path(f"/proc/{pid}/maps").read_text()
+        assert "pyfuse3" in maps  # the right process, and its maps are readable
+        loaded = sorted({line.split()[-1] for line in maps.splitlines() if any(s in line for s in CHROMADB_FOOTPRINT)})
+        assert not loaded, f"the daemon loaded chromadb or its dependencies: {loaded}"
