@@ -150,34 +150,25 @@ class SqliteCollection:
             log.info("collection %s has writes Chroma has not applied yet: reading through chromadb", self.name)
         return dict(self._chromadb().get(ids=ids, where=where, **kwargs))
 
-    def _ids_where(self, column: str, values: list[str]) -> list[int]:
+    def _row_ids(self, query: str, values: list[str], before: tuple[str, ...], after: tuple[str, ...]) -> list[int]:
+        """Run `query` (its `{marks}` an IN list) over `values` in batches; the rows' ids."""
         connection = self._connection()
         found: list[int] = []
         for batch in _batches(values):
-            marks = ",".join("?" * len(batch))
-            found += [
-                row[0]
-                for row in connection.execute(
-                    f"SELECT id FROM embeddings WHERE segment_id = ? AND {column} IN ({marks})",
-                    (self._segment_id, *batch),
-                )
-            ]
+            sql = query.format(marks=",".join("?" * len(batch)))
+            found += [row[0] for row in connection.execute(sql, (*before, *batch, *after))]
         return found
 
+    def _ids_where(self, column: str, values: list[str]) -> list[int]:
+        query = f"SELECT id FROM embeddings WHERE segment_id = ? AND {column} IN ({{marks}})"
+        return self._row_ids(query, values, (self._segment_id,), ())
+
     def _ids_by_metadata(self, key: str, values: list[str]) -> list[int]:
-        connection = self._connection()
-        found: list[int] = []
-        for batch in _batches(values):
-            marks = ",".join("?" * len(batch))
-            found += [
-                row[0]
-                for row in connection.execute(
-                    "SELECT m.id FROM embedding_metadata m JOIN embeddings e ON e.id = m.id"
-                    f" WHERE m.key = ? AND m.string_value IN ({marks}) AND e.segment_id = ?",
-                    (key, *batch, self._segment_id),
-                )
-            ]
-        return found
+        query = (
+            "SELECT m.id FROM embedding_metadata m JOIN embeddings e ON e.id = m.id"
+            " WHERE m.key = ? AND m.string_value IN ({marks}) AND e.segment_id = ?"
+        )
+        return self._row_ids(query, values, (key,), (self._segment_id,))
 
     def _records(self, rows: list[int]) -> dict[str, Any]:
         connection = self._connection()

@@ -93,6 +93,19 @@ def mounted(mountpoint: Path, *args: str, env: dict[str, str] | None = None) -> 
                     os.kill(pid, signal.SIGKILL)
 
 
+# Shared objects that `import chromadb` maps into a process. chromadb itself is pure Python, so
+# its own name alone would never show in the maps.
+CHROMADB_FOOTPRINT = ("chromadb", "/numpy/", "pydantic_core", "/grpc/")
+
+
+def chromadb_libraries_loaded(mnt: Path) -> list[str]:
+    """The chromadb-related shared objects mapped into the daemon of `mnt` (mounted by `mounted`)."""
+    pid = int((mnt.parent / f"{mnt.name}.pid").read_text())
+    maps = Path(f"/proc/{pid}/maps").read_text()
+    assert "pyfuse3" in maps  # the right process, and its maps are readable
+    return sorted({line.split()[-1] for line in maps.splitlines() if any(s in line for s in CHROMADB_FOOTPRINT)})
+
+
 def kernel_open_mode(mnt: Path) -> str:
     """What `chromafs status` says of the mount: "skipped" (no-open mode) or "per open"."""
     out = run([str(BIN / "chromafs"), "status", "--json"])

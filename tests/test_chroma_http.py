@@ -20,13 +20,9 @@ from chromafs_fuse.chroma_store import BackendError, ChromaLocation, ChromaPages
 from chromafs_fuse.names import DEFAULT_PAGE_FIELD, TREE_RECORD_ID
 from chromafs_fuse.search import GrepQuery, candidate_pages
 from chromafs_fuse.tree import parse_tree
-from helpers import SAMPLE_SITE, expected_visible, ingest, mounted, try_mount
+from helpers import SAMPLE_SITE, chromadb_libraries_loaded, expected_visible, ingest, mounted, try_mount
 
 SITE = "http-adapter"
-
-# Shared objects that `import chromadb` maps into a process. chromadb itself is pure Python (its
-# Rust bindings load only for embedded use), so its own name alone would never show in the maps.
-CHROMADB_FOOTPRINT = ("chromadb", "/numpy/", "pydantic_core", "/grpc/")
 
 
 def _client(url: str, **scope: str) -> Any:
@@ -151,10 +147,7 @@ def test_mount_reads_through_the_adapter_without_chromadb(
     with mounted(mnt, "--site", SITE, "--chroma-url", served_site, "--prefetch", "off"):
         for rel in visible:
             assert (mnt / rel).read_bytes() == (SAMPLE_SITE / rel).read_bytes(), rel
-        pid = int((mnt.parent / f"{mnt.name}.pid").read_text())
-        maps = Path(f"/proc/{pid}/maps").read_text()
-        assert "pyfuse3" in maps  # the right process, and its maps are readable
-        loaded = sorted({line.split()[-1] for line in maps.splitlines() if any(s in line for s in CHROMADB_FOOTPRINT)})
+        loaded = chromadb_libraries_loaded(mnt)
         assert not loaded, f"the daemon loaded chromadb or its dependencies: {loaded}"
 
 
