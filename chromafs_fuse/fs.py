@@ -194,7 +194,7 @@ class ChromaOperations(pyfuse3.Operations):
     async def readdir(self, fh: int, start_id: int, token: pyfuse3.ReaddirToken) -> None:
         self.requests["readdir"] += 1
         table = self.table
-        children = table.children_at(table.index_of(fh))
+        children = table.children_at(self._index(fh))
         known = self._attrs
         reply = pyfuse3.readdir_reply
         for position in range(start_id, len(children)):
