@@ -9,7 +9,7 @@ Calls here are blocking; the filesystem runs them on worker threads.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -190,14 +190,47 @@ class ChromaPages:
         return document, metadata
 
     def fetch_many(self, entries: Sequence[PathEntry]) -> dict[str, list[tuple[object, object]]]:
-        """The chunks of several pages in one query, by page key."""
-        slugs = sorted({slug for entry in entries for slug in _slug_variants(entry)})
+        """The chunks of several pages, by page key: by id when the tree says how many chunks
+        chromafs-ingest wrote (a primary-key lookup), else (or when an id is missing) by the
+        page field (a metadata filter, several times slower on a large collection)."""
+        what = repr(entries[0].key) if len(entries) == 1 else f"{len(entries)} pages"
+        records: dict[str, list[Any]] = {"ids": [], "documents": [], "metadatas": []}
+        by_field = list(entries)
+        wanted = {
+            f"{entry.key}#{entry.sha256[:16]}#{index}": entry.key
+            for entry in entries
+            if entry.chunks and entry.sha256
+            for index in range(entry.chunks)
+        }
         try:
-            result = self.collection.get(where={self.page_field: {"$in": slugs}}, include=["documents", "metadatas"])
+            if wanted:
+                found = self.collection.get(ids=list(wanted), include=["documents", "metadatas"])
+                per_page: dict[str, int] = {}
+                for record_id in found.get("ids") or []:
+                    per_page[wanted[record_id]] = per_page.get(wanted[record_id], 0) + 1
+                by_field = [e for e in entries if not e.chunks or per_page.get(e.key) != e.chunks]
+                complete = {e.key for e in entries} - {e.key for e in by_field}
+                _extend(records, found, lambda record_id: wanted.get(record_id) in complete)
+            if by_field:
+                slugs = sorted({slug for entry in by_field for slug in _slug_variants(entry)})
+                result = self.collection.get(
+                    where={self.page_field: {"$in": slugs}}, include=["documents", "metadatas"]
+                )
+                _extend(records, result, lambda record_id: True)
         except Exception as exc:
-            what = repr(entries[0].key) if len(entries) == 1 else f"{len(entries)} pages"
             raise BackendError(f"fetching chunks of {what} failed: {exc}") from exc
-        return _pick_chunks(entries, self.page_field, self.chunk_index_field, result)
+        return _pick_chunks(entries, self.page_field, self.chunk_index_field, records)
+
+
+def _extend(records: dict[str, list[Any]], result: Mapping[str, Any], keep: Callable[[str], bool]) -> None:
+    ids: Sequence[str] = result.get("ids") or []
+    documents: Sequence[object] = result.get("documents") or [None] * len(ids)
+    metadatas: Sequence[object] = result.get("metadatas") or [None] * len(ids)
+    for record_id, document, metadata in zip(ids, documents, metadatas, strict=False):
+        if keep(record_id):
+            records["ids"].append(record_id)
+            records["documents"].append(document)
+            records["metadatas"].append(metadata)
 
 
 def _slug_variants(entry: PathEntry) -> list[str]:

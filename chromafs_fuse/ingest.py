@@ -43,7 +43,7 @@ from .names import (
     TREE_RECORD_KIND,
 )
 from .pathrules import InvalidPath, normalize_key
-from .tree import TreeError, encode_tree_document, parse_tree
+from .tree import PathEntry, TreeError, encode_tree_document, parse_tree
 
 log = logging.getLogger("chromafs.ingest")
 DEFAULT_LARGE_FILE_THRESHOLD = 1024 * 1024
@@ -181,7 +181,7 @@ def ingest(options: IngestOptions, show_progress: bool = False) -> IngestSummary
         metadata={"hnsw:space": "l2", FORMAT_FIELD: FORMAT_VERSION},
     )
     batch_size = min(1000, int(getattr(client, "get_max_batch_size", lambda: 1000)()))
-    old_shas = _existing_shas(collection)
+    old_pages = _existing_pages(collection)
 
     tree: dict[str, dict[str, Any]] = {}
     pending_ids: list[str] = []
@@ -224,12 +224,17 @@ def ingest(options: IngestOptions, show_progress: bool = False) -> IngestSummary
             summary.bytes += len(source.data)
             if "blob" in entry:
                 continue
-            if old_shas.get(source.key) == sha:
+            previous = old_pages.get(source.key)
+            if previous is not None and previous.sha256 == sha:
                 summary.unchanged += 1
+                if previous.chunks is not None:
+                    entry["chunks"] = previous.chunks
                 continue
             summary.updated += 1
             assert source.text is not None
-            for index, chunk in enumerate(split_page(source.text, options.max_chunk_chars)):
+            chunks = split_page(source.text, options.max_chunk_chars)
+            entry["chunks"] = len(chunks)
+            for index, chunk in enumerate(chunks):
                 pending_ids.append(f"{source.key}#{sha[:16]}#{index}")
                 pending_docs.append(chunk)
                 pending_meta.append(
@@ -246,13 +251,15 @@ def ingest(options: IngestOptions, show_progress: bool = False) -> IngestSummary
         metadatas=[{RECORD_KIND_FIELD: TREE_RECORD_KIND, FORMAT_FIELD: FORMAT_VERSION, "site": options.site}],
         embeddings=[[0.0] * (dimensions or len(embed([""])[0]))],
     )
-    stale_pages = [k for k in old_shas if old_shas[k] != tree.get(k, {}).get("sha256") or "blob" in tree.get(k, {})]
-    summary.removed = sum(1 for k in old_shas if k not in tree)
+    stale_pages = [
+        k for k, old in old_pages.items() if old.sha256 != tree.get(k, {}).get("sha256") or "blob" in tree.get(k, {})
+    ]
+    summary.removed = sum(1 for k in old_pages if k not in tree)
     _delete_stale_chunks(collection, options.page_field, stale_pages, tree, batch_size)
     return summary
 
 
-def _existing_shas(collection: Any) -> dict[str, str | None]:
+def _existing_pages(collection: Any) -> dict[str, PathEntry]:
     result = collection.get(ids=[TREE_RECORD_ID], include=["documents"])
     if not result["ids"] or not result["documents"] or not isinstance(result["documents"][0], str):
         return {}
@@ -262,7 +269,7 @@ def _existing_shas(collection: Any) -> dict[str, str | None]:
         log.warning("the existing path tree is unreadable; every page is rewritten")
         return {}
     # Only pages stored as chunks count: a page that was a blob must get chunks written.
-    return {key: entry.sha256 for key, entry in tree.entries.items() if entry.blob is None}
+    return {key: entry for key, entry in tree.entries.items() if entry.blob is None}
 
 
 def _delete_stale_chunks(

@@ -84,6 +84,7 @@ class InodeTable:
         self._count = array("l")  # its number of children (0 for files)
         self._size = array("q")  # -1: not in the tree
         self._mtime = array("d")  # NaN: not in the tree
+        self._chunks = array("l")  # 0: not in the tree
         self._name_end = array("l")
         self._path_end = array("l")
         self._has_sha = bytearray()
@@ -120,6 +121,7 @@ class InodeTable:
             self._name_end.append(len(names))
             paths.extend(path.encode("utf-8"))
             self._path_end.append(len(paths))
+            self._chunks.append(0 if entry is None or entry.chunks is None else entry.chunks)
             if entry is None:
                 self._size.append(0)
                 self._mtime.append(math.nan)
@@ -241,6 +243,7 @@ class InodeTable:
                 sha256=self._sha[32 * index : 32 * index + 32].hex() if self._has_sha[index] else None,
                 mtime=None if math.isnan(mtime) else mtime,
                 blob=self._blobs.get(index),
+                chunks=self._chunks[index] or None,
             )
         return Node(
             index,

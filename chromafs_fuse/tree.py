@@ -20,6 +20,9 @@ except ImportError:  # pragma: no cover
     _loads = json.loads
 
 
+MAX_CHUNKS = 1 << 31
+
+
 class TreeError(ValueError):
     """The tree record cannot be used at all: the site is refused."""
 
@@ -45,6 +48,7 @@ class PathEntry:
     sha256: str | None = None
     mtime: float | None = None
     blob: BlobPointer | None = None
+    chunks: int | None = None  # how many chunks the ingest wrote: their ids can be computed
 
 
 @dataclass(slots=True)
@@ -150,6 +154,9 @@ def _parse_entry(source_key: str, raw: object, group_sets: dict[tuple[str, ...],
     if blob is not None:
         size = blob.size
         sha256 = blob.sha256 or sha256
+    chunks = raw.get("chunks")
+    if isinstance(chunks, bool) or not isinstance(chunks, int) or not 0 < chunks < MAX_CHUNKS:
+        chunks = None  # only a hint: without it pages are found by the page field
     return PathEntry(
         key=key,
         source_key=source_key,
@@ -159,6 +166,7 @@ def _parse_entry(source_key: str, raw: object, group_sets: dict[tuple[str, ...],
         sha256=sha256,
         mtime=float(mtime) if mtime is not None else None,
         blob=blob,
+        chunks=chunks,
     )
 
 

@@ -175,6 +175,7 @@ FULL_ENTRY = st.fixed_dictionaries(
         "sha256": st.binary(min_size=32, max_size=32).map(bytes.hex),
         "mtime": st.floats(0, 4e9, allow_nan=False),
         "blob": st.fixed_dictionaries({"url": st.just("s3://b/k"), "size": st.integers(0, 10**6)}),
+        "chunks": st.integers(1, 10**6),
     },
 )
 
