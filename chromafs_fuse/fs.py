@@ -31,6 +31,7 @@ log = logging.getLogger(__name__)
 DIR_MODE = stat.S_IFDIR | 0o555
 FILE_MODE = stat.S_IFREG | 0o444
 BLOCK_SIZE = 4096
+_OWNER = (os.getuid(), os.getgid())  # every node shows the daemon's real uid and gid
 
 
 def _erofs() -> pyfuse3.FUSEError:
@@ -52,8 +53,7 @@ def node_attributes(
     attrs.generation = 0
     attrs.entry_timeout = timeout_s
     attrs.attr_timeout = timeout_s
-    attrs.st_uid = os.getuid()
-    attrs.st_gid = os.getgid()
+    attrs.st_uid, attrs.st_gid = _OWNER
     attrs.st_rdev = 0
     attrs.st_blksize = BLOCK_SIZE
     mtime_ns = default_time_ns
@@ -85,12 +85,12 @@ Attributes = list[pyfuse3.EntryAttributes | None]  # by node index
 def table_attributes(table: InodeTable, default_time_ns: int, timeout_s: float) -> Attributes:
     """The attributes of every node whose size the tree gives, built ahead of the first
     listing: the mount server does this once per table, and forked mounts share it."""
-    return [
-        None
-        if not table.is_dir_at(index) and table.size_at(index) is None
-        else node_attributes(table, index, table.size_at(index), default_time_ns, timeout_s)
-        for index in range(len(table))
-    ]
+    attributes: Attributes = []
+    for index in range(len(table)):
+        size = table.size_at(index)
+        known = size is not None or table.is_dir_at(index)
+        attributes.append(node_attributes(table, index, size, default_time_ns, timeout_s) if known else None)
+    return attributes
 
 
 class ChromaOperations(pyfuse3.Operations):
