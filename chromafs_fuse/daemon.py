@@ -30,6 +30,7 @@ from .service import StatusFile, limit_malloc_arenas, sd_notify, start_metrics_s
 from .session import load_site, resolve_principal
 from .tokens import TokenError
 from .tree import TreeError
+from .watchdog import start_watchdog, stop_watchdog
 
 log = logging.getLogger("chromafs.mount")
 READY = b"READY\n"
@@ -53,6 +54,7 @@ def prepare(args: argparse.Namespace, principal: Principal, preloaded: tuple | N
         args.readahead_pages,
         no_open=pyfuse3_passes_inode(),
         attributes=preloaded[2] if preloaded else None,
+        push_pages=getattr(args, "push_pages", True),
     )
 
 
@@ -86,6 +88,7 @@ def describe_mount(args: argparse.Namespace, ops: ChromaOperations, principal: P
             "memory": [source.cache.hits, source.cache.misses],
             "redis": [shared.hits, shared.misses] if shared else [0, 0],
         },
+        "pages_pushed": ops.pushed_counts(),
         "pages_cached": len(source.cache),
         "cached_bytes": source.cache.current_bytes,
         "backend_errors": {**source.backend_errors, "redis": shared.errors if shared else 0},
@@ -140,6 +143,7 @@ def serve(
     async def run() -> None:
         async with trio.open_nursery() as nursery:
             ops.source.nursery = nursery
+            ops.start_pushing(trio.lowlevel.current_trio_token())
             nursery.start_soon(watch_signals)
             nursery.start_soon(announce_ready)
             nursery.start_soon(refresh_status)
@@ -152,12 +156,16 @@ def serve(
     # garbage do not walk the whole heap on the request path.
     gc.collect()
     gc.freeze()
+    # Only pushed pages can leave a thread waiting in the kernel on a killed daemon.
+    watchdog = start_watchdog(mountpoint) if ops.push_pages else None
     if args.pid_file:
         with open(args.pid_file, "w") as f:
             f.write(f"{os.getpid()}\n")
     try:
         trio.run(run)
     finally:
+        stop_watchdog(watchdog)
+        ops.stop_pushing()
         pyfuse3.close(unmount=True)
         status.remove()
         log.info("unmounted %s; requests served: %s", mountpoint, dict(ops.requests))

@@ -21,8 +21,10 @@ import time
 from collections import Counter
 
 import pyfuse3
+import trio
 
 from .inodes import ROOT_INODE, InodeTable, Node
+from .kernel_push import KernelPusher, store_pages_one_by_one
 from .page_source import PageSource, PageUnavailable
 from .stats import LatencyHistogram
 from .tree import PathEntry
@@ -105,6 +107,7 @@ class ChromaOperations(pyfuse3.Operations):
         readahead_pages: int = 32,
         no_open: bool = False,
         attributes: tuple[int, Attributes] | None = None,
+        push_pages: bool = False,
     ) -> None:
         super().__init__()
         self.table = table
@@ -119,6 +122,12 @@ class ChromaOperations(pyfuse3.Operations):
             attributes if attributes is not None else (time.time_ns(), [None] * len(table))
         )
         self._delivered = bytearray(len(table.file_order))  # by file order: the kernel has it
+        # Pushing pages needs the kernel to keep them across opens: no-open mode only.
+        self.push_pages = push_pages and self.no_open
+        self._pusher: KernelPusher | None = None
+        self._pushing: dict[int, str] = {}  # file order -> page key, offered to the kernel
+        self._listed = bytearray(len(table))  # by node index: the kernel has listed this directory
+        self._swept = bytearray(len(table))  # by node index: its loaded pages were offered after a read
         self._negative = pyfuse3.EntryAttributes()
         self._negative.st_ino = 0
         self._negative.entry_timeout = cache_timeout_s
@@ -194,7 +203,8 @@ class ChromaOperations(pyfuse3.Operations):
     async def readdir(self, fh: int, start_id: int, token: pyfuse3.ReaddirToken) -> None:
         self.requests["readdir"] += 1
         table = self.table
-        children = table.children_at(self._index(fh))
+        index = self._index(fh)
+        children = table.children_at(index)
         known = self._attrs
         reply = pyfuse3.readdir_reply
         for position in range(start_id, len(children)):
@@ -202,6 +212,7 @@ class ChromaOperations(pyfuse3.Operations):
             attrs = known[child] or self._attributes(child)
             if not reply(token, table.name_at(child), attrs, position + 1):
                 return
+        self._listed[index] = 1
 
     async def releasedir(self, fh: int) -> None:
         self.requests["releasedir"] += 1
@@ -227,6 +238,8 @@ class ChromaOperations(pyfuse3.Operations):
         node = self.table.get(fh)  # fh is the inode in both modes
         assert node is not None and node.entry is not None
         entry = node.entry
+        if self._pusher is not None:
+            self._pusher.being_read[node.order] = 1  # a store now would wait for this read
         if off == 0 and self.readahead_pages and entry.blob is None:
             self._read_ahead(node, entry)
         started = time.perf_counter()
@@ -235,8 +248,10 @@ class ChromaOperations(pyfuse3.Operations):
             if entry.size is not None and entry.blob is None and off + len(data) >= entry.size:
                 # The kernel caches every file of known size (keep_cache, or no-open mode):
                 # once it has the last bytes, this copy only costs memory.
-                self.source.release(entry)
+                self.source.release(entry.key)
                 self._delivered[node.order] = 1
+            if self._pusher is not None:
+                self._after_read(node.index)
             return data
         except PageUnavailable:
             raise pyfuse3.FUSEError(errno.EIO) from None
@@ -251,15 +266,17 @@ class ChromaOperations(pyfuse3.Operations):
         reads them, across directories) in one batch. A first read of a loaded page looks half a
         window further: if that file is neither loaded nor loading, a batch four windows long
         starts there, so a reader going through the tree keeps the backend busy with large
-        batches instead of waiting at each boundary. Files already handed to the kernel are
-        left out: it has them."""
+        batches instead of waiting at each boundary. When pages are pushed to the kernel, reads
+        reach the daemon only now and then, so every read looks two windows further. Files
+        already handed to the kernel are left out: it has them."""
         window = self.readahead_pages
         if not self.source.is_cached(entry):  # a reader waits for this batch either way
             # The aligned block around the file: readers that go backwards or jump around
             # within a directory (rg's threads take files last in, first out) hit it too.
             self._load_ahead(node.order - node.order % window, window, reader_waits=True)
-            return
-        ahead = self.table.file_at(node.order + window // 2)
+            if self._pusher is None:
+                return
+        ahead = self.table.file_at(node.order + (2 * window if self._pusher else window // 2))
         if (
             ahead is not None
             and ahead.entry is not None
@@ -270,8 +287,79 @@ class ChromaOperations(pyfuse3.Operations):
 
     def _load_ahead(self, index: int, count: int, reader_waits: bool = False) -> None:
         delivered = self._delivered
-        entries = [n.entry for n in self.table.files_from(index, count) if n.entry and not delivered[n.order]]
-        self.source.read_ahead(entries, reader_waits=reader_waits)
+        nodes = [n for n in self.table.files_from(index, count) if n.entry and not delivered[n.order]]
+        on_loaded = None
+        if self._pusher is not None:
+            indexes = [n.index for n in nodes]
+            on_loaded = lambda: self._offer_listed(indexes)  # noqa: E731
+        self.source.read_ahead([n.entry for n in nodes if n.entry], reader_waits=reader_waits, on_loaded=on_loaded)
+
+    # -- pushing pages into the kernel's cache ------------------------------------
+    # A page reaches the kernel either as the answer to a read or, ahead of it, through
+    # KernelPusher. Pages loaded for a directory the kernel has not listed yet stay here
+    # (the kernel would refuse them) until the first read in that directory offers them all.
+
+    def start_pushing(self, token: trio.lowlevel.TrioToken) -> None:
+        if self.push_pages and self._pusher is None:
+            store = getattr(pyfuse3, "store_pages", None) or store_pages_one_by_one(pyfuse3.notify_store)
+            self._pusher = KernelPusher(
+                store,
+                lambda: token.run_sync_soon(self._take_outcomes, idempotent=True),
+                len(self.table.file_order),
+            )
+            self._pusher.start()
+
+    def pushed_counts(self) -> dict[str, int]:
+        """Pages the kernel took ahead of a read, and pages it refused (not listed yet)."""
+        pusher = self._pusher
+        if pusher is None:
+            return {}
+        return {"stored": pusher.stored, "refused": pusher.refused, "skipped": pusher.skipped}
+
+    def stop_pushing(self) -> None:
+        if self._pusher is not None:
+            self._pusher.stop()
+
+    def _offer(self, index: int) -> None:
+        order = self.table.order_at(index)
+        if self._delivered[order] or order in self._pushing:
+            return
+        key = self.table.key_at(index)
+        data = self.source.peek(key)
+        if data is None:
+            return
+        assert self._pusher is not None
+        self._pushing[order] = key
+        self._pusher.offer(order, self.table.inode_at(index), data)
+
+    def _offer_listed(self, indexes: list[int]) -> None:
+        listed, parent_at = self._listed, self.table.parent_at
+        for index in indexes:
+            if listed[parent_at(index)]:
+                self._offer(index)
+
+    def _after_read(self, index: int) -> None:
+        """A read shows the kernel holds this file's directory: offer every loaded sibling."""
+        self._take_outcomes()
+        table = self.table
+        parent = table.parent_at(index)
+        if self._swept[parent]:
+            return
+        self._swept[parent] = self._listed[parent] = 1
+        for child in table.children_at(parent):
+            if not table.is_dir_at(child):
+                self._offer(child)
+
+    def _take_outcomes(self) -> None:
+        if self._pusher is None:
+            return
+        outcomes, pushing = self._pusher.outcomes, self._pushing
+        while outcomes:
+            order, stored = outcomes.popleft()
+            key = pushing.pop(order, None)
+            if stored and key is not None:
+                self._delivered[order] = 1
+                self.source.release(key)
 
     async def release(self, fh: int) -> None:
         self.requests["release"] += 1

@@ -212,6 +212,14 @@ class InodeTable:
         """The node's path ("" for the root)."""
         return self._paths[self._path_end[index - 1] if index else 0 : self._path_end[index]].decode("utf-8")
 
+    def parent_at(self, index: int) -> int:
+        """The parent directory's index (the root's is its own)."""
+        return self._parent[index]
+
+    def order_at(self, index: int) -> int:
+        """A file's position in file_order; -1 for directories."""
+        return self._order[index]
+
     def inode_at(self, index: int) -> int:
         return self._inode[index]
 

@@ -50,6 +50,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=32,
         help="on a cache miss, load this many pages of the same directory in one batch (0: off)",
     )
+    parser.add_argument(
+        "--push-pages",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="hand read-ahead pages to the kernel's page cache before they are read (no-open mode only)",
+    )
     parser.add_argument("--pid-file", help="write the daemon's PID here while it serves")
     parser.add_argument("--log-format", choices=["text", "json"], default="text", help="one line per event")
     parser.add_argument("--metrics-addr", metavar="HOST:PORT", help="serve Prometheus metrics here")

@@ -132,12 +132,18 @@ class PageSource:
         key = self._cache_key(entry)
         return key in self.cache or key in self._inflight
 
-    def read_ahead(self, entries: Sequence[PathEntry], reader_waits: bool = False) -> None:
+    def read_ahead(
+        self,
+        entries: Sequence[PathEntry],
+        reader_waits: bool = False,
+        on_loaded: Callable[[], None] | None = None,
+    ) -> None:
         """Start loading these pages in one batch in the background (one Redis MGET or one
         Chroma query), so that reading files one by one, as `grep -r` and `cat *` do, costs one
         round trip per batch instead of one per file. Reads of a page in the batch wait for it
         instead of fetching it again. A speculative batch (no reader waits for it) is dropped
-        when MAX_READAHEAD_BATCHES are already in flight."""
+        when MAX_READAHEAD_BATCHES are already in flight. `on_loaded` runs on the loop once
+        the batch's pages are in the cache."""
         if self.nursery is None:
             return
         if self._batches >= MAX_READAHEAD_BATCHES and not reader_waits:
@@ -153,9 +159,11 @@ class PageSource:
         for entry in todo:
             self._inflight[self._cache_key(entry)] = done
         self._batches += 1
-        self.nursery.start_soon(self._load_batch, todo, done)
+        self.nursery.start_soon(self._load_batch, todo, done, on_loaded)
 
-    async def _load_batch(self, todo: list[PathEntry], done: trio.Event) -> None:
+    async def _load_batch(
+        self, todo: list[PathEntry], done: trio.Event, on_loaded: Callable[[], None] | None = None
+    ) -> None:
         try:
             with trio.fail_after(self.timeout_s):
                 results = await trio.to_thread.run_sync(
@@ -165,6 +173,8 @@ class PageSource:
                 data = results.get(entry.key)
                 if isinstance(data, bytes):
                     self._remember(entry, data)
+            if on_loaded is not None:
+                on_loaded()
         except Exception as exc:  # the readers waiting on the batch fetch (and report) themselves
             log.debug("read-ahead batch failed: %r", exc)
         finally:
@@ -178,10 +188,14 @@ class PageSource:
         if entry.size is None:
             self.learned_sizes[entry.key] = len(data)
 
-    def release(self, entry: PathEntry) -> None:
+    def peek(self, page_key: str) -> bytes | None:
+        """The page at this key (a PathEntry's key) if it is in memory; counts nothing."""
+        return self.cache.peek(f"{self.tree_version}:{page_key}")
+
+    def release(self, page_key: str) -> None:
         """Drop a page the kernel now holds in its own page cache: it asks again only if it
         evicts the page, and then the shared cache or Chroma serves it."""
-        self.cache.pop(self._cache_key(entry))
+        self.cache.pop(f"{self.tree_version}:{page_key}")
 
     # -- worker-thread side --------------------------------------------------
 

@@ -147,6 +147,14 @@ def start_metrics_server(address: str, collect: Callable[[], dict[str, Any]]) ->
                 buckets=data["read_latency"],
                 sum_value=data["read_latency_sum_s"],
             )
+            pushed = CounterMetricFamily(
+                "chromafs_pages_pushed",
+                "Pages offered to the kernel's page cache ahead of a read, by outcome",
+                labels=["outcome"],
+            )
+            for outcome, count in data.get("pages_pushed", {}).items():
+                pushed.add_metric([outcome], count)
+            yield pushed
             gauge = GaugeMetricFamily("chromafs_cached_bytes", "Bytes in the in-process page cache")
             gauge.add_metric([], data["cached_bytes"])
             yield gauge

@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Build and install pyfuse3 with the inode passed to read/readdir in no-open mode.
+"""Build and install pyfuse3 with the inode passed to read/readdir in no-open mode, and a
+batched notify_store.
 
 pyfuse3 hands `read` and `readdir` only the file handle. When a filesystem
 answers `open`/`opendir` with ENOSYS, the kernel (Linux >= 4.19 / 5.1) stops
@@ -8,15 +9,21 @@ across opens and caches directory listings (FOPEN_KEEP_CACHE, FOPEN_CACHE_DIR)
 - but every later read then carries file handle 0, and the filesystem cannot
 tell which file it is for. This script downloads the pyfuse3 source release,
 changes two lines of `handlers.pxi` so that a zero file handle is replaced by
-the request's inode, adds a marker module (`pyfuse3.chromafs_inode_fallback`)
-by which chromafs detects the build, and installs it into the running Python.
+the request's inode, adds `store_pages`, which stores many whole files in the
+kernel's page cache with the GIL released once for all of them (pyfuse3's
+`notify_store` takes and drops the GIL per page, and a thread that drops it
+often waits behind the others to take it back), adds a marker module
+(`pyfuse3.chromafs_inode_fallback`, with `BUILD`) by which chromafs detects the
+build, and installs it into the running Python.
 
 Without it chromafs still works, in open mode (one daemon round trip per open
-and per release). Usage: .venv/bin/python scripts/build_pyfuse3.py
+and per release). Usage: .venv/bin/python scripts/build_pyfuse3.py [--check]
+(--check: exit 0 if this build is already installed, 1 if not, without building).
 """
 
 from __future__ import annotations
 
+import importlib
 import os
 import subprocess
 import sys
@@ -25,13 +32,53 @@ import tempfile
 from pathlib import Path
 
 PYFUSE3_VERSION = "3.5.0"
-LOCAL_LABEL = "chromafs1"
+LOCAL_LABEL = "chromafs2"
+BUILD = 2  # scripts/setup rebuilds when the installed marker has an older BUILD
 MARKER_MODULE = "chromafs_inode_fallback"
 # (function, the line in it, what it becomes): a zero fh means the kernel skipped open.
 EDITS = [
     ("cdef void fuse_read (", "    c.fh = fi.fh\n", "    c.fh = fi.fh if fi.fh else ino\n"),
     ("cdef void fuse_readdirplus (", "    c.fh = fi.fh\n", "    c.fh = fi.fh if fi.fh else ino\n"),
 ]
+
+# Appended to pyfuse3's __init__.pyx.
+STORE_PAGES = '''
+
+def store_pages(list pages):
+    """Store each (inode, data) in the kernel's page cache at offset 0 (data: the whole
+    file), with the GIL released once for all. Returns 0 or -errno for each page."""
+    cdef Py_ssize_t count = len(pages)
+    cdef Py_ssize_t i
+    cdef Py_ssize_t taken = 0
+    cdef fuse_bufvec bufvec
+    cdef Py_buffer *views = <Py_buffer *> stdlib.calloc(count + 1, sizeof(Py_buffer))
+    cdef fuse_ino_t *inodes = <fuse_ino_t *> stdlib.calloc(count + 1, sizeof(fuse_ino_t))
+    cdef int *results = <int *> stdlib.calloc(count + 1, sizeof(int))
+    try:
+        if views == NULL or inodes == NULL or results == NULL:
+            raise MemoryError()
+        for i in range(count):
+            inode, data = pages[i]
+            inodes[i] = inode
+            PyObject_GetBuffer(data, &views[i], PyBUF_CONTIG_RO)
+            taken += 1
+        with nogil:
+            for i in range(count):
+                bufvec.count = 1
+                bufvec.idx = 0
+                bufvec.off = 0
+                bufvec.buf[0].flags = 0
+                bufvec.buf[0].mem = views[i].buf
+                bufvec.buf[0].size = <size_t> views[i].len
+                results[i] = fuse_lowlevel_notify_store(session, inodes[i], 0, &bufvec, 0)
+        return [results[i] for i in range(count)]
+    finally:
+        for i in range(taken):
+            PyBuffer_Release(&views[i])
+        stdlib.free(views)
+        stdlib.free(inodes)
+        stdlib.free(results)
+'''
 
 
 def patch_handlers(handlers: Path) -> None:
@@ -46,7 +93,18 @@ def patch_handlers(handlers: Path) -> None:
     handlers.write_text(text)
 
 
+def installed_build() -> int:
+    """The BUILD of the installed patched pyfuse3; 0 for none (stock or missing)."""
+    try:
+        marker = importlib.import_module(f"pyfuse3.{MARKER_MODULE}")
+    except ImportError:
+        return 0
+    return int(getattr(marker, "BUILD", 1))
+
+
 def main() -> int:
+    if sys.argv[1:] == ["--check"]:
+        return 0 if installed_build() >= BUILD else 1
     python = sys.executable
     with tempfile.TemporaryDirectory(prefix="pyfuse3-build-") as tmp:
         work = Path(tmp)
@@ -60,8 +118,12 @@ def main() -> int:
             tar.extractall(work, filter="data")
         source = work / f"pyfuse3-{PYFUSE3_VERSION}"
         patch_handlers(source / "src" / "pyfuse3" / "handlers.pxi")
+        init = source / "src" / "pyfuse3" / "__init__.pyx"
+        init.write_text(init.read_text() + STORE_PAGES)
         (source / "src" / "pyfuse3" / f"{MARKER_MODULE}.py").write_text(
-            '"""Marker: this pyfuse3 passes the inode as fh to read/readdir when the kernel skipped open."""\n'
+            '"""Marker: this pyfuse3 passes the inode as fh to read/readdir when the kernel skipped open,\n'
+            'and has store_pages."""\n\n'
+            f"BUILD = {BUILD}\n"
         )
         env = dict(os.environ, SETUPTOOLS_SCM_PRETEND_VERSION=f"{PYFUSE3_VERSION}+{LOCAL_LABEL}")
         subprocess.run(
