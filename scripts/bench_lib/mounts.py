@@ -59,14 +59,28 @@ def wait_exit(pid: int, wait_s: float = 10.0) -> int | None:
     return -signal.SIGKILL
 
 
-def memory_kb(pid: int) -> dict[str, int]:
-    """Rss and Pss (kB) of a process, from /proc/PID/smaps_rollup."""
+def _smaps_rollup(pid: int) -> dict[str, int]:
     out: dict[str, int] = {}
     with open(f"/proc/{pid}/smaps_rollup") as f:
         for line in f:
             name, _, rest = line.partition(":")
             if name in ("Rss", "Pss"):
                 out[name.lower()] = int(rest.split()[0])
+    return out
+
+
+def memory_kb(pid: int) -> dict[str, int]:
+    """Rss of the daemon and Pss (kB) of the daemon plus its child processes (the watchdog a
+    mount forks when it pushes pages), from /proc/PID/smaps_rollup. Pss splits the pages a
+    forked child shares with the daemon between them, so the sum counts each page once."""
+    out = _smaps_rollup(pid)
+    try:
+        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    except OSError:
+        children = []
+    for child in children:
+        with contextlib.suppress(OSError):
+            out["pss"] += _smaps_rollup(int(child)).get("pss", 0)
     return out
 
 
