@@ -1,0 +1,180 @@
+"""Pages pushed into the kernel's page cache ahead of reads (FUSE notify_store), and the
+watchdog that keeps a killed daemon from hanging its mount."""
+
+from __future__ import annotations
+
+import errno
+import os
+import re
+import signal
+import subprocess
+import threading
+import time
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from chromafs_fuse.kernel_push import KernelPusher
+from chromafs_fuse.watchdog import connection_of
+from helpers import SAMPLE_SITE, expected_visible, free_port, mounted, run
+
+REQUEST_LINE = re.compile(r'^chromafs_requests_total\{op="(\w+)"\} ([0-9.e+]+)$', re.M)
+PUSHED_LINE = re.compile(r'^chromafs_pages_pushed_total\{outcome="(\w+)"\} ([0-9.e+]+)$', re.M)
+
+
+def _metrics(port: int) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+        return str(response.read().decode())
+
+
+def _counts(pattern: re.Pattern[str], port: int) -> dict[str, int]:
+    return {name: int(float(count)) for name, count in pattern.findall(_metrics(port))}
+
+
+def _text_files() -> list[str]:
+    return sorted(r for r in expected_visible(SAMPLE_SITE, "public", None) if not r.endswith(".png"))
+
+
+@pytest.mark.parametrize("push", [True, False], ids=["push", "no-push"])
+def test_a_cold_grep_reads_pushed_pages_without_asking_the_daemon(
+    sample_chroma: Callable[[str], Path], mnt: Path, push: bool
+) -> None:
+    port = free_port()
+    flag = "--push-pages" if push else "--no-push-pages"
+    chroma = str(sample_chroma("public"))
+    args = ("--site", "acme", "--chroma-path", chroma, "--prefetch", "off", "--metrics-addr", f"127.0.0.1:{port}")
+    with mounted(mnt, *args, flag):
+        assert run(["grep", "-rlI", "zzz-not-there", str(mnt)]).returncode == 1  # reads every text file
+        deadline = time.monotonic() + 5
+        while push and _counts(PUSHED_LINE, port).get("stored", 0) == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        reads = _counts(REQUEST_LINE, port).get("read", 0)
+        pushed = _counts(PUSHED_LINE, port)
+        files = _text_files()
+        if push:
+            assert pushed.get("stored", 0) > 0, pushed
+            assert reads < len(files), f"{reads} reads for {len(files)} files: nothing was pushed ahead"
+        else:
+            assert pushed.get("stored", 0) == 0
+            assert reads >= len(files)
+        # Whatever way each page reached the kernel, the bytes are the source's, to the last one.
+        for relative in files:
+            assert (mnt / relative).read_bytes() == (SAMPLE_SITE / relative).read_bytes(), relative
+        assert _counts(REQUEST_LINE, port).get("read", 0) == reads, "a second read reached the daemon"
+
+
+def test_pushing_never_shows_a_hidden_page(sample_chroma: Callable[[str], Path], mnt: Path) -> None:
+    chroma = str(sample_chroma("public"))
+    visible = expected_visible(SAMPLE_SITE, "public", None)
+    every = sorted(str(p.relative_to(SAMPLE_SITE)) for p in SAMPLE_SITE.rglob("*") if p.is_file())
+    hidden = [r for r in every if r not in visible]
+    assert hidden, "the sample site must have hidden pages"
+    with mounted(mnt, "--site", "acme", "--chroma-path", chroma, "--prefetch", "on"):
+        run(["grep", "-rl", "e", str(mnt)])  # every visible page pushed or read
+        for relative in hidden:
+            with pytest.raises(FileNotFoundError):
+                os.stat(mnt / relative)
+        listed = {str(p.relative_to(mnt)) for p in mnt.rglob("*") if p.is_file()}
+        assert listed == visible
+
+
+def _children(pid: int) -> list[int]:
+    return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+
+
+def _wait_gone(pid: int, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        try:
+            with open(f"/proc/{pid}/stat") as f:  # a zombie is gone too: only its parent's wait is left
+                if f.read().rpartition(")")[2].split()[0] == "Z":
+                    return True
+        except FileNotFoundError:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_the_watchdog_lives_and_dies_with_its_mount(sample_chroma: Callable[[str], Path], mnt: Path) -> None:
+    chroma = str(sample_chroma("public"))
+    with mounted(mnt, "--site", "acme", "--chroma-path", chroma):
+        daemon = int((mnt.parent / "mnt.pid").read_text())
+        (watchdog,) = _children(daemon)
+        # It holds no descriptor of the FUSE device: that would keep a dead daemon's mount alive.
+        for fd in os.listdir(f"/proc/{watchdog}/fd"):
+            assert os.readlink(f"/proc/{watchdog}/fd/{fd}") != "/dev/fuse"
+    assert _wait_gone(watchdog, 5), "the watchdog outlived a normal unmount"
+
+    with mounted(mnt, "--site", "acme", "--chroma-path", chroma, "--no-push-pages"):
+        assert _children(int((mnt.parent / "mnt.pid").read_text())) == []  # nothing to watch for
+
+
+def test_a_killed_daemon_never_leaves_a_hung_mount(sample_chroma: Callable[[str], Path], mnt: Path) -> None:
+    """SIGKILL while a reader is going through the site: the daemon and its watchdog are gone in
+    seconds, the reader gets an error or its output, and the next mount works."""
+    chroma = str(sample_chroma("public"))
+    for attempt in range(5):
+        with mounted(mnt, "--site", "acme", "--chroma-path", chroma, "--prefetch", "off", "--readahead-pages", "4"):
+            daemon = int((mnt.parent / "mnt.pid").read_text())
+            (watchdog,) = _children(daemon)
+            reader = subprocess.Popen(
+                ["grep", "-rl", "e", str(mnt)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+            )
+            time.sleep(0.002 * attempt)
+            os.kill(daemon, signal.SIGKILL)
+            assert _wait_gone(daemon, 10), "the killed daemon is stuck"
+            assert _wait_gone(watchdog, 10)
+            reader.wait(timeout=10)
+            with pytest.raises(OSError) as info:
+                os.statvfs(mnt)
+            assert info.value.errno in (errno.ENOTCONN, errno.ECONNABORTED)
+    with mounted(mnt, "--site", "acme", "--chroma-path", chroma):
+        assert (mnt / "index.mdx").read_bytes() == (SAMPLE_SITE / "index.mdx").read_bytes()
+
+
+# -- the pushing thread, without a kernel ---------------------------------------------------
+
+
+def test_pusher_skips_pages_being_read_and_reports_refusals() -> None:
+    stored: list[list[int]] = []
+    drained = threading.Event()
+
+    def store(pages: list[tuple[int, bytes]]) -> list[int]:
+        stored.append([inode for inode, _ in pages])
+        return [0 if inode % 2 == 0 else -errno.ENOENT for inode, _ in pages]
+
+    pusher = KernelPusher(store, drained.set, tags=10)
+    pusher.being_read[3] = 1
+    for tag in range(6):
+        pusher.offer(tag, 100 + tag, b"x")
+    pusher.start()
+    try:
+        assert drained.wait(5)
+        deadline = time.monotonic() + 5
+        while len(pusher.outcomes) < 6 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        outcomes = dict(pusher.outcomes)
+        assert outcomes == {0: True, 1: False, 2: True, 3: False, 4: True, 5: False}
+        assert 103 not in [inode for batch in stored for inode in batch]  # being read: never stored
+        assert (pusher.stored, pusher.refused, pusher.skipped) == (3, 2, 1)
+    finally:
+        pusher.stop()
+
+
+def test_connection_of_reads_mountinfo(tmp_path: Path) -> None:
+    info = tmp_path / "mountinfo"
+    info.write_text(
+        "22 1 0:21 / /proc rw - proc proc rw\n"
+        "90 22 0:47 / /srv/docs\\040site rw - fuse.chromafs chromafs:acme ro\n"
+        "91 22 8:1 / /srv/other rw - ext4 /dev/sda1 rw\n"
+        "95 90 0:52 / /srv/docs\\040site rw - fuse.chromafs chromafs:acme ro\n"
+    )
+    assert connection_of("/srv/docs site", str(info)) == 52  # the mount on top is the visible one
+    assert connection_of("/srv/other", str(info)) is None  # not a FUSE (anonymous device) mount
+    assert connection_of("/srv/none", str(info)) is None
