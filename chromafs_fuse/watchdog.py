@@ -4,26 +4,45 @@ Normally the kernel ends a connection when the daemon's last file descriptor to 
 A thread that stores pages in the kernel's cache (kernel_push) can wait inside the kernel, for
 a read that only the daemon's main thread answers; if the process is killed at that moment,
 the waiting thread can never finish, the descriptor never closes, and the process and the
-mount hang for good. This watchdog is a forked copy of the daemon that does nothing but wait:
-the kernel signals it when the daemon's main thread exits (PR_SET_PDEATHSIG, which follows
-the thread, not the process), and it then aborts the connection through fusectl (as
-`echo 1 > /sys/fs/fuse/connections/N/abort` would), which fails the pending read and lets
-the process die. A daemon that unmounts normally kills its watchdog first.
+mount hang for good. The watchdog is a small shell (started through util-linux `setpriv
+--pdeathsig`) that holds no descriptor of the FUSE device and waits: the kernel signals it
+when the daemon's main thread exits (PR_SET_PDEATHSIG follows the thread that started it, not
+the process), and if the mount is still there it aborts the connection through fusectl (as
+`echo 1 > /sys/fs/fuse/connections/N/abort` would), which fails the pending read and lets the
+process die. A daemon that unmounts normally stops its watchdog first.
 """
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import gc
+import logging
 import os
-import signal
+import shutil
+import subprocess
 
-FUSECTL = "/sys/fs/fuse/connections"
-PR_SET_PDEATHSIG = 1
-DEATH_SIGNAL = signal.SIGUSR2
-# Sent to the whole group by a service manager: the daemon unmounts and then kills the watchdog.
-_IGNORED_SIGNALS = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP}
+log = logging.getLogger(__name__)
+
+# $1 the daemon's pid, $2 the connection number, $3 the mountpoint as mountinfo writes it.
+WATCHDOG_SCRIPT = r"""
+daemon=$1 connection=$2 mountpoint=$3 sleeper=
+still_mounted() {
+    while read -r _id _parent device _root point _rest; do
+        [ "$device" = "0:$connection" ] && [ "$point" = "$mountpoint" ] && return 0
+    done < /proc/self/mountinfo
+    return 1
+}
+abort_connection() {
+    still_mounted || return 0
+    [ -d "/sys/fs/fuse/connections/$connection" ] || mount -t fusectl fusectl /sys/fs/fuse/connections 2>/dev/null
+    echo 1 > "/sys/fs/fuse/connections/$connection/abort"
+}
+trap '[ -n "$sleeper" ] && kill "$sleeper" 2>/dev/null; exit 0' TERM INT HUP
+trap '[ -n "$sleeper" ] && kill "$sleeper" 2>/dev/null; abort_connection; exit 0' USR2
+[ "$PPID" = "$daemon" ] || { abort_connection; exit 0; }
+sleep infinity &
+sleeper=$!
+wait "$sleeper"
+"""
 
 
 def _escaped(path: str) -> str:
@@ -49,46 +68,26 @@ def connection_of(mountpoint: str, mountinfo: str = "/proc/self/mountinfo") -> i
     return found
 
 
-def abort_connection(connection: int) -> bool:
-    """Abort a FUSE connection; mounts fusectl first if it is not mounted (needs root)."""
-    if not os.path.exists(os.path.join(FUSECTL, str(connection))):
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.mount(b"fusectl", FUSECTL.encode(), b"fusectl", 0, None)
-    try:
-        with open(os.path.join(FUSECTL, str(connection), "abort"), "w") as f:
-            f.write("1")
-        return True
-    except OSError:
-        return False
-
-
-def start_watchdog(mountpoint: str) -> int | None:
-    """Fork the watchdog for the mount at `mountpoint`; returns its pid (None if the mount's
-    connection cannot be found). Call from the thread that runs the FUSE loop."""
+def start_watchdog(mountpoint: str) -> subprocess.Popen[bytes] | None:
+    """Start the watchdog for the mount at `mountpoint`. Call it from the thread that runs the
+    FUSE loop: the watchdog is signalled when that thread exits."""
     connection = connection_of(mountpoint)
-    if connection is None:
+    setpriv = shutil.which("setpriv")
+    if connection is None or setpriv is None:
+        log.warning("no watchdog for %s (%s)", mountpoint, "setpriv not found" if connection else "mount not found")
         return None
-    daemon = os.getpid()
-    pid = os.fork()
-    if pid:
-        return pid
-    try:  # the child: touch as little as possible, never return into the daemon's code
-        gc.disable()
-        # Above all the FUSE descriptor: holding it would keep the connection alive.
-        os.closerange(3, max(int(os.sysconf("SC_OPEN_MAX")), 3))
-        signal.pthread_sigmask(signal.SIG_BLOCK, {DEATH_SIGNAL, *_IGNORED_SIGNALS})
-        ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, DEATH_SIGNAL)
-        if os.getppid() == daemon:
-            signal.sigwait({DEATH_SIGNAL})
-        if connection_of(mountpoint) == connection:  # still mounted: the daemon died without unmounting
-            abort_connection(connection)
-    finally:
-        os._exit(0)
+    argv = [setpriv, "--pdeathsig", "USR2", "sh", "-c", WATCHDOG_SCRIPT, "chromafs-watchdog"]
+    argv += [str(os.getpid()), str(connection), _escaped(os.path.abspath(mountpoint))]
+    return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
-def stop_watchdog(pid: int | None) -> None:
-    if pid is None:
+def stop_watchdog(watchdog: subprocess.Popen[bytes] | None) -> None:
+    if watchdog is None:
         return
-    with contextlib.suppress(OSError):
-        os.kill(pid, signal.SIGKILL)
-        os.waitpid(pid, 0)
+    watchdog.terminate()
+    try:
+        watchdog.wait(timeout=2)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(OSError):
+            watchdog.kill()
+            watchdog.wait(timeout=2)

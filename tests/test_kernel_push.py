@@ -106,10 +106,13 @@ def test_the_watchdog_lives_and_dies_with_its_mount(sample_chroma: Callable[[str
     with mounted(mnt, "--site", "acme", "--chroma-path", chroma):
         daemon = int((mnt.parent / "mnt.pid").read_text())
         (watchdog,) = _children(daemon)
-        # It holds no descriptor of the FUSE device: that would keep a dead daemon's mount alive.
-        for fd in os.listdir(f"/proc/{watchdog}/fd"):
-            assert os.readlink(f"/proc/{watchdog}/fd/{fd}") != "/dev/fuse"
-    assert _wait_gone(watchdog, 5), "the watchdog outlived a normal unmount"
+        processes = [watchdog, *_children(watchdog)]  # the shell and its sleep
+        # None holds a descriptor of the FUSE device: that would keep a dead daemon's mount alive.
+        for pid in processes:
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                assert os.readlink(f"/proc/{pid}/fd/{fd}") != "/dev/fuse"
+    for pid in processes:
+        assert _wait_gone(pid, 5), "the watchdog outlived a normal unmount"
 
     with mounted(mnt, "--site", "acme", "--chroma-path", chroma, "--no-push-pages"):
         assert _children(int((mnt.parent / "mnt.pid").read_text())) == []  # nothing to watch for

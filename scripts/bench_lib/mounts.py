@@ -70,18 +70,22 @@ def _smaps_rollup(pid: int) -> dict[str, int]:
 
 
 def memory_kb(pid: int) -> dict[str, int]:
-    """Rss of the daemon and Pss (kB) of the daemon plus its child processes (the watchdog a
-    mount forks when it pushes pages), from /proc/PID/smaps_rollup. Pss splits the pages a
-    forked child shares with the daemon between them, so the sum counts each page once."""
+    """Rss of the daemon and Pss (kB) of the daemon plus every process under it (the watchdog
+    a mount starts when it pushes pages), from /proc/PID/smaps_rollup. Pss splits shared pages
+    between the processes that map them, so the sum counts each page once."""
     out = _smaps_rollup(pid)
-    try:
-        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
-    except OSError:
-        children = []
-    for child in children:
+    for child in _descendants(pid):
         with contextlib.suppress(OSError):
-            out["pss"] += _smaps_rollup(int(child)).get("pss", 0)
+            out["pss"] += _smaps_rollup(child).get("pss", 0)
     return out
+
+
+def _descendants(pid: int) -> list[int]:
+    try:
+        children = [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
+    return children + [grandchild for child in children for grandchild in _descendants(child)]
 
 
 @dataclass
