@@ -156,8 +156,10 @@ def serve(
     # garbage do not walk the whole heap on the request path.
     gc.collect()
     gc.freeze()
-    # Only pushed pages can leave a thread waiting in the kernel on a killed daemon.
+    # Only pushed pages can leave a thread waiting in the kernel on a killed daemon: no pushing
+    # without a watchdog.
     watchdog = start_watchdog(mountpoint) if ops.push_pages else None
+    ops.push_pages = watchdog is not None
     if args.pid_file:
         with open(args.pid_file, "w") as f:
             f.write(f"{os.getpid()}\n")

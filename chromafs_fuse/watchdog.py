@@ -21,6 +21,7 @@ import shutil
 import subprocess
 
 log = logging.getLogger(__name__)
+FUSECTL = "/sys/fs/fuse/connections"  # mounted by the watchdog if needed (root only)
 
 # $1 the daemon's pid, $2 the connection number, $3 the mountpoint as mountinfo writes it.
 WATCHDOG_SCRIPT = r"""
@@ -69,12 +70,15 @@ def connection_of(mountpoint: str, mountinfo: str = "/proc/self/mountinfo") -> i
 
 
 def start_watchdog(mountpoint: str) -> subprocess.Popen[bytes] | None:
-    """Start the watchdog for the mount at `mountpoint`. Call it from the thread that runs the
-    FUSE loop: the watchdog is signalled when that thread exits."""
+    """Start the watchdog for the mount at `mountpoint`; None if it could not abort the
+    connection (no setpriv, or fusectl neither mounted nor mountable by this user). Call it
+    from the thread that runs the FUSE loop: the watchdog is signalled when that thread exits."""
     connection = connection_of(mountpoint)
     setpriv = shutil.which("setpriv")
-    if connection is None or setpriv is None:
-        log.warning("no watchdog for %s (%s)", mountpoint, "setpriv not found" if connection else "mount not found")
+    fusectl_usable = os.path.isdir(os.path.join(FUSECTL, str(connection))) or os.geteuid() == 0
+    if connection is None or setpriv is None or not fusectl_usable:
+        why = "mount not found" if connection is None else "no setpriv" if setpriv is None else "no fusectl"
+        log.warning("no watchdog for %s (%s): pages are not pushed to the kernel", mountpoint, why)
         return None
     argv = [setpriv, "--pdeathsig", "USR2", "sh", "-c", WATCHDOG_SCRIPT, "chromafs-watchdog"]
     argv += [str(os.getpid()), str(connection), _escaped(os.path.abspath(mountpoint))]

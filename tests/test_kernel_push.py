@@ -38,31 +38,42 @@ def _text_files() -> list[str]:
 
 
 @pytest.mark.parametrize("push", [True, False], ids=["push", "no-push"])
-def test_a_cold_grep_reads_pushed_pages_without_asking_the_daemon(
+def test_the_first_read_in_a_directory_pushes_its_siblings(
     sample_chroma: Callable[[str], Path], mnt: Path, push: bool
 ) -> None:
+    """With every page loaded (prefetch) and the directory listed, reading one file of it hands
+    the others to the kernel: reading them then sends no request, and their bytes are exact."""
     port = free_port()
     flag = "--push-pages" if push else "--no-push-pages"
     chroma = str(sample_chroma("public"))
-    args = ("--site", "acme", "--chroma-path", chroma, "--prefetch", "off", "--metrics-addr", f"127.0.0.1:{port}")
+    args = ("--site", "acme", "--chroma-path", chroma, "--prefetch", "on", "--metrics-addr", f"127.0.0.1:{port}")
     with mounted(mnt, *args, flag):
-        assert run(["grep", "-rlI", "zzz-not-there", str(mnt)]).returncode == 1  # reads every text file
+        log = mnt.parent / "mnt.log"
+        deadline = time.monotonic() + 10
+        while "prefetched" not in log.read_text() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        names = sorted(os.listdir(mnt / "guides"))  # the kernel now holds every file's inode
+        files = [n for n in names if (mnt / "guides" / n).is_file()]
+        assert len(files) >= 5
+        first, *siblings = files
+        assert (mnt / "guides" / first).read_bytes() == (SAMPLE_SITE / "guides" / first).read_bytes()
         deadline = time.monotonic() + 5
-        while push and _counts(PUSHED_LINE, port).get("stored", 0) == 0 and time.monotonic() < deadline:
+        while push and _counts(PUSHED_LINE, port).get("stored", 0) < len(siblings) and time.monotonic() < deadline:
             time.sleep(0.05)
         reads = _counts(REQUEST_LINE, port).get("read", 0)
-        pushed = _counts(PUSHED_LINE, port)
-        files = _text_files()
+        for name in siblings:
+            assert (mnt / "guides" / name).read_bytes() == (SAMPLE_SITE / "guides" / name).read_bytes(), name
+        reads_after = _counts(REQUEST_LINE, port).get("read", 0)
         if push:
-            assert pushed.get("stored", 0) > 0, pushed
-            assert reads < len(files), f"{reads} reads for {len(files)} files: nothing was pushed ahead"
+            assert _counts(PUSHED_LINE, port).get("stored", 0) >= len(siblings)
+            assert reads_after == reads, f"{reads_after - reads} of {len(siblings)} pushed files still asked"
         else:
-            assert pushed.get("stored", 0) == 0
-            assert reads >= len(files)
-        # Whatever way each page reached the kernel, the bytes are the source's, to the last one.
-        for relative in files:
+            assert _counts(PUSHED_LINE, port).get("stored", 0) == 0
+            assert reads_after >= reads + len(siblings)
+        # A whole pass, however each page reached the kernel, gives the source's bytes.
+        assert run(["grep", "-rlI", "zzz-not-there", str(mnt)]).returncode == 1
+        for relative in _text_files():
             assert (mnt / relative).read_bytes() == (SAMPLE_SITE / relative).read_bytes(), relative
-        assert _counts(REQUEST_LINE, port).get("read", 0) == reads, "a second read reached the daemon"
 
 
 def test_pushing_never_shows_a_hidden_page(sample_chroma: Callable[[str], Path], mnt: Path) -> None:
