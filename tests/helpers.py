@@ -93,6 +93,24 @@ def mounted(mountpoint: Path, *args: str, env: dict[str, str] | None = None) -> 
                     os.kill(pid, signal.SIGKILL)
 
 
+def wait_gone(pid: int, timeout_s: float = 15) -> bool:
+    """True once the process has exited (a zombie counts: only its parent's wait is left)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().rpartition(")")[2].split()[0] == "Z":
+                    return True
+        except FileNotFoundError:
+            return True
+        time.sleep(0.05)
+    return False
+
+
 # Shared objects that `import chromadb` maps into a process. chromadb itself is pure Python, so
 # its own name alone would never show in the maps.
 CHROMADB_FOOTPRINT = ("chromadb", "/numpy/", "pydantic_core", "/grpc/")

@@ -18,7 +18,7 @@ import pytest
 
 from chromafs_fuse.kernel_push import KernelPusher
 from chromafs_fuse.watchdog import connection_of
-from helpers import SAMPLE_SITE, expected_visible, free_port, mounted, run
+from helpers import SAMPLE_SITE, expected_visible, free_port, mounted, run, wait_gone
 
 REQUEST_LINE = re.compile(r'^chromafs_requests_total\{op="(\w+)"\} ([0-9.e+]+)$', re.M)
 PUSHED_LINE = re.compile(r'^chromafs_pages_pushed_total\{outcome="(\w+)"\} ([0-9.e+]+)$', re.M)
@@ -95,23 +95,6 @@ def _children(pid: int) -> list[int]:
     return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
 
 
-def _wait_gone(pid: int, timeout_s: float) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return True
-        try:
-            with open(f"/proc/{pid}/stat") as f:  # a zombie is gone too: only its parent's wait is left
-                if f.read().rpartition(")")[2].split()[0] == "Z":
-                    return True
-        except FileNotFoundError:
-            return True
-        time.sleep(0.05)
-    return False
-
-
 def test_the_watchdog_lives_and_dies_with_its_mount(sample_chroma: Callable[[str], Path], mnt: Path) -> None:
     chroma = str(sample_chroma("public"))
     with mounted(mnt, "--site", "acme", "--chroma-path", chroma):
@@ -123,7 +106,7 @@ def test_the_watchdog_lives_and_dies_with_its_mount(sample_chroma: Callable[[str
             for fd in os.listdir(f"/proc/{pid}/fd"):
                 assert os.readlink(f"/proc/{pid}/fd/{fd}") != "/dev/fuse"
     for pid in processes:
-        assert _wait_gone(pid, 5), "the watchdog outlived a normal unmount"
+        assert wait_gone(pid, 5), "the watchdog outlived a normal unmount"
 
     with mounted(mnt, "--site", "acme", "--chroma-path", chroma, "--no-push-pages"):
         assert _children(int((mnt.parent / "mnt.pid").read_text())) == []  # nothing to watch for
@@ -142,8 +125,8 @@ def test_a_killed_daemon_never_leaves_a_hung_mount(sample_chroma: Callable[[str]
             )
             time.sleep(0.002 * attempt)
             os.kill(daemon, signal.SIGKILL)
-            assert _wait_gone(daemon, 10), "the killed daemon is stuck"
-            assert _wait_gone(watchdog, 10)
+            assert wait_gone(daemon, 10), "the killed daemon is stuck"
+            assert wait_gone(watchdog, 10)
             reader.wait(timeout=10)
             with pytest.raises(OSError) as info:
                 os.statvfs(mnt)

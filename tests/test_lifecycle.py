@@ -9,18 +9,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from helpers import MOUNT, free_port, is_mounted, mounted, try_mount, unmount
-
-
-def _wait_gone(pid: int, seconds: float = 15) -> bool:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return True
-        time.sleep(0.05)
-    return False
+from helpers import MOUNT, free_port, is_mounted, mounted, try_mount, unmount, wait_gone
 
 
 def test_mountpoint_may_come_last(sample_chroma: Callable[[str], Path], mnt: Path) -> None:
@@ -73,7 +62,7 @@ def test_sigterm_and_sigint_unmount_cleanly(sample_chroma: Callable[[str], Path]
                 ["grep", "-rc", "e", str(mnt)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
             )
             os.kill(pid, signum)
-            assert _wait_gone(pid), "daemon did not exit"
+            assert wait_gone(pid), "daemon did not exit"
             reader.wait(timeout=30)
             assert not is_mounted(mnt)
         assert "unmounted" in (mnt.parent / "mnt.log").read_text()
@@ -86,7 +75,7 @@ def test_killed_daemon_leaves_stale_mount_that_the_next_mount_cleans(
     with mounted(mnt, "--site", "acme", "--chroma-path", chroma):
         pid = int((mnt.parent / "mnt.pid").read_text())
         os.kill(pid, signal.SIGKILL)
-        assert _wait_gone(pid)
+        assert wait_gone(pid)
         try:
             os.statvfs(mnt)  # always reaches the daemon (a listing may come from the kernel's cache)
             raise AssertionError("expected a stale mount")
