@@ -78,7 +78,7 @@ def check_mountpoint(path: str) -> None:
         if os.path.ismount(path):
             os.statvfs(path)  # never answered from the kernel's caches: detects a dead daemon
     except OSError as exc:
-        if exc.errno == errno.ENOTCONN:
+        if exc.errno in (errno.ENOTCONN, errno.ECONNABORTED):  # daemon gone; aborted by its watchdog
             subprocess.run(["fusermount3", "-u", "-z", path], capture_output=True, check=False)
             try:
                 os.stat(path)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import subprocess
@@ -9,7 +10,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from helpers import MOUNT, free_port, is_mounted, mounted, try_mount, unmount, wait_gone
+import pytest
+
+from helpers import MOUNT, SAMPLE_SITE, free_port, is_mounted, mounted, try_mount, unmount, wait_gone
 
 
 def test_mountpoint_may_come_last(sample_chroma: Callable[[str], Path], mnt: Path) -> None:
@@ -80,7 +83,30 @@ def test_killed_daemon_leaves_stale_mount_that_the_next_mount_cleans(
             os.statvfs(mnt)  # always reaches the daemon (a listing may come from the kernel's cache)
             raise AssertionError("expected a stale mount")
         except OSError as exc:
-            assert exc.errno == 107  # ENOTCONN: Transport endpoint is not connected
+            # ENOTCONN: "Transport endpoint is not connected"; ECONNABORTED when the daemon's
+            # watchdog aborted the connection before the kernel released it.
+            assert exc.errno in (errno.ENOTCONN, errno.ECONNABORTED)
         proc = try_mount(mnt, "--site", "acme", "--chroma-path", chroma)
         assert proc.returncode == 0, proc.stderr
         assert (mnt / "index.mdx").is_file()
+
+
+def test_an_aborted_connection_is_cleaned_by_the_next_mount(sample_chroma: Callable[[str], Path], mnt: Path) -> None:
+    """What a watchdog leaves behind: a mount whose connection was aborted through fusectl."""
+    from chromafs_fuse.watchdog import FUSECTL, connection_of
+
+    chroma = str(sample_chroma("public"))
+    with mounted(mnt, "--site", "acme", "--chroma-path", chroma, "--no-push-pages"):
+        connection = connection_of(str(mnt))
+        assert connection is not None
+        if not os.path.isdir(os.path.join(FUSECTL, str(connection))):
+            subprocess.run(["mount", "-t", "fusectl", "fusectl", FUSECTL], check=True)
+        with open(os.path.join(FUSECTL, str(connection), "abort"), "w") as f:
+            f.write("1")
+        with pytest.raises(OSError) as info:
+            os.statvfs(mnt)
+        # ECONNABORTED for a request the abort caught in flight, ENOTCONN for any after it.
+        assert info.value.errno in (errno.ENOTCONN, errno.ECONNABORTED)
+        proc = try_mount(mnt, "--site", "acme", "--chroma-path", chroma)
+        assert proc.returncode == 0, proc.stderr
+        assert (mnt / "index.mdx").read_bytes() == (SAMPLE_SITE / "index.mdx").read_bytes()
