@@ -75,8 +75,11 @@ class PageSource:
         with self._chroma_lock:
             self._chroma = pages
 
+    def _memory_key(self, page_key: str) -> str:
+        return f"{self.tree_version}:{page_key}"
+
     def _cache_key(self, entry: PathEntry) -> str:
-        return f"{self.tree_version}:{entry.key}"
+        return self._memory_key(entry.key)
 
     def _shared_key(self, entry: PathEntry) -> str:
         assert self.shared is not None
@@ -190,12 +193,12 @@ class PageSource:
 
     def peek(self, page_key: str) -> bytes | None:
         """The page at this key (a PathEntry's key) if it is in memory; counts nothing."""
-        return self.cache.peek(f"{self.tree_version}:{page_key}")
+        return self.cache.peek(self._memory_key(page_key))
 
     def release(self, page_key: str) -> None:
         """Drop a page the kernel now holds in its own page cache: it asks again only if it
         evicts the page, and then the shared cache or Chroma serves it."""
-        self.cache.pop(f"{self.tree_version}:{page_key}")
+        self.cache.pop(self._memory_key(page_key))
 
     # -- worker-thread side --------------------------------------------------
 

@@ -81,16 +81,9 @@ def mounted(mountpoint: Path, *args: str, env: dict[str, str] | None = None) -> 
         with contextlib.suppress(OSError, ValueError):
             pid = int(pid_file.read_text())
         unmount(mountpoint)
-        if pid is not None:
-            for _ in range(100):
-                try:
-                    os.kill(pid, 0)
-                except ProcessLookupError:
-                    break
-                time.sleep(0.05)
-            else:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
+        if pid is not None and not wait_gone(pid, 5):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
 
 
 def wait_gone(pid: int, timeout_s: float = 15) -> bool:
