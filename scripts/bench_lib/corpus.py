@@ -28,6 +28,7 @@ class Corpus:
     visible: dict[str, Any] = field(default_factory=dict)  # key -> chromafs PathEntry
     tmpfs_copy: Path | None = None
     visible_bytes: int = 0
+    cat_sample: Path = Path("/dev/null")  # the file list "cat 50" reads, written once the visible set is known
 
 
 def resolve(spec: str, index: int, seed: int, workdir: Path) -> Corpus:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import shlex
 import statistics
 import time
@@ -18,9 +19,16 @@ TOOLS: list[tuple[str, str, str]] = [
     ("grep -rl", "grep -rl 'refresh token' {M}", "lines"),
     ("grep -rlE", "grep -rlE 'refresh[a-z ]+token|Bearer [A-Za-z]+' {M}", "lines"),
     ("rg -l", "rg -l 'refresh token' {M}", "lines"),
+    # The reference design's "cat of 50 pages": 50 visible files picked with the run's seed.
+    ("cat 50", "cd {M} && xargs -d '\\n' -a {SAMPLE} cat | wc -c", "text"),
     ("read all", "find {M} -type f -exec cat {} + | wc -c", "text"),
 ]
 WARM_RUNS = 3
+CAT_SAMPLE_FILES = 50
+
+
+def command_of(tool: str) -> str:
+    return next(command for name, command, _ in TOOLS if name == tool)
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -29,8 +37,16 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[rank]  # nearest-rank
 
 
-def run_tool(command: str, root: Path) -> tuple[float, str]:
+def write_cat_sample(visible: list[str], seed: int, path: Path) -> Path:
+    """The files "cat 50" reads: a seeded sample of the visible keys, one per line."""
+    chosen = random.Random(seed).sample(sorted(visible), min(CAT_SAMPLE_FILES, len(visible)))
+    path.write_text("".join(f"{key}\n" for key in chosen))
+    return path
+
+
+def run_tool(command: str, root: Path, cat_sample: Path | None = None) -> tuple[float, str]:
     """Run one tool over root with bash; (seconds, output with root replaced by M, normalised)."""
+    command = command.replace("{SAMPLE}", shlex.quote(str(cat_sample))) if cat_sample else command
     result = run_timed(["bash", "-c", command.replace("{M}", shlex.quote(str(root)))])
     if result.returncode not in (0, 1):  # grep and rg exit 1 when nothing matches
         err = result.stderr.decode(errors="replace").strip()[-1000:]
@@ -57,15 +73,15 @@ def boot(system: System, runs: int) -> dict[str, Any]:
     return {"p50_s": statistics.median(times), "p90_s": percentile(times, 90), "runs_s": times}
 
 
-def tools(system: System, expected: dict[str, str] | None) -> dict[str, Any]:
+def tools(system: System, expected: dict[str, str] | None, cat_sample: Path) -> dict[str, Any]:
     """Each tool on a fresh root (cold, plus what the root cost) then repeated (warm, best of 3)."""
     out: dict[str, Any] = {}
     for name, command, kind in TOOLS:
         system.before()
         fresh = system.fresh()
         try:
-            cold, output = run_tool(command, fresh.root)
-            warm = [run_tool(command, fresh.root)[0] for _ in range(WARM_RUNS)]
+            cold, output = run_tool(command, fresh.root, cat_sample)
+            warm = [run_tool(command, fresh.root, cat_sample)[0] for _ in range(WARM_RUNS)]
         finally:
             system.release(fresh)
         got = normalise(output, kind)
@@ -82,7 +98,7 @@ def tools(system: System, expected: dict[str, str] | None) -> dict[str, Any]:
 def memory(system: Chromafs, mounts: int, prefetch: bool) -> dict[str, Any]:
     """RSS/PSS of one daemon (after boot, after a grep -rl) and the marginal PSS of the Kth mount,
     all K mounted at once, each having served a grep -rl (and finished its prefetch, if any)."""
-    grep = TOOLS[2][1]
+    grep = command_of("grep -rl")
     held: list[Fresh] = []
     out: dict[str, Any] = {"mounts": mounts}
     try:

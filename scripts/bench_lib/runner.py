@@ -95,7 +95,7 @@ def measure_system(run: Run, system: System, corpus: corpora.Corpus, expected: d
             f"p90 {report.fmt(out['boot']['p90_s'], 's')}"
         )
     if "tools" in args.figures:
-        out["tools"] = measure.tools(system, expected)
+        out["tools"] = measure.tools(system, expected, corpus.cat_sample)
         for name, entry in out["tools"].items():
             if entry.get("matches_tmpfs") is False:
                 problem = f"{corpus.name} {system.name}: {name!r} output differs from tmpfs"
@@ -128,6 +128,7 @@ def run_corpus(run: Run, spec: str, index: int) -> dict[str, Any]:
     chroma_dir = run.tmp / f"{corpus.site}-chroma"
     corpus.facts["ingest_embedded_s"] = corpora.ingest(corpus, ["--chroma-path", str(chroma_dir)])
     corpora.load_visible(corpus, chroma_dir)
+    corpus.cat_sample = measure.write_cat_sample(list(corpus.visible), args.seed, run.tmp / f"{corpus.site}-cat50")
     corpus.facts["tmpfs_copy_s"] = corpora.copy_visible(corpus, run.shm / f"{corpus.site}-tmpfs")
     run.say(f"{spec}: ingested (embedded) in {corpus.facts['ingest_embedded_s']:.1f}s; {corpus.facts}")
     tmpfs = Tmpfs(corpus.tmpfs_copy or Path())
@@ -171,7 +172,8 @@ def run_corpus(run: Run, spec: str, index: int) -> dict[str, Any]:
             results[name]["materialise_runs"] = system.runs
             walls = sorted(r["wall_s"] for r in system.runs)
             corpus.facts["materialise_p50_s"] = walls[len(walls) // 2]
-            results[name]["memory"] = {"copy_kb": results["tmpfs"].get("memory", {}).get("copy_kb", 0)}
+            if "memory" in results["tmpfs"]:
+                results[name]["memory"] = dict(results["tmpfs"]["memory"])
     return {"name": spec, "site": corpus.site, "facts": corpus.facts, "systems": results}
 
 
@@ -186,7 +188,7 @@ def _prime(run: Run, system: Chromafs, corpus: corpora.Corpus) -> None:
     system.before()
     fresh = system.fresh()
     try:
-        measure.run_tool(measure.TOOLS[-1][1], fresh.root)
+        measure.run_tool(measure.command_of("read all"), fresh.root)
     finally:
         system.release(fresh)
     assert system.redis is not None
