@@ -145,7 +145,7 @@ class SqliteCollection:
             else:
                 assert in_filter is not None
                 rows = self._ids_by_metadata(*in_filter)
-            return self._records(rows)
+            return self._records(rows, with_metadata="metadatas" in kwargs.get("include", ("metadatas",)))
         if direct:
             log.info("collection %s has writes Chroma has not applied yet: reading through chromadb", self.name)
         return dict(self._chromadb().get(ids=ids, where=where, **kwargs))
@@ -170,8 +170,10 @@ class SqliteCollection:
         )
         return self._row_ids(query, values, (key,), (self._segment_id,))
 
-    def _records(self, rows: list[int]) -> dict[str, Any]:
+    def _records(self, rows: list[int], with_metadata: bool = True) -> dict[str, Any]:
         connection = self._connection()
+        # Chroma keeps each record's document among its metadata rows, under DOCUMENT_KEY.
+        only_document = "" if with_metadata else " AND key = ?"
         record_ids: dict[int, str] = {}
         documents: dict[int, str | None] = {}
         metadatas: dict[int, dict[str, Any]] = {}
@@ -183,8 +185,8 @@ class SqliteCollection:
                 record_ids[row_id] = embedding_id
             for row_id, key, text, integer, real, boolean in connection.execute(
                 "SELECT id, key, string_value, int_value, float_value, bool_value"
-                f" FROM embedding_metadata WHERE id IN ({marks})",
-                batch,
+                f" FROM embedding_metadata WHERE id IN ({marks}){only_document}",
+                (*batch, DOCUMENT_KEY) if only_document else batch,
             ):
                 if key == DOCUMENT_KEY:
                     documents[row_id] = text
@@ -204,7 +206,7 @@ class SqliteCollection:
         return {
             "ids": [record_ids[r] for r in order],
             "documents": [documents.get(r) for r in order],
-            "metadatas": [metadatas.get(r) for r in order],
+            "metadatas": [metadatas.get(r) for r in order] if with_metadata else None,
         }
 
 

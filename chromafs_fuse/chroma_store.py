@@ -9,7 +9,7 @@ Calls here are blocking; the filesystem runs them on worker threads.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -18,6 +18,7 @@ from .names import (
     DEFAULT_PAGE_FIELD,
     PAGE_SHA_FIELD,
     TREE_RECORD_ID,
+    chunk_id,
 )
 
 if TYPE_CHECKING:
@@ -191,46 +192,39 @@ class ChromaPages:
 
     def fetch_many(self, entries: Sequence[PathEntry]) -> dict[str, list[tuple[object, object]]]:
         """The chunks of several pages, by page key: by id when the tree says how many chunks
-        chromafs-ingest wrote (a primary-key lookup), else (or when an id is missing) by the
-        page field (a metadata filter, several times slower on a large collection)."""
+        chromafs-ingest wrote (a primary-key lookup of the documents alone: the id names the
+        page and the chunk), else (or when an id is missing) by the page field (a metadata
+        filter, several times slower on a large collection)."""
         what = repr(entries[0].key) if len(entries) == 1 else f"{len(entries)} pages"
-        records: dict[str, list[Any]] = {"ids": [], "documents": [], "metadatas": []}
+        pages: dict[str, list[tuple[object, object]]] = {}
         by_field = list(entries)
         wanted = {
-            f"{entry.key}#{entry.sha256[:16]}#{index}": entry.key
+            chunk_id(entry.key, entry.sha256, index): (entry.key, index)
             for entry in entries
             if entry.chunks and entry.sha256
             for index in range(entry.chunks)
         }
         try:
             if wanted:
-                found = self.collection.get(ids=list(wanted), include=["documents", "metadatas"])
-                per_page: dict[str, int] = {}
-                for record_id in found.get("ids") or []:
-                    per_page[wanted[record_id]] = per_page.get(wanted[record_id], 0) + 1
-                by_field = [e for e in entries if not e.chunks or per_page.get(e.key) != e.chunks]
-                complete = {e.key for e in entries} - {e.key for e in by_field}
-                _extend(records, found, lambda record_id: wanted.get(record_id) in complete)
+                found = self.collection.get(ids=list(wanted), include=["documents"])
+                ids: Sequence[str] = found.get("ids") or []
+                documents: Sequence[object] = found.get("documents") or [None] * len(ids)
+                for record_id, document in zip(ids, documents, strict=False):
+                    if record_id in wanted:
+                        key, index = wanted[record_id]
+                        pages.setdefault(key, []).append((index, document))
+                by_field = [e for e in entries if not e.chunks or len(pages.get(e.key, ())) != e.chunks]
+                for entry in by_field:
+                    pages.pop(entry.key, None)
             if by_field:
                 slugs = sorted({slug for entry in by_field for slug in _slug_variants(entry)})
                 result = self.collection.get(
                     where={self.page_field: {"$in": slugs}}, include=["documents", "metadatas"]
                 )
-                _extend(records, result, lambda record_id: True)
+                pages.update(_pick_chunks(by_field, self.page_field, self.chunk_index_field, result))
         except Exception as exc:
             raise BackendError(f"fetching chunks of {what} failed: {exc}") from exc
-        return _pick_chunks(entries, self.page_field, self.chunk_index_field, records)
-
-
-def _extend(records: dict[str, list[Any]], result: Mapping[str, Any], keep: Callable[[str], bool]) -> None:
-    ids: Sequence[str] = result.get("ids") or []
-    documents: Sequence[object] = result.get("documents") or [None] * len(ids)
-    metadatas: Sequence[object] = result.get("metadatas") or [None] * len(ids)
-    for record_id, document, metadata in zip(ids, documents, metadatas, strict=False):
-        if keep(record_id):
-            records["ids"].append(record_id)
-            records["documents"].append(document)
-            records["metadatas"].append(metadata)
+        return pages
 
 
 def _slug_variants(entry: PathEntry) -> list[str]:

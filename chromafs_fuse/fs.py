@@ -33,6 +33,7 @@ log = logging.getLogger(__name__)
 DIR_MODE = stat.S_IFDIR | 0o555
 FILE_MODE = stat.S_IFREG | 0o444
 BLOCK_SIZE = 4096
+STREAM_DEPTH = 2  # read-ahead batches kept requested ahead of a reader when pages are pushed
 _OWNER = (os.getuid(), os.getgid())  # every node shows the daemon's real uid and gid
 
 
@@ -128,6 +129,7 @@ class ChromaOperations(pyfuse3.Operations):
         self._pushing: dict[int, str] = {}  # file order -> page key, offered to the kernel
         self._listed = bytearray(len(table))  # by node index: the kernel has listed this directory
         self._swept = bytearray(len(table))  # by node index: its loaded pages were offered after a read
+        self._frontier = 0  # file order where the read-ahead batches requested so far end (push mode)
         self._negative = pyfuse3.EntryAttributes()
         self._negative.st_ino = 0
         self._negative.entry_timeout = cache_timeout_s
@@ -263,20 +265,25 @@ class ChromaOperations(pyfuse3.Operations):
 
     def _read_ahead(self, node: Node, entry: PathEntry) -> None:
         """A miss loads the block of `window` files around this one (in the order `grep -r`
-        reads them, across directories) in one batch. A first read of a loaded page looks half a
-        window further: if that file is neither loaded nor loading, a batch four windows long
-        starts there, so a reader going through the tree keeps the backend busy with large
-        batches instead of waiting at each boundary. When pages are pushed to the kernel, reads
-        reach the daemon only now and then, so every read looks two windows further. Files
-        already handed to the kernel are left out: it has them."""
+        reads them, across directories) in one batch. Then, so that a reader going through the
+        tree keeps the backend busy with large batches instead of waiting at each boundary: a
+        first read of a loaded page looks half a window further, and if that file is neither
+        loaded nor loading, a batch four windows long starts there. When pages are pushed to
+        the kernel, reads reach the daemon only now and then: every read keeps the batches
+        after its block requested instead (`_stream_ahead`). Files already handed to the
+        kernel are left out: it has them."""
         window = self.readahead_pages
+        block = node.order - node.order % window
         if not self.source.is_cached(entry):  # a reader waits for this batch either way
             # The aligned block around the file: readers that go backwards or jump around
             # within a directory (rg's threads take files last in, first out) hit it too.
-            self._load_ahead(node.order - node.order % window, window, reader_waits=True)
+            self._load_ahead(block, window, reader_waits=True)
             if self._pusher is None:
                 return
-        ahead = self.table.file_at(node.order + (2 * window if self._pusher else window // 2))
+        if self._pusher is not None:
+            self._stream_ahead(block + window, window * 4)
+            return
+        ahead = self.table.file_at(node.order + window // 2)
         if (
             ahead is not None
             and ahead.entry is not None
@@ -285,14 +292,29 @@ class ChromaOperations(pyfuse3.Operations):
         ):
             self._load_ahead(ahead.order, window * 4)
 
-    def _load_ahead(self, index: int, count: int, reader_waits: bool = False) -> None:
+    def _stream_ahead(self, first: int, batch: int) -> None:
+        """Keep STREAM_DEPTH batches requested from `first` on. Pushed pages bring reads here
+        only now and then, and a slow backend (a Chroma server) must always have the next
+        batches in flight or the reader waits at every boundary. `_frontier` is where the
+        batches requested so far end; a reader that jumps elsewhere restarts it."""
+        horizon = min(first + STREAM_DEPTH * batch, len(self.table.file_order))
+        if not first <= self._frontier <= horizon:
+            self._frontier = first
+        while self._frontier < horizon:
+            if not self._load_ahead(self._frontier, batch):
+                return  # the backend has enough batches in flight
+            self._frontier += batch
+
+    def _load_ahead(self, index: int, count: int, reader_waits: bool = False) -> bool:
+        """Load these files in one batch; False if the backend is too busy to start it."""
         delivered = self._delivered
         nodes = [n for n in self.table.files_from(index, count) if n.entry and not delivered[n.order]]
         on_loaded = None
         if self._pusher is not None:
             indexes = [n.index for n in nodes]
             on_loaded = lambda: self._offer_listed(indexes)  # noqa: E731
-        self.source.read_ahead([n.entry for n in nodes if n.entry], reader_waits=reader_waits, on_loaded=on_loaded)
+        entries = [n.entry for n in nodes if n.entry]
+        return self.source.read_ahead(entries, reader_waits=reader_waits, on_loaded=on_loaded)
 
     # -- pushing pages into the kernel's cache ------------------------------------
     # A page reaches the kernel either as the answer to a read or, ahead of it, through

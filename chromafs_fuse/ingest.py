@@ -41,6 +41,7 @@ from .names import (
     RECORD_KIND_FIELD,
     TREE_RECORD_ID,
     TREE_RECORD_KIND,
+    chunk_id,
 )
 from .pathrules import InvalidPath, normalize_key
 from .tree import PathEntry, TreeError, encode_tree_document, parse_tree
@@ -235,7 +236,7 @@ def ingest(options: IngestOptions, show_progress: bool = False) -> IngestSummary
             chunks = split_page(source.text, options.max_chunk_chars)
             entry["chunks"] = len(chunks)
             for index, chunk in enumerate(chunks):
-                pending_ids.append(f"{source.key}#{sha[:16]}#{index}")
+                pending_ids.append(chunk_id(source.key, sha, index))
                 pending_docs.append(chunk)
                 pending_meta.append(
                     {options.page_field: source.key, options.chunk_index_field: index, PAGE_SHA_FIELD: sha}

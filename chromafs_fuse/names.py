@@ -9,3 +9,8 @@ FORMAT_VERSION = 1
 DEFAULT_PAGE_FIELD = "page_slug"
 DEFAULT_CHUNK_INDEX_FIELD = "chunk_index"
 PAGE_SHA_FIELD = "page_sha256"  # which page version a chunk belongs to
+
+
+def chunk_id(page_key: str, page_sha256: str, index: int) -> str:
+    """The record id chromafs-ingest gives chunk `index` of one version of a page."""
+    return f"{page_key}#{page_sha256[:16]}#{index}"

@@ -140,29 +140,30 @@ class PageSource:
         entries: Sequence[PathEntry],
         reader_waits: bool = False,
         on_loaded: Callable[[], None] | None = None,
-    ) -> None:
+    ) -> bool:
         """Start loading these pages in one batch in the background (one Redis MGET or one
         Chroma query), so that reading files one by one, as `grep -r` and `cat *` do, costs one
         round trip per batch instead of one per file. Reads of a page in the batch wait for it
         instead of fetching it again. A speculative batch (no reader waits for it) is dropped
         when MAX_READAHEAD_BATCHES are already in flight. `on_loaded` runs on the loop once
-        the batch's pages are in the cache."""
+        the batch's pages are in the cache. False if the batch was dropped (or cannot run)."""
         if self.nursery is None:
-            return
+            return False
         if self._batches >= MAX_READAHEAD_BATCHES and not reader_waits:
-            return  # speculative, and the backend is busy enough
+            return False  # speculative, and the backend is busy enough
         todo = [
             e
             for e in entries
             if e.blob is None and self._cache_key(e) not in self.cache and self._cache_key(e) not in self._inflight
         ]
         if not todo:
-            return
+            return True
         done = trio.Event()
         for entry in todo:
             self._inflight[self._cache_key(entry)] = done
         self._batches += 1
         self.nursery.start_soon(self._load_batch, todo, done, on_loaded)
+        return True
 
     async def _load_batch(
         self, todo: list[PathEntry], done: trio.Event, on_loaded: Callable[[], None] | None = None

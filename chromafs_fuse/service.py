@@ -54,6 +54,17 @@ def runtime_dir() -> str:
     return ""
 
 
+def process_start(pid: int) -> int | None:
+    """When the process started (clock ticks since boot), or None if there is no such process.
+    With the pid it names one process for good: a pid alone is reused."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rpartition(b")")[2].split()
+        return int(fields[19])  # field 22; the split starts at field 3
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 class StatusFile:
     """A small JSON file describing this mount, rewritten every few seconds."""
 
@@ -61,11 +72,12 @@ class StatusFile:
         self.describe = describe
         directory = runtime_dir()
         self.path = os.path.join(directory, f"{os.getpid()}.json") if directory else ""
+        self.pid_start = process_start(os.getpid())
 
     def write(self) -> None:
         if not self.path:
             return
-        data = json.dumps(self.describe(), sort_keys=True)
+        data = json.dumps({**self.describe(), "pid_start": self.pid_start}, sort_keys=True)
         tmp = f"{self.path}.tmp"
         try:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -95,12 +107,19 @@ def read_statuses() -> list[dict[str, Any]]:
     for name in sorted(os.listdir(directory)) if directory else []:
         if not name.endswith(".json"):
             continue
+        path = os.path.join(directory, name)
         try:
-            with open(os.path.join(directory, name)) as f:
+            with open(path) as f:
                 status = json.load(f)
-            os.kill(int(status["pid"]), 0)
-        except (OSError, ValueError, KeyError):
-            continue  # a daemon that is gone, or a file being rewritten
+            pid = int(status["pid"])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue  # a file being written
+        started = process_start(pid)
+        if started is None or status.get("pid_start", started) != started:
+            # Left by a daemon that was killed; its pid may belong to another process by now.
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+            continue
         if status.get("mountpoint") in mounted:
             statuses.append(status)
             seen.add(status["mountpoint"])

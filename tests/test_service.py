@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from chromafs_fuse.service import process_start, read_statuses, runtime_dir
 from helpers import BIN, MOUNT, REPO, SAMPLE_SITE, free_port, is_mounted, mounted, unmount
 
 
@@ -158,3 +159,27 @@ def test_daemon_log_is_private(sample_chroma: Callable[[str], Path], mnt: Path) 
     with mounted(mnt, "--site", "acme", "--chroma-path", str(sample_chroma("public"))):
         log = mnt.parent / "mnt.log"
         assert log.stat().st_mode & 0o777 == 0o600  # it names pages and groups: not for other local users
+
+
+def test_status_files_left_by_killed_daemons_are_ignored_and_removed() -> None:
+    """A SIGKILLed daemon leaves its status file; its pid may later belong to another process.
+    `chromafs status` must not show such a file for a live mount, and removes it."""
+    directory = Path(runtime_dir())
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    files = {
+        "dead pid": (directory / f"{dead.pid}.json", {"pid": dead.pid, "pid_start": 1}),
+        "pid reused": (directory / f"{os.getpid()}.json", {"pid": os.getpid(), "pid_start": 1}),
+    }
+    live = directory / f"{os.getppid()}.json"
+    assert not live.exists()
+    try:
+        for path, status in files.values():
+            path.write_text(json.dumps({**status, "mountpoint": "/nowhere"}))
+        live.write_text(json.dumps({"pid": os.getppid(), "pid_start": process_start(os.getppid())}))
+        read_statuses()
+        assert [label for label, (path, _) in files.items() if path.exists()] == []
+        assert live.exists()  # its process is still the one that wrote it
+    finally:
+        for path in [live, *(path for path, _ in files.values())]:
+            path.unlink(missing_ok=True)
