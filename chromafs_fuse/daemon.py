@@ -27,7 +27,7 @@ from .cli_common import CliError, setup_logging
 from .fs import ChromaOperations, pyfuse3_passes_inode
 from .inodes import InodeTable
 from .service import StatusFile, limit_malloc_arenas, sd_notify, start_metrics_server, uptime_since
-from .session import load_site, resolve_principal
+from .session import Preloaded, load_site, resolve_principal
 from .tokens import TokenError
 from .tree import TreeError
 from .watchdog import start_watchdog, stop_watchdog
@@ -45,15 +45,15 @@ def should_prefetch(args: argparse.Namespace, table: InodeTable) -> bool:
     return total <= min(args.prefetch_max_bytes, args.cache_bytes // 2)
 
 
-def prepare(args: argparse.Namespace, principal: Principal, preloaded: tuple | None = None) -> ChromaOperations:
-    site = load_site(args, principal, preloaded[:2] if preloaded else None)
+def prepare(args: argparse.Namespace, principal: Principal, preloaded: Preloaded | None = None) -> ChromaOperations:
+    site = load_site(args, principal, preloaded)
     return ChromaOperations(
         site.table,
         site.source,
         args.cache_timeout,
         args.readahead_pages,
         no_open=pyfuse3_passes_inode(),
-        attributes=preloaded[2] if preloaded else None,
+        attributes=preloaded.attributes if preloaded else None,
         push_pages=getattr(args, "push_pages", True),
     )
 
@@ -198,13 +198,19 @@ def exit_now(status: int) -> None:
     os._exit(status)
 
 
-def run_daemon(args: argparse.Namespace, ready_fd: int | None, background: bool, preloaded: tuple | None = None) -> int:
-    """Serve the mount described by `args`; returns the exit status."""
+def run_daemon(
+    args: argparse.Namespace, ready_fd: int | None, background: bool, preloaded: Preloaded | None = None
+) -> int:
+    """Serve the mount described by `args`; returns the exit status. A mount server that
+    already verified the token hands in the reader with what it preloaded."""
     limit_malloc_arenas()
     setup_logging(args.log_level, args.log_file, background=background, json_lines=args.log_format == "json")
     try:
-        _token, principal = resolve_principal(args)
-        del _token
+        if preloaded is not None:
+            principal = preloaded.principal
+        else:
+            _token, principal = resolve_principal(args)
+            del _token
         ops = prepare(args, principal, preloaded)
     except (CliError, TokenError, BackendError, SiteNotFound, TreeError) as exc:
         return report_failure(ready_fd, str(exc))

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import gc
 import json
 import logging
@@ -31,7 +32,6 @@ from typing import Any
 import setproctitle
 
 log = logging.getLogger("chromafs.mountd")
-Prepared = tuple[Any, Any, Any]  # (tree, pruned inode table, (built ns, listing attributes))
 MAX_REQUEST_BYTES = 256 * 1024
 DEFAULT_SOCKET = "/run/chromafs/mountd.sock"
 
@@ -74,12 +74,14 @@ class TreeCache:
         self._trees: dict[tuple[str, ...], Any] = {}
         self._tables: OrderedDict[tuple[object, ...], Any] = OrderedDict()
 
-    def prepared(self, args: argparse.Namespace, principal: Any) -> Prepared | None:
+    def prepared(self, args: argparse.Namespace, principal: Any) -> Any:
+        """A session.Preloaded for this reader, or None if the tree is not in Redis."""
         from .access import visible_entries
         from .cli_common import chroma_location
         from .fs import table_attributes
         from .inodes import InodeTable
         from .redis_cache import RedisCache
+        from .session import Preloaded
         from .tree import TreeError, parse_tree
 
         if not args.redis_url:
@@ -114,13 +116,14 @@ class TreeCache:
             # Listing attributes too: a fresh mount's first `find` then allocates nothing.
             built_ns = time.time_ns()
             attributes = (built_ns, table_attributes(table, built_ns, args.cache_timeout))
-            prepared = self._tables[table_key] = (tree, table, attributes)
+            prepared = self._tables[table_key] = Preloaded(principal, tree, table, attributes)
             while len(self._tables) > self.MAX_TABLES:
                 self._tables.popitem(last=False)
             gc.freeze()  # keep the collector from touching (and un-sharing) what children inherit
         else:
             self._tables.move_to_end(table_key)
-        return prepared
+        # Readers with the same groups share the table; each child gets its own reader (subject).
+        return dataclasses.replace(prepared, principal=principal)
 
 
 def _request_args(request: dict[str, object]) -> argparse.Namespace:
@@ -137,7 +140,7 @@ def _serve_in_child(
     conn: socket.socket,
     request: dict[str, object],
     parsed: argparse.Namespace | None,
-    prepared: Prepared | None,
+    prepared: Any,
 ) -> int:
     """In the forked child: become the mount's daemon."""
     from .daemon import run_daemon
@@ -158,7 +161,7 @@ def _serve_in_child(
     return run_daemon(args, conn.detach(), background=True, preloaded=prepared)
 
 
-def _prepare(cache: TreeCache, request: dict[str, object]) -> tuple[argparse.Namespace | None, Prepared | None]:
+def _prepare(cache: TreeCache, request: dict[str, object]) -> tuple[argparse.Namespace | None, Any]:
     """In the server: the parsed arguments and the cached tree and table for this request,
     as far as they can be had. Any failure here just means the child does the work (and
     reports errors) itself."""

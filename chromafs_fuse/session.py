@@ -8,7 +8,7 @@ import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from .access import Principal, visible_entries
 from .cli_common import CliError, chroma_location, resolve_token
@@ -50,6 +50,18 @@ def with_deadline(fn: Callable[[], T], seconds: float, what: str) -> T:
     return result[0]
 
 
+@dataclass(frozen=True)
+class Preloaded:
+    """What the mount server hands a mount it forks: the reader it verified, the site's tree,
+    the table pruned for that reader, and the table's listing attributes with the time they
+    were built (see fs.table_attributes)."""
+
+    principal: Principal
+    tree: SiteTree
+    table: InodeTable
+    attributes: tuple[int, Any]
+
+
 @dataclass
 class LoadedSite:
     tree: SiteTree
@@ -57,9 +69,7 @@ class LoadedSite:
     source: PageSource
 
 
-def load_site(
-    args: argparse.Namespace, principal: Principal, preloaded: tuple[SiteTree, InodeTable] | None = None
-) -> LoadedSite:
+def load_site(args: argparse.Namespace, principal: Principal, preloaded: Preloaded | None = None) -> LoadedSite:
     """Load the tree (shared cache first, then Chroma) and prune it for the
     principal. Chroma is opened only if the tree or a page needs it. A mount
     server hands in the tree and the pruned table it already holds."""
@@ -81,7 +91,7 @@ def load_site(
     def open_chroma() -> ChromaPages:
         return ChromaPages.open(location, args.page_field, args.chunk_index_field, args.backend_timeout)
 
-    tree = preloaded[0] if preloaded else None
+    tree = preloaded.tree if preloaded else None
     opened: ChromaPages | None = None
     tree_key = shared.tree_key(args.site, location.collection) if shared else ""
     if shared is not None and tree is None:
@@ -108,7 +118,7 @@ def load_site(
         table = InodeTable(visible_entries(tree.entries, principal))
     else:
         log.info("path tree %s and its pruned table handed over by the mount server", tree.version)
-        table = preloaded[1]
+        table = preloaded.table
     source = PageSource(
         args.site,
         open_chroma,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -131,3 +132,32 @@ def test_server_hands_over_the_tree_from_redis_and_sees_a_reingest(
             unmount(mnt)
         (site / "quickstart.mdx").write_text("# Changed by a re-ingest\n")
         ingest(site, "--site", "acme", "--chroma-path", chroma, "--redis-url", redis_server.url, "--quiet")
+
+
+def test_each_mount_from_a_shared_table_is_scoped_to_its_own_reader(
+    mountd: Path, redis_server: RedisServer, token_file: Callable[..., Path], secret_file: Path, tmp_path: Path
+) -> None:
+    """Two readers with the same groups share the server's pruned table, but each forked mount
+    serves (and reports) its own reader, from the token the server verified for it."""
+    chroma = str(tmp_path / "chroma")
+    ingest(SAMPLE_SITE, "--site", "acme", "--chroma-path", chroma, "--redis-url", redis_server.url, "--quiet")
+    args = ["--site", "acme", "--chroma-path", chroma, "--redis-url", redis_server.url, "--mountd", str(mountd)]
+    auth = ["--jwt-secret-file", str(secret_file)]
+    readers = {"alice": tmp_path / "alice", "bob": tmp_path / "bob"}
+    try:
+        for subject, mnt in readers.items():
+            mnt.mkdir()
+            log = tmp_path / f"{subject}.log"
+            token = token_file(["billing"], sub=subject)
+            proc = try_mount(mnt, *args, *auth, "--token-file", str(token), "--log-file", str(log))
+            assert proc.returncode == 0, proc.stderr
+            assert "handed over by the mount server" in log.read_text()
+        status = subprocess.run([str(BIN / "chromafs"), "status", "--json"], capture_output=True, text=True, timeout=60)
+        reader_of = {s["mountpoint"]: s.get("reader") for s in json.loads(status.stdout)}
+        expected = copy_subset(SAMPLE_SITE, expected_visible(SAMPLE_SITE, "public", {"billing"}), tmp_path / "exp")
+        for subject, mnt in readers.items():
+            assert reader_of[str(mnt)] == f"user={subject} groups=billing"
+            assert run(["diff", "-r", str(expected), str(mnt)]).returncode == 0
+    finally:
+        for mnt in readers.values():
+            unmount(mnt)
