@@ -102,7 +102,7 @@ def run_grep(args: argparse.Namespace) -> int:
     to_check = [e for e in chunked if candidates is None or e.key in candidates]
     to_check += [e for e in entries if e.blob is not None]
     log.info("stage one: %d of %d pages are candidates", len(to_check), len(entries))
-    loaded = site.source._load_many([e for e in to_check if e.blob is None]) if to_check else {}
+    loaded = site.source.load_many([e for e in to_check if e.blob is None]) if to_check else {}
     status = 1
     out = sys.stdout.buffer
     base = args.prefix.rstrip("/") + "/" if args.prefix else ""

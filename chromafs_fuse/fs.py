@@ -24,7 +24,7 @@ import pyfuse3
 import trio
 
 from .inodes import ROOT_INODE, InodeTable, Node
-from .kernel_push import KernelPusher, store_pages_one_by_one
+from .kernel_push import KernelPusher
 from .page_source import PageSource, PageUnavailable
 from .stats import LatencyHistogram
 from .tree import PathEntry
@@ -123,8 +123,9 @@ class ChromaOperations(pyfuse3.Operations):
             attributes if attributes is not None else (time.time_ns(), [None] * len(table))
         )
         self._delivered = bytearray(len(table.file_order))  # by file order: the kernel has it
-        # Pushing pages needs the kernel to keep them across opens: no-open mode only.
-        self.push_pages = push_pages and self.no_open
+        # Pushing pages needs the kernel to keep them across opens (no-open mode only), and the
+        # batched store of chromafs's pyfuse3 build (scripts/build_pyfuse3.py).
+        self.push_pages = push_pages and self.no_open and hasattr(pyfuse3, "store_pages")
         self._pusher: KernelPusher | None = None
         self._pushing: dict[int, str] = {}  # file order -> page key, offered to the kernel
         self._listed = bytearray(len(table))  # by node index: the kernel has listed this directory
@@ -323,9 +324,8 @@ class ChromaOperations(pyfuse3.Operations):
 
     def start_pushing(self, token: trio.lowlevel.TrioToken) -> None:
         if self.push_pages and self._pusher is None:
-            store = getattr(pyfuse3, "store_pages", None) or store_pages_one_by_one(pyfuse3.notify_store)
             self._pusher = KernelPusher(
-                store,
+                pyfuse3.store_pages,
                 lambda: token.run_sync_soon(self._take_outcomes, idempotent=True),
                 len(self.table.file_order),
             )

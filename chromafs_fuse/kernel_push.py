@@ -28,22 +28,6 @@ StorePages = Callable[[list[tuple[int, bytes]]], Sequence[int]]
 MAX_BATCH = 64
 
 
-def store_pages_one_by_one(notify_store: Callable[[int, int, bytes], None]) -> StorePages:
-    """A StorePages from pyfuse3's notify_store (one GIL release per page)."""
-
-    def store(pages: list[tuple[int, bytes]]) -> list[int]:
-        results = []
-        for inode, data in pages:
-            try:
-                notify_store(inode, 0, data)
-                results.append(0)
-            except OSError as exc:
-                results.append(-(exc.errno or errno.EIO))
-        return results
-
-    return store
-
-
 class KernelPusher:
     def __init__(self, store: StorePages, on_outcomes: Callable[[], None], tags: int) -> None:
         """`on_outcomes` is called from the pushing thread when the queue runs dry: it must

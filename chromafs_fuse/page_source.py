@@ -171,7 +171,7 @@ class PageSource:
         try:
             with trio.fail_after(self.timeout_s):
                 results = await trio.to_thread.run_sync(
-                    self._load_many, todo, abandon_on_cancel=True, limiter=self._limiter
+                    self.load_many, todo, abandon_on_cancel=True, limiter=self._limiter
                 )
             for entry in todo:
                 data = results.get(entry.key)
@@ -220,13 +220,14 @@ class PageSource:
         return found
 
     def _load_one(self, entry: PathEntry) -> bytes:
-        result = self._load_many([entry])[entry.key]
+        result = self.load_many([entry])[entry.key]
         if isinstance(result, PageUnavailable):
             raise result
         return result
 
-    def _load_many(self, entries: Sequence[PathEntry]) -> dict[str, bytes | PageUnavailable]:
-        """Shared cache first, then one Chroma query for the rest."""
+    def load_many(self, entries: Sequence[PathEntry]) -> dict[str, bytes | PageUnavailable]:
+        """Blocking (a worker thread, or a command with no loop): these pages, shared cache
+        first, then one Chroma query for the rest; a page that cannot be had is a PageUnavailable."""
         loaded: dict[str, bytes | PageUnavailable] = dict(self._from_shared(entries))
         missing = [e for e in entries if e.key not in loaded]
         if not missing:
@@ -266,7 +267,7 @@ class PageSource:
             try:
                 with trio.fail_after(self.timeout_s * 3):
                     results = await trio.to_thread.run_sync(
-                        self._load_many, batch, abandon_on_cancel=True, limiter=self._limiter
+                        self.load_many, batch, abandon_on_cancel=True, limiter=self._limiter
                     )
             except trio.TooSlowError:
                 log.warning("prefetch stopped: the backend is too slow")
