@@ -265,8 +265,9 @@ class ChromaOperations(pyfuse3.Operations):
             self.read_latency.observe(time.perf_counter() - started)
 
     def _read_ahead(self, node: Node, entry: PathEntry) -> None:
-        """A miss loads the block of `window` files around this one (in the order `grep -r`
-        reads them, across directories) in one batch. Then, so that a reader going through the
+        """A miss next to a file the kernel already has (in the order `grep -r` reads them,
+        across directories) loads the aligned block of `window` files around it in one batch;
+        any other miss loads its page alone. Then, so that a reader going through the
         tree keeps the backend busy with large batches instead of waiting at each boundary: a
         first read of a loaded page looks half a window further, and if that file is neither
         loaded nor loading, a batch four windows long starts there. When pages are pushed to
@@ -276,8 +277,14 @@ class ChromaOperations(pyfuse3.Operations):
         window = self.readahead_pages
         block = node.order - node.order % window
         if not self.source.is_cached(entry):  # a reader waits for this batch either way
-            # The aligned block around the file: readers that go backwards or jump around
-            # within a directory (rg's threads take files last in, first out) hit it too.
+            order, delivered = node.order, self._delivered
+            if not (order > 0 and delivered[order - 1]) and not (order + 1 < len(delivered) and delivered[order + 1]):
+                # Neither neighbour was read: this page alone. `cat` of a few scattered files
+                # must not wait for, nor make the backend load, pages nobody reads.
+                return
+            # A reader going through the tree, either way. The aligned block around the file:
+            # readers that jump around within a directory (rg's threads take files last in,
+            # first out) hit it too.
             self._load_ahead(block, window, reader_waits=True)
             if self._pusher is None:
                 return

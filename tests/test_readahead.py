@@ -79,9 +79,11 @@ class _Batches:
 
 
 def test_a_reader_whose_pages_are_pushed_keeps_the_next_batches_requested() -> None:
-    """In push mode reads arrive only now and then, so each one keeps STREAM_DEPTH batches of
-    four windows requested after its own block: a slow backend always has work queued ahead
-    of the reader, each page is asked for once, and a reader that jumps elsewhere restarts."""
+    """A miss with no neighbour read loads its page alone (scattered `cat`s load nothing
+    else). Once a reader goes through the tree, and in push mode reads arrive only now and
+    then, each read keeps STREAM_DEPTH batches of four windows requested after its own block:
+    a slow backend always has work queued ahead of the reader, each page is asked for once,
+    and a reader that jumps elsewhere restarts."""
     tree = {f"d{d:02d}/p{p:03d}.md": {"isPublic": True, "size": 1} for d in range(20) for p in range(50)}
     table = InodeTable(parse_tree(json.dumps(tree)).entries)
     source = _Batches(room=STREAM_DEPTH)
@@ -98,8 +100,11 @@ def test_a_reader_whose_pages_are_pushed_keeps_the_next_batches_requested() -> N
         assert node is not None
         return node.path
 
-    read(0)  # a miss: its block, then two batches of 128 after it
-    assert source.asked == [(key(0), 32, True), (key(32), 128, False), (key(160), 128, False)]
+    read(0)  # a miss with no neighbour read: its page alone, fetched by the read itself
+    assert source.asked == []
+    ops._delivered[0] = 1
+    read(1)  # a miss next to a file read: its block (less what the kernel has), then two batches of 128
+    assert source.asked == [(key(1), 31, True), (key(32), 128, False), (key(160), 128, False)]
     source.asked.clear()
     read(10)  # still inside the requested window: nothing new
     assert source.asked == []
@@ -116,5 +121,8 @@ def test_a_reader_whose_pages_are_pushed_keeps_the_next_batches_requested() -> N
     assert source.asked == [(key(416), 128, False), (key(544), 128, False)]
     source.asked.clear()
     source.speculative = 0
-    read(700)  # a jump: its block and a new window there
-    assert source.asked == [(key(672), 32, True), (key(704), 128, False), (key(832), 128, False)]
+    read(700)  # a jump: its page alone, then (a neighbour read) its block and a new window there
+    assert source.asked == []
+    ops._delivered[700] = 1
+    read(701)
+    assert source.asked == [(key(672), 31, True), (key(704), 128, False), (key(832), 128, False)]
