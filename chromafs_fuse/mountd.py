@@ -255,7 +255,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-preload-chroma", action="store_true", help="do not import chromadb up front")
     args = parser.parse_args(argv)
     setup_logging(args.log_level, args.log_file)
-    import chromafs_fuse.daemon  # noqa: F401  - the whole serving stack, imported once
+    # Imported once here, not in every child: the whole serving stack, the argument parser of
+    # each request, and the codec a socket's host name goes through (Redis, Chroma).
+    import encodings.idna  # noqa: F401
+
+    from . import daemon, mount_cli  # noqa: F401
 
     if not args.no_preload_chroma:
         import chromadb  # noqa: F401  - no threads start at import, so forking stays safe
