@@ -277,10 +277,9 @@ class ChromaOperations(pyfuse3.Operations):
         window = self.readahead_pages
         block = node.order - node.order % window
         if not self.source.is_cached(entry):  # a reader waits for this batch either way
-            order, delivered = node.order, self._delivered
-            if not (order > 0 and delivered[order - 1]) and not (order + 1 < len(delivered) and delivered[order + 1]):
-                # Neither neighbour was read: this page alone. `cat` of a few scattered files
-                # must not wait for, nor make the backend load, pages nobody reads.
+            if not self._next_to_delivered(node.order):
+                # This page alone: `cat` of a few scattered files must not wait for, nor make
+                # the backend load, pages nobody reads.
                 return
             # A reader going through the tree, either way. The aligned block around the file:
             # readers that jump around within a directory (rg's threads take files last in,
@@ -299,6 +298,11 @@ class ChromaOperations(pyfuse3.Operations):
             and not self.source.is_cached_or_loading(ahead.entry)
         ):
             self._load_ahead(ahead.order, window * 4)
+
+    def _next_to_delivered(self, order: int) -> bool:
+        """The kernel has a file next to this one in tree order (either side)."""
+        delivered = self._delivered
+        return (order > 0 and delivered[order - 1] == 1) or (order + 1 < len(delivered) and delivered[order + 1] == 1)
 
     def _stream_ahead(self, first: int, batch: int) -> None:
         """Keep STREAM_DEPTH batches requested from `first` on. Pushed pages bring reads here
