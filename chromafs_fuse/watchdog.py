@@ -9,7 +9,8 @@ mount hang for good. The watchdog is a small shell (started through util-linux `
 when the daemon's main thread exits (PR_SET_PDEATHSIG follows the thread that started it, not
 the process), and if the mount is still there it aborts the connection through fusectl (as
 `echo 1 > /sys/fs/fuse/connections/N/abort` would), which fails the pending read and lets the
-process die. A daemon that unmounts normally stops its watchdog first.
+process die. A daemon that unmounts normally stops its watchdog first. The shell's own `sleep`
+dies with the shell whatever ends it (a TERM before the shell knows the sleep's pid, a SIGKILL).
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ abort_connection() {
 trap '[ -n "$sleeper" ] && kill "$sleeper" 2>/dev/null; exit 0' TERM INT HUP
 trap '[ -n "$sleeper" ] && kill "$sleeper" 2>/dev/null; abort_connection; exit 0' USR2
 [ "$PPID" = "$daemon" ] || { abort_connection; exit 0; }
-sleep infinity &
+setpriv --pdeathsig KILL sleep infinity &
 sleeper=$!
 wait "$sleeper"
 """

@@ -108,6 +108,12 @@ def test_the_watchdog_lives_and_dies_with_its_mount(sample_chroma: Callable[[str
     for pid in processes:
         assert wait_gone(pid, 5), "the watchdog outlived a normal unmount"
 
+    with mounted(mnt, "--site", "acme", "--chroma-path", chroma):
+        (watchdog,) = _children(int((mnt.parent / "mnt.pid").read_text()))
+        (sleeper,) = _children(watchdog)
+        os.kill(watchdog, signal.SIGKILL)  # however the shell ends, its sleep must not linger
+        assert wait_gone(watchdog, 5) and wait_gone(sleeper, 5), "the watchdog's sleep outlived it"
+
     with mounted(mnt, "--site", "acme", "--chroma-path", chroma, "--no-push-pages"):
         assert _children(int((mnt.parent / "mnt.pid").read_text())) == []  # nothing to watch for
 
