@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
 import gc
 import json
 import logging
@@ -27,9 +26,12 @@ import struct
 import sys
 import time
 from collections import OrderedDict
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import setproctitle
+
+if TYPE_CHECKING:
+    from .session import Preloaded
 
 log = logging.getLogger("chromafs.mountd")
 MAX_REQUEST_BYTES = 256 * 1024
@@ -74,8 +76,8 @@ class TreeCache:
         self._trees: dict[tuple[str, ...], Any] = {}
         self._tables: OrderedDict[tuple[object, ...], Any] = OrderedDict()
 
-    def prepared(self, args: argparse.Namespace, principal: Any) -> Any:
-        """A session.Preloaded for this reader, or None if the tree is not in Redis."""
+    def prepared(self, args: argparse.Namespace, principal: Any) -> Preloaded | None:
+        """What a child mount for this reader needs, or None if the tree is not in Redis."""
         from .access import visible_entries
         from .cli_common import chroma_location
         from .fs import table_attributes
@@ -110,20 +112,20 @@ class TreeCache:
                 log.warning("tree entry %s skipped: %s", key, reason)
             self._trees[site_key] = tree
         table_key = (site_key, tree.version, principal.authenticated, principal.groups, args.cache_timeout)
-        prepared = self._tables.get(table_key)
-        if prepared is None:
+        cached = self._tables.get(table_key)
+        if cached is None:
             table = InodeTable(visible_entries(tree.entries, principal))
             # Listing attributes too: a fresh mount's first `find` then allocates nothing.
             built_ns = time.time_ns()
             attributes = (built_ns, table_attributes(table, built_ns, args.cache_timeout))
-            prepared = self._tables[table_key] = Preloaded(principal, tree, table, attributes)
+            cached = self._tables[table_key] = (tree, table, attributes)
             while len(self._tables) > self.MAX_TABLES:
                 self._tables.popitem(last=False)
             gc.freeze()  # keep the collector from touching (and un-sharing) what children inherit
         else:
             self._tables.move_to_end(table_key)
         # Readers with the same groups share the table; each child gets its own reader (subject).
-        return dataclasses.replace(prepared, principal=principal)
+        return Preloaded(principal, *cached)
 
 
 def _request_args(request: dict[str, object]) -> argparse.Namespace:
@@ -140,7 +142,7 @@ def _serve_in_child(
     conn: socket.socket,
     request: dict[str, object],
     parsed: argparse.Namespace | None,
-    prepared: Any,
+    prepared: Preloaded | None,
 ) -> int:
     """In the forked child: become the mount's daemon."""
     from .daemon import run_daemon
@@ -161,7 +163,7 @@ def _serve_in_child(
     return run_daemon(args, conn.detach(), background=True, preloaded=prepared)
 
 
-def _prepare(cache: TreeCache, request: dict[str, object]) -> tuple[argparse.Namespace | None, Any]:
+def _prepare(cache: TreeCache, request: dict[str, object]) -> tuple[argparse.Namespace | None, Preloaded | None]:
     """In the server: the parsed arguments and the cached tree and table for this request,
     as far as they can be had. Any failure here just means the child does the work (and
     reports errors) itself."""

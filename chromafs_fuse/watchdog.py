@@ -24,9 +24,11 @@ import subprocess
 log = logging.getLogger(__name__)
 FUSECTL = "/sys/fs/fuse/connections"  # mounted by the watchdog if needed (root only)
 
-# $1 the daemon's pid, $2 the connection number, $3 the mountpoint as mountinfo writes it.
+# $1 the daemon's pid, $2 the connection number, $3 the mountpoint as mountinfo writes it,
+# $4 where fusectl is mounted. The sleep dies with the shell (its own pdeathsig), so the traps
+# need not kill it.
 WATCHDOG_SCRIPT = r"""
-daemon=$1 connection=$2 mountpoint=$3 sleeper=
+daemon=$1 connection=$2 mountpoint=$3 fusectl=$4
 still_mounted() {
     while read -r _id _parent device _root point _rest; do
         [ "$device" = "0:$connection" ] && [ "$point" = "$mountpoint" ] && return 0
@@ -35,15 +37,14 @@ still_mounted() {
 }
 abort_connection() {
     still_mounted || return 0
-    [ -d "/sys/fs/fuse/connections/$connection" ] || mount -t fusectl fusectl /sys/fs/fuse/connections 2>/dev/null
-    echo 1 > "/sys/fs/fuse/connections/$connection/abort"
+    [ -d "$fusectl/$connection" ] || mount -t fusectl fusectl "$fusectl" 2>/dev/null
+    echo 1 > "$fusectl/$connection/abort"
 }
-trap '[ -n "$sleeper" ] && kill "$sleeper" 2>/dev/null; exit 0' TERM INT HUP
-trap '[ -n "$sleeper" ] && kill "$sleeper" 2>/dev/null; abort_connection; exit 0' USR2
+trap 'exit 0' TERM INT HUP
+trap 'abort_connection; exit 0' USR2
 [ "$PPID" = "$daemon" ] || { abort_connection; exit 0; }
 setpriv --pdeathsig KILL sleep infinity &
-sleeper=$!
-wait "$sleeper"
+wait
 """
 
 
@@ -82,7 +83,7 @@ def start_watchdog(mountpoint: str) -> subprocess.Popen[bytes] | None:
         log.warning("no watchdog for %s (%s): pages are not pushed to the kernel", mountpoint, why)
         return None
     argv = [setpriv, "--pdeathsig", "USR2", "sh", "-c", WATCHDOG_SCRIPT, "chromafs-watchdog"]
-    argv += [str(os.getpid()), str(connection), _escaped(os.path.abspath(mountpoint))]
+    argv += [str(os.getpid()), str(connection), _escaped(os.path.abspath(mountpoint)), FUSECTL]
     return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
