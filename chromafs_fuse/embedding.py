@@ -8,6 +8,8 @@ import math
 import re
 from collections.abc import Callable, Sequence
 
+import numpy as np
+
 Embedder = Callable[[Sequence[str]], list[list[float]]]
 _TOKEN = re.compile(r"\w+", re.UNICODE)
 DEFAULT_DIMENSIONS = 256
@@ -18,14 +20,30 @@ class HashingEmbedder:
 
     No model, no download: good enough for similarity search over docs and
     always available. Empty text maps to a fixed unit vector.
+
+    A feature's bucket is the first 8 bytes of its BLAKE2b digest (little
+    endian): modulo `dimensions` for the bucket, the top bit for the sign.
+    Buckets are remembered per feature (docs repeat their words), and a batch
+    is summed with numpy; the vectors are exactly those of `embed_one`.
     """
+
+    CACHE_LIMIT = 1 << 21  # words and word pairs remembered; past that the caches start again
 
     def __init__(self, dimensions: int = DEFAULT_DIMENSIONS) -> None:
         self.dimensions = dimensions
+        # A bucket code is bucket + 1, negated for a negative sign.
+        self._word_ids: dict[str, int] = {}
+        self._word_codes: dict[str, int] = {}
+        self._pair_codes: dict[int, int] = {}  # (first word id << 32 | second word id) -> code
 
     def _features(self, text: str) -> list[str]:
         words = [w.lower() for w in _TOKEN.findall(text)]
         return words + [f"{a} {b}" for a, b in itertools.pairwise(words)]
+
+    def _code(self, feature: str) -> int:
+        value = int.from_bytes(hashlib.blake2b(feature.encode("utf-8"), digest_size=8).digest(), "little")
+        bucket = value % self.dimensions + 1
+        return bucket if (value >> 63) & 1 else -bucket
 
     def embed_one(self, text: str) -> list[float]:
         vector = [0.0] * self.dimensions
@@ -39,8 +57,59 @@ class HashingEmbedder:
             return vector
         return [v / norm for v in vector]
 
+    def _ids(self, words: list[str]) -> list[int]:
+        ids = self._word_ids
+        try:
+            return [ids[w] for w in words]
+        except KeyError:
+            for word in words:
+                if word not in ids:
+                    ids[word] = len(ids)
+                    self._word_codes[word] = self._code(word)
+            return [ids[w] for w in words]
+
+    def _pair_code_list(self, pairs: list[int], names: list[str]) -> list[int]:
+        codes = self._pair_codes
+        try:
+            return [codes[p] for p in pairs]
+        except KeyError:
+            out = []
+            for index, pair in enumerate(pairs):
+                code = codes.get(pair)
+                if code is None:
+                    code = codes[pair] = self._code(f"{names[index]} {names[index + 1]}")
+                out.append(code)
+            return out
+
+    def embed_many(self, texts: Sequence[str]) -> np.ndarray:
+        """A (len(texts), dimensions) float64 array, row i equal to embed_one(texts[i])."""
+        if len(self._word_ids) + len(self._pair_codes) > self.CACHE_LIMIT:
+            self.__init__(self.dimensions)  # type: ignore[misc]
+        rows: list[np.ndarray] = []
+        codes: list[np.ndarray] = []
+        for row, text in enumerate(texts):
+            words = [w.lower() for w in _TOKEN.findall(text)]
+            ids = np.array(self._ids(words), dtype=np.int64)
+            word_codes = np.array([self._word_codes[w] for w in words], dtype=np.int64)
+            pairs = ((ids[:-1] << 32) | ids[1:]).tolist() if len(ids) > 1 else []
+            pair_codes = np.array(self._pair_code_list(pairs, words), dtype=np.int64)
+            found = np.concatenate([word_codes, pair_codes])
+            codes.append(found)
+            rows.append(np.full(len(found), row, dtype=np.int64))
+        matrix = np.zeros((len(texts), self.dimensions), dtype=np.float64)
+        if codes:
+            all_codes = np.concatenate(codes)
+            flat = np.concatenate(rows) * self.dimensions + (np.abs(all_codes) - 1)
+            np.add.at(matrix.reshape(-1), flat, np.sign(all_codes).astype(np.float64))
+        norms = np.sqrt(np.einsum("ij,ij->i", matrix, matrix))
+        empty = norms == 0.0
+        matrix[empty, 0] = 1.0
+        norms[empty] = 1.0
+        matrix /= norms[:, None]
+        return matrix
+
     def __call__(self, texts: Sequence[str]) -> list[list[float]]:
-        return [self.embed_one(t) for t in texts]
+        return self.embed_many(texts).tolist()
 
 
 def make_embedder(name: str) -> tuple[Embedder, int | None]:

@@ -7,9 +7,8 @@ record is rewritten, and only then are the old chunks deleted.
 
 from __future__ import annotations
 
-import hashlib
 import logging
-import os
+import time
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -20,18 +19,8 @@ from .blobstore import BlobStore
 from .chroma_store import ChromaLocation, connect_client
 from .chunks import DEFAULT_MAX_CHUNK_CHARS, split_page
 from .embedding import make_embedder
-from .ingest_access import (
-    MARKDOWN_SUFFIXES,
-    Access,
-    AccessSpecError,
-    AclRule,
-    access_from_fields,
-    default_access,
-    match_acl,
-    navigation_ref,
-    parse_frontmatter,
-    public_pages_from_navigation,
-)
+from .ingest_access import AclRule
+from .ingest_scan import Problem, ScanOptions, SourceFile, scan_site
 from .names import (
     DEFAULT_CHUNK_INDEX_FIELD,
     DEFAULT_PAGE_FIELD,
@@ -43,11 +32,16 @@ from .names import (
     TREE_RECORD_KIND,
     chunk_id,
 )
-from .pathrules import InvalidPath, normalize_key
 from .tree import PathEntry, TreeError, encode_tree_document, parse_tree
 
 log = logging.getLogger("chromafs.ingest")
 DEFAULT_LARGE_FILE_THRESHOLD = 1024 * 1024
+UPSERT_BATCH = 5000  # chunks per upsert (Chroma's own bound may be lower)
+
+# Exit statuses of chromafs-ingest (1 bad input or backend error, 2 usage: see ingest_cli).
+EXIT_CLEAN = 0
+EXIT_WITH_ERRORS = 3  # the site was written; some files are not served as their source says
+EXIT_NOTHING_INGESTED = 4  # no file could be ingested: the collection was left as it was
 
 
 @dataclass
@@ -67,19 +61,6 @@ class IngestOptions:
 
 
 @dataclass
-class SourceFile:
-    key: str
-    data: bytes
-    text: str | None  # None for binary files
-    access: Access
-    mtime: float
-
-    @property
-    def sha256(self) -> str:
-        return hashlib.sha256(self.data).hexdigest()
-
-
-@dataclass
 class IngestSummary:
     pages: int = 0
     chunks_written: int = 0
@@ -88,75 +69,58 @@ class IngestSummary:
     unchanged: int = 0
     updated: int = 0
     removed: int = 0
+    seconds: float = 0.0
     skipped: Counter[str] = field(default_factory=Counter)
+    problems: list[Problem] = field(default_factory=list)
     tree_document: str = ""
 
+    @property
+    def errors(self) -> list[Problem]:
+        return [p for p in self.problems if p.is_error]
+
+    @property
+    def exit_status(self) -> int:
+        if self.pages == 0:
+            return EXIT_NOTHING_INGESTED
+        return EXIT_WITH_ERRORS if self.errors else EXIT_CLEAN
+
     def lines(self) -> list[str]:
+        rate = f", {self.pages / self.seconds:.0f} pages/s" if self.seconds > 0 else ""
         out = [
-            f"pages: {self.pages} ({self.updated} written, {self.unchanged} unchanged, {self.removed} removed)",
+            f"pages: {self.pages} ({self.updated} written, {self.unchanged} unchanged, {self.removed} removed)"
+            f" in {self.seconds:.1f} s{rate}",
             f"chunks written: {self.chunks_written}",
             f"bytes: {self.bytes}",
             f"lazy files (blob store): {self.lazy_files}",
             f"skipped: {sum(self.skipped.values())}",
         ]
         out += [f"  {count} {reason}" for reason, count in sorted(self.skipped.items())]
+        errors = len(self.errors)
+        out.append(f"problems: {errors} errors, {len(self.problems) - errors} warnings")
         return out
 
-
-def _walk(root: Path, include_hidden: bool, summary: IngestSummary) -> Iterator[Path]:
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = sorted(d for d in dirnames if include_hidden or not d.startswith("."))
-        for name in sorted(filenames):
-            if not include_hidden and name.startswith("."):
-                continue
-            path = Path(dirpath) / name
-            if path.is_symlink():
-                summary.skipped["symbolic links"] += 1
-                log.info("skipped %s: symbolic link", path)
-                continue
-            yield path
-
-
-def scan_site(options: IngestOptions, summary: IngestSummary) -> list[SourceFile]:
-    """Read every file of the source folder and decide its access."""
-    root = options.source_dir
-    navigation_public: set[str] = set()
-    for name in ("docs.json", "mint.json"):
-        nav_file = root / name
-        if nav_file.is_file():
-            navigation_public |= public_pages_from_navigation(nav_file.read_text("utf-8"))
-    fallback = default_access(options.default_access)
-    files: list[SourceFile] = []
-    for path in _walk(root, options.include_hidden, summary):
-        relative = path.relative_to(root).as_posix()
-        try:
-            key = normalize_key(relative)
-        except InvalidPath as exc:
-            summary.skipped["paths that cannot be served"] += 1
-            log.warning("skipped %r: %s", relative, exc)
-            continue
-        data = path.read_bytes()
-        text: str | None
-        try:
-            text = None if b"\x00" in data else data.decode("utf-8")
-        except UnicodeDecodeError:
-            text = None
-        access: Access | None = None
-        if text is not None and key.lower().endswith(MARKDOWN_SUFFIXES):
-            try:
-                fields = parse_frontmatter(text)
-                access = access_from_fields(fields, key) if fields is not None else None
-            except AccessSpecError as exc:
-                # Fail closed: a page whose access we cannot read is not published.
-                summary.skipped["pages with unreadable access frontmatter"] += 1
-                log.warning("skipped %s: %s", key, exc)
-                continue
-        if access is None:
-            access = match_acl(options.acl_rules, key)
-        if access is None and navigation_ref(key) in navigation_public:
-            access = Access(True)
-        files.append(SourceFile(key, data, text, access or fallback, path.stat().st_mtime))
-    return files
+    def report(self, site: str) -> dict[str, Any]:
+        """The machine-readable report (--report FILE)."""
+        status = {EXIT_CLEAN: "clean", EXIT_WITH_ERRORS: "finished with errors"}.get(
+            self.exit_status, "nothing ingested"
+        )
+        return {
+            "site": site,
+            "status": status,
+            "exit_status": self.exit_status,
+            "pages": self.pages,
+            "written": self.updated,
+            "unchanged": self.unchanged,
+            "removed": self.removed,
+            "chunks_written": self.chunks_written,
+            "bytes": self.bytes,
+            "lazy_files": self.lazy_files,
+            "seconds": round(self.seconds, 3),
+            "skipped": dict(self.skipped),
+            "errors": len(self.errors),
+            "warnings": len(self.problems) - len(self.errors),
+            "problems": [p.as_json() for p in self.problems],
+        }
 
 
 def _batches(items: Sequence[Any], size: int) -> Iterator[Sequence[Any]]:
@@ -170,9 +134,29 @@ def _progress(total: int, enabled: bool, desc: str) -> Any:
     return tqdm(total=total, disable=not enabled, desc=desc, unit="file", leave=False)
 
 
+def _plan(files: list[SourceFile], options: IngestOptions, summary: IngestSummary) -> list[SourceFile]:
+    """The files that will be published: binary files need a blob store."""
+    kept = []
+    for source in files:
+        if source.text is None and options.blob_store is None:
+            summary.skipped["binary files (no --blob-store)"] += 1
+            log.info("skipped %s: binary file and no blob store", source.key)
+            continue
+        kept.append(source)
+    return kept
+
+
 def ingest(options: IngestOptions, show_progress: bool = False) -> IngestSummary:
+    started = time.monotonic()
     summary = IngestSummary()
-    files = scan_site(options, summary)
+    scan = scan_site(
+        ScanOptions(options.source_dir, options.default_access, options.acl_rules, options.include_hidden)
+    )
+    summary.problems = scan.problems
+    files = _plan(scan.files, options, summary)
+    if not files:  # never replace a site with nothing: a wrong or empty folder leaves it as it was
+        summary.seconds = time.monotonic() - started
+        return summary
     embed, dimensions = make_embedder(options.embedder)
 
     client = connect_client(options.location)
@@ -181,7 +165,7 @@ def ingest(options: IngestOptions, show_progress: bool = False) -> IngestSummary
         embedding_function=None,
         metadata={"hnsw:space": "l2", FORMAT_FIELD: FORMAT_VERSION},
     )
-    batch_size = min(1000, int(getattr(client, "get_max_batch_size", lambda: 1000)()))
+    batch_size = max(1, min(UPSERT_BATCH, int(getattr(client, "get_max_batch_size", lambda: UPSERT_BATCH)())))
     old_pages = _existing_pages(collection)
 
     tree: dict[str, dict[str, Any]] = {}
@@ -210,16 +194,10 @@ def ingest(options: IngestOptions, show_progress: bool = False) -> IngestSummary
             entry: dict[str, Any] = source.access.as_tree_fields()
             entry.update(size=len(source.data), sha256=sha, mtime=round(source.mtime, 3))
             wants_blob = source.text is None or len(source.data) > options.large_file_threshold
-            if wants_blob:
-                if options.blob_store is None:
-                    if source.text is None:
-                        summary.skipped["binary files (no --blob-store)"] += 1
-                        log.info("skipped %s: binary file and no blob store", source.key)
-                        continue
-                else:
-                    url, _ = options.blob_store.put(source.data)
-                    entry["blob"] = {"url": url, "size": len(source.data), "sha256": sha}
-                    summary.lazy_files += 1
+            if wants_blob and options.blob_store is not None:
+                url, _ = options.blob_store.put(source.data)
+                entry["blob"] = {"url": url, "size": len(source.data), "sha256": sha}
+                summary.lazy_files += 1
             tree[source.key] = entry
             summary.pages += 1
             summary.bytes += len(source.data)
@@ -241,8 +219,8 @@ def ingest(options: IngestOptions, show_progress: bool = False) -> IngestSummary
                 pending_meta.append(
                     {options.page_field: source.key, options.chunk_index_field: index, PAGE_SHA_FIELD: sha}
                 )
-                if len(pending_ids) >= batch_size:
-                    flush()
+            if len(pending_ids) >= batch_size:
+                flush()
         flush()
 
     summary.tree_document = encode_tree_document(tree)
@@ -257,6 +235,7 @@ def ingest(options: IngestOptions, show_progress: bool = False) -> IngestSummary
     ]
     summary.removed = sum(1 for k in old_pages if k not in tree)
     _delete_stale_chunks(collection, options.page_field, stale_pages, tree, batch_size)
+    summary.seconds = time.monotonic() - started
     return summary
 
 

@@ -1,8 +1,13 @@
 """How ingest decides a page's access from the source site (pure, no I/O).
 
-Order, first that speaks wins: the page's frontmatter (`public`, `groups`),
-then the --acl glob rules, then a `docs.json`/`mint.json` navigation group
-marked `"public": true`, then the site default.
+Order, first that speaks wins: the page's frontmatter (`public`, `groups`, in
+any format `frontmatter.py` reads; Hugo's `params` table when the top level
+has neither), then the --acl glob rules, then a navigation file's groups marked
+public (`NAVIGATION_FILES`), then the site default.
+
+Fail closed: a page whose access keys cannot be read gets no access from its
+frontmatter; only an --acl rule can then publish it, otherwise it is served to
+nobody (`decide_access` returns None).
 """
 
 from __future__ import annotations
@@ -14,7 +19,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import json5
 import yaml
+
+from .frontmatter import Frontmatter, read_frontmatter
 
 MARKDOWN_SUFFIXES = (".md", ".mdx", ".markdown")
 
@@ -40,28 +48,6 @@ def default_access(mode: str) -> Access:
     raise ValueError(f"unknown default access {mode!r} (public, authenticated)")
 
 
-def parse_frontmatter(text: str) -> Mapping[str, Any] | None:
-    """The YAML frontmatter of a Markdown page, or None when it has none."""
-    if text.startswith("\ufeff"):
-        text = text[1:]
-    lines = text.split("\n")
-    if not lines or lines[0].rstrip("\r") != "---":
-        return None
-    for end in range(1, len(lines)):
-        if lines[end].rstrip("\r") in ("---", "..."):
-            block = "\n".join(line.rstrip("\r") for line in lines[1:end])
-            try:
-                data = yaml.safe_load(block)
-            except yaml.YAMLError as exc:
-                raise AccessSpecError(f"frontmatter is not valid YAML: {exc.__class__.__name__}") from exc
-            if data is None:
-                return {}
-            if not isinstance(data, Mapping):
-                raise AccessSpecError("frontmatter is not a mapping")
-            return data
-    return None  # an opening '---' with no close is just text
-
-
 def _groups_value(value: Any, where: str) -> tuple[str, ...]:
     if isinstance(value, str):
         value = [g.strip() for g in value.split(",") if g.strip()]
@@ -77,8 +63,10 @@ def access_from_fields(fields: Mapping[str, Any], where: str) -> Access | None:
     if not has_public and not has_groups:
         return None
     public = fields.get("public", False)
+    if isinstance(public, str) and public.strip().lower() in ("true", "false"):
+        public = public.strip().lower() == "true"
     if not isinstance(public, bool):
-        raise AccessSpecError(f"{where}: 'public' must be true or false")
+        raise AccessSpecError(f"{where}: 'public' must be true or false, not {public!r}")
     groups = _groups_value(fields["groups"], where) if has_groups else ()
     if public:
         return Access(True, groups)
@@ -123,13 +111,73 @@ def match_acl(rules: Iterable[AclRule], key: str) -> Access | None:
     return None
 
 
-def public_pages_from_navigation(docs_json_text: str) -> set[str]:
-    """Page references (no extension, no leading '/') under navigation groups
-    marked `"public": true` in a Mintlify docs.json or mint.json."""
+def frontmatter_access(frontmatter: Frontmatter, where: str) -> Access | None:
+    """Access from a page's frontmatter, None if it says nothing; AccessSpecError if
+    its access keys are there but cannot be read."""
+    if frontmatter.access_unreadable():
+        names = sorted(frontmatter.unreadable & {"public", "groups"}) or ["the block"]
+        raise AccessSpecError(f"access keys cannot be read ({', '.join(names)})")
+    fields = frontmatter.fields
+    params = fields.get("params")
+    if "public" not in fields and fields.get("groups") is None and isinstance(params, Mapping):
+        return access_from_fields(params, where)  # Hugo's place for a site's own keys
+    return access_from_fields(fields, where)
+
+
+def decide_access(
+    key: str,
+    text: str | None,
+    rules: Iterable[AclRule],
+    navigation_public: set[str],
+    fallback: Access,
+) -> tuple[Access | None, Frontmatter | None, AccessSpecError | None]:
+    """(access, frontmatter, why the frontmatter's access could not be read).
+    Access None: served to nobody."""
+    frontmatter = read_frontmatter(text) if text is not None and key.lower().endswith(MARKDOWN_SUFFIXES) else None
+    if frontmatter is not None:
+        try:
+            access = frontmatter_access(frontmatter, "frontmatter")
+        except AccessSpecError as exc:
+            return match_acl(rules, key), frontmatter, exc
+        if access is not None:
+            return access, frontmatter, None
+    access = match_acl(rules, key)
+    if access is None and navigation_ref(key) in navigation_public:
+        access = Access(True)
+    return access or fallback, frontmatter, None
+
+
+# Navigation files read at the site root, in this order: name -> reader of its JSON.
+NAVIGATION_FILES = ("docs.json", "mint.json")
+
+
+def decode_config_json(data: bytes, name: str) -> tuple[Any, list[str]]:
+    """A JSON config file as docs tools accept it: UTF-8 with or without a BOM
+    (else Latin-1), and JSON5 leniency (trailing commas, comments).
+    Returns (value, warnings); raises AccessSpecError naming the line if unreadable."""
+    warnings: list[str] = []
     try:
-        data = json.loads(docs_json_text)
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        text = data.decode("latin-1")
+        warnings.append(f"not UTF-8 (byte {exc.start}): read as Latin-1")
+    try:
+        return json.loads(text), warnings
     except json.JSONDecodeError as exc:
-        raise AccessSpecError(f"docs.json is not valid JSON: {exc}") from exc
+        strict_error = exc
+    try:
+        value = json5.loads(text)
+    except ValueError as exc:
+        raise AccessSpecError(f"{name}: line {strict_error.lineno}: not valid JSON: {strict_error.msg}") from exc
+    warnings.append(f"line {strict_error.lineno}: not strict JSON ({strict_error.msg}); read as JSON5")
+    return value, warnings
+
+
+def public_pages_from_navigation(data: Any) -> set[str]:
+    """Page references (no extension, no leading '/') under navigation groups
+    marked `"public": true` in a Mintlify docs.json or mint.json (parsed)."""
+    if isinstance(data, str | bytes):
+        data = json.loads(data)
     found: set[str] = set()
 
     def walk(node: Any, public: bool) -> None:

@@ -1,11 +1,14 @@
 """`chromafs-ingest`: load a folder of docs into Chroma as a chromafs site.
 
-Exit status: 0 done, 1 bad input or backend error, 2 usage.
+Exit status: 0 done and clean; 3 done, but some files are not served as their
+source says (each named in the problems); 4 nothing ingested (the collection is
+left as it was); 1 bad arguments or a backend error; 2 usage.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import re
@@ -14,7 +17,7 @@ from pathlib import Path
 
 from .blobstore import BlobError, open_blob_store
 from .cli_common import CliError, add_chroma_arguments, chroma_location, setup_logging
-from .ingest import DEFAULT_LARGE_FILE_THRESHOLD, IngestOptions, ingest
+from .ingest import DEFAULT_LARGE_FILE_THRESHOLD, EXIT_NOTHING_INGESTED, IngestOptions, IngestSummary, ingest
 from .ingest_access import AccessSpecError, parse_acl
 from .tree import tree_version
 
@@ -59,6 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--redis-prefix", default="chromafs")
     parser.add_argument("--tree-ttl", type=int, default=300)
+    parser.add_argument("--report", metavar="FILE", help="write a JSON report (counts and every problem) to FILE")
     parser.add_argument("--quiet", "-q", action="store_true", help="no progress bar and no summary")
     parser.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
     return parser
@@ -105,7 +109,9 @@ def main(argv: list[str] | None = None) -> int:
             chunk_index_field=args.chunk_index_field,
         )
         summary = ingest(options, show_progress=not args.quiet and sys.stderr.isatty())
-        if args.redis_url:
+        if args.report:
+            _write_report(Path(args.report), summary.report(args.site))
+        if args.redis_url and summary.tree_document:
             from .redis_cache import RedisCache
 
             shared = RedisCache(args.redis_url, args.redis_prefix, tree_ttl_s=args.tree_ttl, timeout_s=5.0)
@@ -125,11 +131,34 @@ def main(argv: list[str] | None = None) -> int:
         log.debug("ingest failed", exc_info=True)
         print(f"chromafs-ingest: {exc.__class__.__name__}: {exc}", file=sys.stderr)
         return 1
+    _print_problems(summary, args.report)
     if not args.quiet:
         print(f"site {args.site} -> {location.describe()}")
         for line in summary.lines():
             print(line)
-    return 0
+    if summary.exit_status == EXIT_NOTHING_INGESTED:
+        print(f"chromafs-ingest: nothing ingested from {source}; the site was left as it was", file=sys.stderr)
+    return summary.exit_status
+
+
+MAX_PROBLEM_LINES = 50
+
+
+def _print_problems(summary: IngestSummary, report: str | None) -> None:
+    """Every problem as `path:line: reason (outcome)` on stderr, errors first."""
+    ordered = sorted(summary.problems, key=lambda p: (not p.is_error, p.path))
+    for problem in ordered[:MAX_PROBLEM_LINES]:
+        print(f"{'error' if problem.is_error else 'warning'}: {problem}", file=sys.stderr)
+    if len(ordered) > MAX_PROBLEM_LINES:
+        where = f"all of them in {report}" if report else "--report FILE lists them all"
+        print(f"... and {len(ordered) - MAX_PROBLEM_LINES} more problems ({where})", file=sys.stderr)
+
+
+def _write_report(path: Path, report: dict[str, object]) -> None:
+    try:
+        path.write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n", "utf-8")
+    except OSError as exc:
+        raise CliError(f"cannot write the report {path}: {exc.strerror}") from exc
 
 
 if __name__ == "__main__":

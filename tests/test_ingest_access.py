@@ -15,19 +15,12 @@ from chromafs_fuse.ingest_access import (
     access_from_fields,
     match_acl,
     parse_acl,
-    parse_frontmatter,
     public_pages_from_navigation,
 )
 from helpers import INGEST, SAMPLE_SITE, ingest, mounted, tree_listing
 
 
-def test_frontmatter() -> None:
-    assert parse_frontmatter("---\npublic: true\n---\nbody") == {"public": True}
-    assert parse_frontmatter("---\r\ngroups:\r\n  - admin\r\n---\r\n") == {"groups": ["admin"]}
-    assert parse_frontmatter("# no frontmatter\n---\n") is None
-    assert parse_frontmatter("---\nnever closed") is None
-    with pytest.raises(AccessSpecError):
-        parse_frontmatter("---\ngroups: [admin\n---\n")
+def test_access_fields() -> None:
     assert access_from_fields({"title": "x"}, "p") is None
     assert access_from_fields({"groups": ["a", "b"]}, "p") == Access(False, ("a", "b"))
     assert access_from_fields({"groups": "a, b"}, "p") == Access(False, ("a", "b"))
@@ -73,10 +66,20 @@ def test_acl_file_and_unreadable_frontmatter_end_to_end(
         json.dumps([{"glob": "specs/public.json", "public": True}, {"glob": "specs/*", "groups": ["admin"]}])
     )
     chroma = tmp_path / "chroma"
-    out = ingest(
-        site, "--site", "acme", "--chroma-path", str(chroma), "--acl", str(acl), "--default-access", "authenticated"
-    ).stdout
-    assert "1 pages with unreadable access frontmatter" in out
+    proc = ingest(
+        site,
+        "--site",
+        "acme",
+        "--chroma-path",
+        str(chroma),
+        "--acl",
+        str(acl),
+        "--default-access",
+        "authenticated",
+        status=3,
+    )
+    assert "error: broken.md:3: frontmatter not valid YAML" in proc.stderr
+    assert "(hidden from everyone)" in proc.stderr
     with mounted(mnt, "--site", "acme", "--chroma-path", str(chroma)):
         assert tree_listing(mnt) == {"specs", "specs/public.json"}
     admin = ["--token-file", str(token_file(["admin"])), "--jwt-secret-file", str(secret_file)]

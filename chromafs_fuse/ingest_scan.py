@@ -1,0 +1,250 @@
+"""Reading a docs folder for ingest: walk it, read every file (in parallel), decide
+each page's access, and name every file that could not be taken as it is.
+
+One file never stops the scan: an unreadable, vanished or badly named file, a
+broken or looping symbolic link, a page whose access keys cannot be read, all
+become a `Problem` (path, line where known, reason, what was done) and the
+rest of the site goes on.
+
+Symbolic links are followed when they point inside the source folder (a
+linked directory is walked under the link's name, a loop is reported); links
+that leave the folder are skipped, so a docs repository cannot publish a file
+from elsewhere on the ingesting machine.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import re
+import stat
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from .ingest_access import (
+    MARKDOWN_SUFFIXES,
+    NAVIGATION_FILES,
+    Access,
+    AccessSpecError,
+    AclRule,
+    decide_access,
+    decode_config_json,
+    default_access,
+    public_pages_from_navigation,
+)
+from .pathrules import InvalidPath, normalize_key
+
+log = logging.getLogger("chromafs.ingest")
+
+# What happened to a file with a problem.
+NOT_INGESTED = "not ingested"
+HIDDEN = "hidden from everyone"
+ACCESS_FROM_ACL = "access from --acl rules"
+INGESTED = "ingested"
+
+
+@dataclass(frozen=True, slots=True)
+class Problem:
+    path: str  # relative to the source folder
+    reason: str
+    outcome: str
+    line: int | None = None
+
+    @property
+    def is_error(self) -> bool:
+        """Errors: the file is not served as its source says. The rest are warnings."""
+        return self.outcome != INGESTED
+
+    def __str__(self) -> str:
+        where = f"{self.path}:{self.line}" if self.line else self.path
+        return f"{where}: {self.reason} ({self.outcome})"
+
+    def as_json(self) -> dict[str, Any]:
+        return {**asdict(self), "severity": "error" if self.is_error else "warning"}
+
+
+@dataclass(slots=True)
+class SourceFile:
+    key: str
+    data: bytes
+    text: str | None  # None for binary files and text that is not UTF-8
+    access: Access
+    mtime: float
+
+    @property
+    def sha256(self) -> str:
+        return hashlib.sha256(self.data).hexdigest()
+
+
+@dataclass(frozen=True, slots=True)
+class ScanOptions:
+    root: Path
+    default_access: str = "public"
+    acl_rules: Sequence[AclRule] = ()
+    include_hidden: bool = False
+
+
+@dataclass
+class ScanResult:
+    files: list[SourceFile]
+    problems: list[Problem]
+    hidden_skipped: int = 0
+
+
+def _relative(root: Path, path: Path) -> str:
+    return path.relative_to(root).as_posix()
+
+
+def walk(root: Path, include_hidden: bool, problems: list[Problem]) -> Iterator[tuple[str, Path]]:
+    """(relative path, path to open) of every regular file, in sorted order."""
+    real_root = Path(os.path.realpath(root))
+    stack: list[tuple[Path, tuple[str, ...]]] = [(root, (str(real_root),))]
+    while stack:
+        directory, ancestors = stack.pop()
+        try:
+            with os.scandir(directory) as it:
+                entries = sorted(it, key=lambda e: e.name)
+        except OSError as exc:
+            problems.append(Problem(_relative(root, directory) or ".", f"cannot list: {exc.strerror}", NOT_INGESTED))
+            continue
+        subdirs: list[tuple[Path, tuple[str, ...]]] = []
+        for entry in entries:
+            if not include_hidden and entry.name.startswith("."):
+                continue
+            path = Path(entry.path)
+            relative = _relative(root, path)
+            try:
+                is_link = entry.is_symlink()
+                if is_link:
+                    target = os.path.realpath(path, strict=True)
+                    if os.path.commonpath([target, real_root]) != str(real_root):
+                        reason = f"symbolic link leaves the source folder ({target})"
+                        problems.append(Problem(relative, reason, NOT_INGESTED))
+                        continue
+                    mode = os.stat(target).st_mode
+                else:
+                    mode = entry.stat(follow_symlinks=False).st_mode
+                    target = str(path)
+            except OSError as exc:
+                reason = "symbolic link loop" if exc.errno == 40 else (
+                    "broken symbolic link" if is_link else f"cannot stat: {exc.strerror}"
+                )
+                problems.append(Problem(relative, reason, NOT_INGESTED))
+                continue
+            if stat.S_ISDIR(mode):
+                real = os.path.realpath(target)
+                if real in ancestors:
+                    problems.append(Problem(relative, "symbolic link loop (links to a folder above it)", NOT_INGESTED))
+                    continue
+                subdirs.append((path, (*ancestors, real)))
+            elif stat.S_ISREG(mode):
+                yield relative, path
+            else:
+                problems.append(Problem(relative, "not a regular file", NOT_INGESTED))
+        stack.extend(reversed(subdirs))
+
+
+def _read(path: Path) -> tuple[bytes, float] | OSError:
+    try:
+        with open(path, "rb") as handle:
+            return handle.read(), os.fstat(handle.fileno()).st_mtime
+    except OSError as exc:
+        return exc
+
+
+_ACCESS_LINE = re.compile(r"""^\s*["']?(?:public|groups)["']?\s*[:=]""", re.MULTILINE)
+
+
+def _access_line(text: str) -> int | None:
+    match = _ACCESS_LINE.search(text)
+    return text.count("\n", 0, match.start()) + 1 if match else None
+
+
+def read_navigation(root: Path, problems: list[Problem]) -> set[str]:
+    """Page references that navigation files at the site root mark public."""
+    found: set[str] = set()
+    for name in NAVIGATION_FILES:
+        path = root / name
+        if not path.is_file():
+            continue
+        try:
+            value, warnings = decode_config_json(path.read_bytes(), name)
+        except (OSError, AccessSpecError) as exc:
+            reason = str(exc).removeprefix(f"{name}: ")
+            problems.append(Problem(name, f"{reason}; its public groups are not applied", INGESTED))
+            continue
+        problems.extend(Problem(name, warning, INGESTED) for warning in warnings)
+        found |= public_pages_from_navigation(value)
+    return found
+
+
+def scan_site(options: ScanOptions, workers: int = 8) -> ScanResult:
+    """Read every file of the source folder and decide its access."""
+    root = options.root
+    problems: list[Problem] = []
+    navigation_public = read_navigation(root, problems)
+    fallback = default_access(options.default_access)
+    paths: list[tuple[str, Path]] = []
+    for relative, path in walk(root, options.include_hidden, problems):
+        try:
+            paths.append((normalize_key(relative), path))
+        except InvalidPath as exc:
+            problems.append(Problem(relative, f"name cannot be served: {exc}", NOT_INGESTED))
+    files: list[SourceFile] = []
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        for (key, _), read in zip(paths, pool.map(_read, [p for _, p in paths]), strict=True):
+            if isinstance(read, OSError):
+                reason = "vanished before it was read" if isinstance(read, FileNotFoundError) else read.strerror
+                problems.append(Problem(key, f"cannot read: {reason}", NOT_INGESTED))
+                continue
+            data, mtime = read
+            source = _decide(key, data, mtime, options, navigation_public, fallback, problems)
+            if source is not None:
+                files.append(source)
+    return ScanResult(files, problems)
+
+
+def _decide(
+    key: str,
+    data: bytes,
+    mtime: float,
+    options: ScanOptions,
+    navigation_public: set[str],
+    fallback: Access,
+    problems: list[Problem],
+) -> SourceFile | None:
+    text: str | None = None
+    frontmatter_text: str | None = None
+    if b"\x00" not in data:
+        try:
+            text = frontmatter_text = data.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            if key.lower().endswith(MARKDOWN_SUFFIXES):
+                # The access keys are ASCII: read them anyway, serve the bytes as they are.
+                frontmatter_text = data.decode("utf-8", "replace")
+                line = data.count(b"\n", 0, exc.start) + 1
+                reason = f"not UTF-8 (byte {exc.start}): stored as a binary file"
+                problems.append(Problem(key, reason, INGESTED, line))
+    access, frontmatter, error = decide_access(
+        key, frontmatter_text, options.acl_rules, navigation_public, fallback
+    )
+    if frontmatter is not None:
+        first_issue = frontmatter.issues[0] if frontmatter.issues else None
+        if error is None and first_issue is not None:
+            unread = ", ".join(sorted(frontmatter.unreadable)) or "none"
+            problems.append(
+                Problem(key, f"frontmatter {first_issue.message} (keys not read: {unread})", INGESTED, first_issue.line)
+            )
+        elif error is not None:
+            line = first_issue.line if first_issue else _access_line(frontmatter_text or "")
+            detail = f"frontmatter {first_issue.message}; {error}" if first_issue else str(error)
+            outcome = ACCESS_FROM_ACL if access is not None else HIDDEN
+            problems.append(Problem(key, detail, outcome, line))
+    if access is None:
+        log.warning("%s: access cannot be read; served to nobody", key)
+        return None
+    return SourceFile(key, data, text, access, mtime)
