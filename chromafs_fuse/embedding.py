@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-Embedder = Callable[[Sequence[str]], list[list[float]]]
+Embedder = Callable[[Sequence[str]], "np.ndarray | list[list[float]]"]
 _TOKEN = re.compile(r"\w+", re.UNICODE)
 DEFAULT_DIMENSIONS = 256
 
@@ -108,8 +108,8 @@ class HashingEmbedder:
         matrix /= norms[:, None]
         return matrix
 
-    def __call__(self, texts: Sequence[str]) -> list[list[float]]:
-        return self.embed_many(texts).tolist()
+    def __call__(self, texts: Sequence[str]) -> np.ndarray:
+        return self.embed_many(texts)
 
 
 def make_embedder(name: str) -> tuple[Embedder, int | None]:

@@ -230,4 +230,3 @@ def _entries(
             start, key = index, key_of(line)
     if block:
         yield key, start, "\n".join(block[start:])
-

@@ -149,9 +149,7 @@ def _plan(files: list[SourceFile], options: IngestOptions, summary: IngestSummar
 def ingest(options: IngestOptions, show_progress: bool = False) -> IngestSummary:
     started = time.monotonic()
     summary = IngestSummary()
-    scan = scan_site(
-        ScanOptions(options.source_dir, options.default_access, options.acl_rules, options.include_hidden)
-    )
+    scan = scan_site(ScanOptions(options.source_dir, options.default_access, options.acl_rules, options.include_hidden))
     summary.problems = scan.problems
     files = _plan(scan.files, options, summary)
     if not files:  # never replace a site with nothing: a wrong or empty folder leaves it as it was

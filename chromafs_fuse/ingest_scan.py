@@ -130,8 +130,10 @@ def walk(root: Path, include_hidden: bool, problems: list[Problem]) -> Iterator[
                     mode = entry.stat(follow_symlinks=False).st_mode
                     target = str(path)
             except OSError as exc:
-                reason = "symbolic link loop" if exc.errno == 40 else (
-                    "broken symbolic link" if is_link else f"cannot stat: {exc.strerror}"
+                reason = (
+                    "symbolic link loop"
+                    if exc.errno == 40
+                    else ("broken symbolic link" if is_link else f"cannot stat: {exc.strerror}")
                 )
                 problems.append(Problem(relative, reason, NOT_INGESTED))
                 continue
@@ -229,9 +231,7 @@ def _decide(
                 line = data.count(b"\n", 0, exc.start) + 1
                 reason = f"not UTF-8 (byte {exc.start}): stored as a binary file"
                 problems.append(Problem(key, reason, INGESTED, line))
-    access, frontmatter, error = decide_access(
-        key, frontmatter_text, options.acl_rules, navigation_public, fallback
-    )
+    access, frontmatter, error = decide_access(key, frontmatter_text, options.acl_rules, navigation_public, fallback)
     if frontmatter is not None:
         first_issue = frontmatter.issues[0] if frontmatter.issues else None
         if error is None and first_issue is not None:

@@ -51,7 +51,7 @@ def test_admin_page_in_every_format(text: str) -> None:
     ("text", "expected"),
     [
         ("---\npublic: true\n---\n", PUBLIC),
-        ("---\npublic: \"TRUE\"\n---\n", PUBLIC),
+        ('---\npublic: "TRUE"\n---\n', PUBLIC),
         ("+++\npublic = true\n+++\n", PUBLIC),
         ('{"public": true}\n', PUBLIC),
         ("---\npublic: false\n---\n", AUTHENTICATED),

@@ -21,7 +21,7 @@ from bench_lib.procs import become_subreaper
 from bench_lib.runner import Run, run_corpus
 
 ALL_SYSTEMS = ["tmpfs", "sandbox", "chromafs-embedded", "chromafs-server-redis", "chromafs-mountd"]
-ALL_FIGURES = ["boot", "tools", "memory"]
+ALL_FIGURES = ["boot", "tools", "memory", "ingest"]
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -33,7 +33,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--boot-runs", type=int, default=20, help="mounts timed for boot p50/p90")
     p.add_argument("--mounts", type=int, default=8, help="concurrent mounts for the marginal PSS")
     p.add_argument("--systems", default=",".join(ALL_SYSTEMS), help="comma list (tmpfs is always measured)")
-    p.add_argument("--figures", default=",".join(ALL_FIGURES), help="comma list of boot, tools, memory")
+    p.add_argument(
+        "--figures",
+        default=",".join(ALL_FIGURES),
+        help="comma list of boot, tools, memory, ingest (ingest alone: no mounts, no systems)",
+    )
     p.add_argument("--json", type=Path, default=REPO / "docs/bench/results.json")
     p.add_argument("--png", type=Path, default=REPO / "docs/bench/ratios.png")
     p.add_argument("--keep", action="store_true", help="keep temp dirs (generated sites, Chroma data, logs)")
@@ -107,7 +111,7 @@ def main(argv: list[str]) -> int:
     if report.write_png(results, args.png):
         print(f"PNG: {args.png}")
     else:
-        print("PNG: skipped (matplotlib missing: pip install -e '.[bench]')")
+        print("PNG: skipped (no mounted systems measured, or matplotlib missing: pip install -e '.[bench]')")
     for incident in results["incidents"]:
         print(f"INCIDENT: {incident}", file=sys.stderr)
     for problem in run.problems:

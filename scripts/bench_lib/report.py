@@ -8,6 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from bench_lib import ingest_speed
 from bench_lib.measure import TOOLS
 
 SYSTEMS = [
@@ -106,8 +107,13 @@ def text_report(results: dict[str, Any]) -> str:
     for corpus in results["corpora"]:
         f = corpus["facts"]
         out.append("")
-        out.append(f"== corpus {corpus['name']} (site {corpus['site']}): {_facts_line(f)}")
-        out += corpus_table(corpus)
+        if not corpus["systems"]:
+            out.append(f"== corpus {corpus['name']} (site {corpus['site']})")
+        else:
+            out.append(f"== corpus {corpus['name']} (site {corpus['site']}): {_facts_line(f)}")
+            out += corpus_table(corpus)
+        if "ingest" in corpus:
+            out.append(ingest_speed.text_line(corpus["ingest"]))
     out.append("")
     out.append("cold: first run on a fresh mount (sandbox: materialise wall time + first run); warm: best of 3")
     out.append("tmpfs/sandbox memory rows: the size of one copy in /dev/shm (what each extra reader costs)")
@@ -139,7 +145,9 @@ def write_png(results: dict[str, Any], path: Path) -> bool:
         import matplotlib.pyplot as plt
     except ImportError:
         return False
-    corpora = results["corpora"]
+    corpora = [c for c in results["corpora"] if c["systems"]]
+    if not corpora:
+        return False
     fig, axes = plt.subplots(len(corpora), 1, figsize=(15, 4.5 * len(corpora)), squeeze=False)
     figures = rows()
     others = SYSTEMS[1:]

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from bench_lib import corpus as corpora
-from bench_lib import measure, report
+from bench_lib import ingest_speed, measure, report
 from bench_lib.mounts import Mounter, mounts_under, unmount
 from bench_lib.procs import ChromaServer, MountServer, RedisServer, run_timed
 from bench_lib.systems import Chromafs, Sandbox, System, Tmpfs
@@ -125,6 +125,12 @@ def run_corpus(run: Run, spec: str, index: int) -> dict[str, Any]:
     args = run.args
     corpus = corpora.resolve(spec, index, args.seed, run.tmp)
     run.say(f"corpus {spec}: {corpus.source}")
+    speed = None
+    if "ingest" in args.figures:
+        speed = ingest_speed.measure(corpus.source, corpus.site, run.tmp)
+        run.say(f"{spec}: {ingest_speed.text_line(speed)}")
+        if args.figures == ["ingest"]:
+            return {"name": spec, "site": corpus.site, "facts": corpus.facts, "ingest": speed, "systems": {}}
     chroma_dir = run.tmp / f"{corpus.site}-chroma"
     corpus.facts["ingest_embedded_s"] = corpora.ingest(corpus, ["--chroma-path", str(chroma_dir)])
     corpora.load_visible(corpus, chroma_dir)
@@ -174,7 +180,10 @@ def run_corpus(run: Run, spec: str, index: int) -> dict[str, Any]:
             corpus.facts["materialise_p50_s"] = walls[len(walls) // 2]
             if "memory" in results["tmpfs"]:
                 results[name]["memory"] = dict(results["tmpfs"]["memory"])
-    return {"name": spec, "site": corpus.site, "facts": corpus.facts, "systems": results}
+    out = {"name": spec, "site": corpus.site, "facts": corpus.facts, "systems": results}
+    if speed is not None:
+        out["ingest"] = speed
+    return out
 
 
 def _tree_document(chroma_dir: Path, site: str) -> str:
