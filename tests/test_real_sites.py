@@ -88,7 +88,7 @@ def test_real_repository_ingests_in_one_run(
     the anonymous reader sees a subset and no page whose frontmatter names groups."""
     source = CORPORA / corpus
     files = source_files(source)
-    status, report = ingest_site(source, tmp_path / "chroma", tmp_path / "report.json")
+    _, report = ingest_site(source, tmp_path / "chroma", tmp_path / "report.json")
     not_served = {p["path"] for p in report["problems"] if p["severity"] == "error"}  # type: ignore[union-attr,index]
     assert report["pages"] == len(files) - len(not_served)
     backend = ["--site", "acme", "--chroma-path", str(tmp_path / "chroma")]
