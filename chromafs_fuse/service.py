@@ -13,6 +13,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from .mounttable import mounts
+
 log = logging.getLogger("chromafs.service")
 
 
@@ -95,12 +97,7 @@ class StatusFile:
 
 def read_statuses() -> list[dict[str, Any]]:
     """Status of every live chromafs mount of this machine that this user can see."""
-    mounted: dict[str, str] = {}
-    with open("/proc/self/mounts") as f:
-        for line in f:
-            fields = line.split()
-            if len(fields) > 2 and fields[2] == "fuse.chromafs":
-                mounted[fields[1].encode().decode("unicode_escape")] = fields[0]
+    mounted = {entry.target: entry.source for entry in mounts() if entry.fstype == "fuse.chromafs"}
     statuses = []
     seen = set()
     directory = runtime_dir()

@@ -21,6 +21,8 @@ import os
 import shutil
 import subprocess
 
+from .mounttable import escape
+
 log = logging.getLogger(__name__)
 FUSECTL = "/sys/fs/fuse/connections"  # mounted by the watchdog if needed (root only)
 
@@ -48,17 +50,10 @@ wait
 """
 
 
-def _escaped(path: str) -> str:
-    """A path as /proc/self/mountinfo writes it."""
-    for char, code in (("\\", "\\134"), (" ", "\\040"), ("\t", "\\011"), ("\n", "\\012")):
-        path = path.replace(char, code)
-    return path
-
-
 def connection_of(mountpoint: str, mountinfo: str = "/proc/self/mountinfo") -> int | None:
     """The fusectl connection number of the FUSE mount at `mountpoint` (its device minor), read
     from mountinfo: asking the mount itself could hang on a daemon that no longer answers."""
-    wanted = _escaped(os.path.abspath(mountpoint))
+    wanted = escape(os.path.abspath(mountpoint))
     found = None
     try:
         with open(mountinfo) as f:
@@ -83,7 +78,7 @@ def start_watchdog(mountpoint: str) -> subprocess.Popen[bytes] | None:
         log.warning("no watchdog for %s (%s): pages are not pushed to the kernel", mountpoint, why)
         return None
     argv = [setpriv, "--pdeathsig", "USR2", "sh", "-c", WATCHDOG_SCRIPT, "chromafs-watchdog"]
-    argv += [str(os.getpid()), str(connection), _escaped(os.path.abspath(mountpoint)), FUSECTL]
+    argv += [str(os.getpid()), str(connection), escape(os.path.abspath(mountpoint)), FUSECTL]
     return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 

@@ -23,6 +23,7 @@ and per release). Usage: .venv/bin/python scripts/build_pyfuse3.py [--check]
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import os
 import subprocess
@@ -32,6 +33,7 @@ import tempfile
 from pathlib import Path
 
 PYFUSE3_VERSION = "3.5.0"
+PYFUSE3_SDIST_SHA256 = "88399a9494b88603230bba300f4ba9ad63fece5ed514ca3633d555a0c6a42b24"
 LOCAL_LABEL = "chromafs2"
 BUILD = 2  # scripts/setup rebuilds when the installed marker has an older BUILD
 MARKER_MODULE = "chromafs_inode_fallback"
@@ -93,6 +95,21 @@ def patch_handlers(handlers: Path) -> None:
     handlers.write_text(text)
 
 
+def extract(archive: Path, dest: Path) -> None:
+    """Unpack the sdist, refusing members that would land outside dest or are not plain files and
+    folders (tarfile's "data" filter does this, but Debian 12's Python 3.11.2 predates it)."""
+    with tarfile.open(archive) as tar:
+        if hasattr(tarfile, "data_filter"):
+            tar.extractall(dest, filter="data")
+            return
+        root = dest.resolve()
+        for member in tar.getmembers():
+            target = (dest / member.name).resolve()
+            if not (member.isfile() or member.isdir()) or root not in (target, *target.parents):
+                raise SystemExit(f"build_pyfuse3: refusing archive member {member.name!r}")
+        tar.extractall(dest)
+
+
 def installed_build() -> int:
     """The BUILD of the installed patched pyfuse3; 0 for none (stock or missing)."""
     try:
@@ -108,14 +125,17 @@ def main() -> int:
     python = sys.executable
     with tempfile.TemporaryDirectory(prefix="pyfuse3-build-") as tmp:
         work = Path(tmp)
+        # Only pyfuse3 comes as source; its build dependencies (Cython, setuptools) as wheels.
         subprocess.run(
             [python, "-m", "pip", "download", "-q", "--disable-pip-version-check", "--no-deps",
-             "--no-binary", ":all:", "-d", str(work), f"pyfuse3=={PYFUSE3_VERSION}"],
+             "--no-binary", "pyfuse3", "-d", str(work), f"pyfuse3=={PYFUSE3_VERSION}"],
             check=True,
         )  # fmt: skip
         (archive,) = work.glob("pyfuse3-*.tar.gz")
-        with tarfile.open(archive) as tar:
-            tar.extractall(work, filter="data")
+        digest = hashlib.sha256(archive.read_bytes()).hexdigest()
+        if digest != PYFUSE3_SDIST_SHA256:
+            raise SystemExit(f"build_pyfuse3: {archive.name} has sha256 {digest}, expected {PYFUSE3_SDIST_SHA256}")
+        extract(archive, work)
         source = work / f"pyfuse3-{PYFUSE3_VERSION}"
         patch_handlers(source / "src" / "pyfuse3" / "handlers.pxi")
         init = source / "src" / "pyfuse3" / "__init__.pyx"

@@ -10,6 +10,7 @@ from pathlib import Path
 import jwt
 import pytest
 
+from chromafs_fuse.mounttable import mounts
 from helpers import BIN, SAMPLE_SITE, free_port, ingest, is_mounted, unmount
 
 SITE = "acme"
@@ -216,8 +217,7 @@ def s3_server(tmp_path: Path) -> Iterator[S3Server]:
 def _no_stale_mounts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     yield
     base = str(tmp_path_factory.getbasetemp())
-    with open("/proc/self/mounts") as f:
-        leftovers = [line.split()[1] for line in f if line.split()[1].startswith(base)]
+    leftovers = [entry.target for entry in mounts() if entry.target.startswith(base)]
     for path in leftovers:
         unmount(Path(path))
     assert not [p for p in leftovers if is_mounted(Path(p))]

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import yaml
 
+from chromafs_fuse.mounttable import is_mounted
+
 REPO = Path(__file__).resolve().parent.parent
 SAMPLE_SITE = REPO / "chromafs_fuse" / "sample_site"
 BIN = Path(sys.executable).parent
@@ -27,12 +29,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def is_mounted(path: Path) -> bool:
-    target = os.path.realpath(path)
-    with open("/proc/self/mounts") as f:
-        return any(line.split()[1].encode().decode("unicode_escape") == target for line in f)
 
 
 def unmount(path: Path) -> None:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from chromafs_fuse.mounttable import escape, unescape
 from chromafs_fuse.service import process_start, read_statuses, runtime_dir
 from helpers import BIN, MOUNT, REPO, SAMPLE_SITE, free_port, is_mounted, mounted, unmount
 
@@ -183,3 +184,14 @@ def test_status_files_left_by_killed_daemons_are_ignored_and_removed() -> None:
     finally:
         for path in [live, *(path for path, _ in files.values())]:
             path.unlink(missing_ok=True)
+
+
+def test_mount_table_paths_with_spaces_and_non_ascii(sample_chroma: Callable[[str], Path], tmp_path: Path) -> None:
+    assert unescape(b"/mnt/d\\040\xc3\xa9\\011x\\134y") == "/mnt/d é\tx\\y"
+    assert escape("/mnt/d é\tx\\y") == "/mnt/d\\040é\\011x\\134y"
+    point = tmp_path / "docs é ü"
+    with mounted(point, "--site", "acme", "--chroma-path", str(sample_chroma("public"))):
+        assert is_mounted(point)
+        out = subprocess.run([str(BIN / "chromafs"), "status", "--json"], capture_output=True, text=True, timeout=60)
+        assert [s["mountpoint"] for s in json.loads(out.stdout) if s["mountpoint"] == str(point)] == [str(point)]
+    assert not is_mounted(point)

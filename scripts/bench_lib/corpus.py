@@ -61,7 +61,9 @@ def load_visible(corpus: Corpus, chroma_path: Path) -> None:
     from chromafs_fuse.tree import parse_tree
 
     pages = ChromaPages.open(ChromaLocation(path=str(chroma_path), collection=corpus.site))
-    tree = parse_tree(pages.load_tree_document()[0])
+    document = pages.load_tree_document()[0]
+    tree = parse_tree(document)
+    corpus.facts["tree_record_bytes"] = len(document)
     corpus.visible = visible_entries(tree.entries, Principal.anonymous())
     dirs = {k.rsplit("/", i)[0] for k in corpus.visible for i in range(1, k.count("/") + 1)}
     corpus.facts.update(tree_files=len(tree.entries), visible_files=len(corpus.visible), visible_dirs=len(dirs))

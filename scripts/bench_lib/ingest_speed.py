@@ -25,8 +25,12 @@ from bench_lib.procs import BIN, run_checked
 SCRIPTS = Path(__file__).resolve().parents[1]
 
 
+def chroma_dir(workdir: Path, site: str) -> Path:
+    return workdir / f"{site}-ingest-speed"
+
+
 def measure(source: Path, site: str, workdir: Path) -> dict[str, Any]:
-    chroma = workdir / f"{site}-ingest-speed"
+    chroma = chroma_dir(workdir, site)
     report_path = workdir / f"{site}-ingest-report.json"
     argv = [str(BIN / "chromafs-ingest"), str(source), "--site", site, "--chroma-path", str(chroma), "--quiet"]
     first = run_checked([*argv, "--report", str(report_path)], "chromafs-ingest (first)")

@@ -12,19 +12,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench_lib.procs import BIN, child_env
-
-
-def is_mounted(path: Path) -> bool:
-    target = os.path.realpath(path)
-    with open("/proc/self/mounts") as f:
-        return any(line.split()[1].encode().decode("unicode_escape") == target for line in f)
+from chromafs_fuse.mounttable import is_mounted, mounts
 
 
 def mounts_under(root: Path) -> list[Path]:
     prefix = os.path.realpath(root) + "/"
-    with open("/proc/self/mounts") as f:
-        points = [line.split()[1].encode().decode("unicode_escape") for line in f]
-    return [Path(p) for p in points if p.startswith(prefix)]
+    return [Path(entry.target) for entry in mounts() if entry.target.startswith(prefix)]
 
 
 def unmount(path: Path) -> None:
