@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from typing import TypeVar
 
 import trio
+from cachetools import TTLCache
 
 from .blobstore import BlobError, read_blob_range
 from .chroma_store import BackendError, ChromaPages
@@ -33,6 +34,10 @@ MAX_READAHEAD_BATCHES = 4  # one per reader thread of rg on 2-4 cores; more queu
 
 class PageUnavailable(Exception):
     """The page cannot be served now (corrupt, backend down, timed out)."""
+
+
+class PageTimedOut(PageUnavailable):
+    """The backend did not answer within the read's deadline."""
 
 
 class PageSource:
@@ -58,6 +63,10 @@ class PageSource:
         self.timeout_s = timeout_s
         self._limiter = trio.CapacityLimiter(max_backend_threads)
         self._inflight: dict[str, trio.Event] = {}
+        # Pages whose read just timed out. The kernel reads a failed page once more at once (its
+        # read-ahead read, then a read of its own): the second read fails at once too, so a
+        # reader waits one --backend-timeout, not two. The backend is tried again after this.
+        self._timed_out: TTLCache[str, bool] = TTLCache(maxsize=4096, ttl=min(1.0, timeout_s))
         self.learned_sizes: dict[str, int] = {}
         self.nursery: trio.Nursery | None = None
         self._batches = 0  # read-ahead batches in flight  # set while serving: where read-ahead batches run
@@ -95,9 +104,23 @@ class PageSource:
         return self.learned_sizes.get(entry.key)
 
     async def read(self, entry: PathEntry, offset: int, size: int) -> bytes:
-        if entry.blob is not None:
-            return await self._read_blob(entry, offset, size)
-        data = await self.page(entry)
+        """A range of a file. One deadline, `timeout_s`, covers the whole read: waiting for a
+        read-ahead batch already fetching the page, the fetch of its own after it, every block
+        of a lazy file."""
+        if entry.key in self._timed_out:
+            raise PageUnavailable(entry.key)
+        try:
+            with trio.fail_after(self.timeout_s):
+                if entry.blob is not None:
+                    return await self._read_blob(entry, offset, size)
+                data = await self.page(entry)
+        except trio.TooSlowError as exc:
+            log.error("reading %s: no answer within %.1fs", entry.key, self.timeout_s)
+            self._timed_out[entry.key] = True
+            raise PageTimedOut(entry.key) from exc
+        except PageTimedOut:
+            self._timed_out[entry.key] = True
+            raise
         return data[offset : offset + size]
 
     async def page(self, entry: PathEntry) -> bytes:
@@ -105,6 +128,14 @@ class PageSource:
         data = self.cache.get(key)
         if data is not None:
             return data
+        try:
+            with trio.fail_after(self.timeout_s):
+                return await self._fetch_page(entry, key)
+        except trio.TooSlowError as exc:
+            log.error("reading %s: no answer within %.1fs", entry.key, self.timeout_s)
+            raise PageTimedOut(entry.key) from exc
+
+    async def _fetch_page(self, entry: PathEntry, key: str) -> bytes:
         pending = self._inflight.get(key)
         if pending is not None:  # a read or a read-ahead batch is already fetching it
             await pending.wait()
@@ -116,11 +147,7 @@ class PageSource:
         if own:
             self._inflight[key] = done
         try:
-            try:
-                data = await self._off_loop(self._load_one, entry)
-            except trio.TooSlowError as exc:
-                log.error("reading %s: no answer within %.1fs", entry.key, self.timeout_s)
-                raise PageUnavailable(entry.key) from exc
+            data = await self._off_loop(self._load_one, entry)
             self._remember(entry, data)
             return data
         finally:
@@ -307,10 +334,9 @@ class PageSource:
         length = min(BLOB_BLOCK, entry.blob.size - offset)
         try:
             data = await self._off_loop(read_blob_range, entry.blob.url, offset, length)
-        except trio.TooSlowError as exc:
+        except trio.TooSlowError:
             self.backend_errors["blob"] += 1
-            log.error("reading %s: blob store did not answer within %.1fs", entry.key, self.timeout_s)
-            raise PageUnavailable(entry.key) from exc
+            raise
         except BlobError as exc:
             self.backend_errors["blob"] += 1
             log.error("reading %s: %s", entry.key, exc)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import subprocess
@@ -84,3 +85,39 @@ def test_corrupt_tree_record_refuses_the_site(mnt: Path, tmp_path: Path) -> None
         assert proc.stderr.startswith("chromafs-mount: ") and proc.stderr.count("\n") == 1, (name, proc.stderr)
         assert "path tree" in proc.stderr, proc.stderr
         assert not os.path.ismount(mnt)
+
+
+def test_frozen_chroma_fails_a_read_within_the_backend_timeout(mnt: Path, tmp_path: Path) -> None:
+    """One deadline per read: waiting for a read-ahead batch that is stuck, then fetching the page
+    itself, must not add up to twice --backend-timeout."""
+    chroma = ChromaServer(tmp_path / "chroma-data")
+    chroma.start()
+    try:
+        ingest(SAMPLE_SITE, "--site", "acme", "--chroma-url", chroma.url, "--quiet")
+        pages = sorted(p for p in expected_visible(SAMPLE_SITE, "public", None) if p.endswith((".md", ".mdx")))
+        timeout = 3.0
+        flags = ["--prefetch", "off", "--no-push-pages", "--backend-timeout", str(timeout)]
+        with mounted(mnt, "--site", "acme", "--chroma-url", chroma.url, *flags):
+            assert (mnt / pages[0]).read_bytes() == (SAMPLE_SITE / pages[0]).read_bytes()
+            assert chroma.proc is not None
+            os.kill(chroma.proc.pid, signal.SIGSTOP)
+            try:
+                for page in pages[1:3]:  # next to a delivered file: a read-ahead batch starts and hangs
+                    started = time.monotonic()
+                    with pytest.raises(OSError) as info:
+                        (mnt / page).read_bytes()
+                    elapsed = time.monotonic() - started
+                    assert info.value.errno == errno.EIO
+                    assert elapsed < timeout + 1.0, f"{page}: failed after {elapsed:.1f}s"
+            finally:
+                os.kill(chroma.proc.pid, signal.SIGCONT)
+            deadline = time.monotonic() + 30
+            while True:  # back once the server answers again
+                try:
+                    assert (mnt / pages[1]).read_bytes() == (SAMPLE_SITE / pages[1]).read_bytes()
+                    break
+                except OSError:
+                    assert time.monotonic() < deadline, "the mount did not recover"
+                    time.sleep(0.5)
+    finally:
+        chroma.stop()
