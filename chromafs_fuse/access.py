@@ -41,6 +41,15 @@ def may_read(entry: PathEntry, principal: Principal) -> bool:
     return not entry.groups or not entry.groups.isdisjoint(principal.groups)
 
 
+VisibilityKey = tuple[bool, frozenset[str]]
+
+
+def visibility_key(principal: Principal) -> VisibilityKey:
+    """What `may_read` depends on: two readers with equal keys may read exactly the same pages,
+    so they may share a pruned tree. Kept next to `may_read` so that the two never disagree."""
+    return (principal.authenticated, principal.groups if principal.authenticated else frozenset())
+
+
 def visible_entries(entries: Mapping[str, PathEntry], principal: Principal) -> dict[str, PathEntry]:
     """The part of the tree this principal may see. Directories are implied by
     the files kept, so a directory holding only hidden pages disappears."""

@@ -78,7 +78,7 @@ class TreeCache:
 
     def prepared(self, args: argparse.Namespace, principal: Any) -> Preloaded | None:
         """What a child mount for this reader needs, or None if the tree is not in Redis."""
-        from .access import visible_entries
+        from .access import visibility_key, visible_entries
         from .cli_common import chroma_location
         from .fs import table_attributes
         from .inodes import InodeTable
@@ -111,7 +111,7 @@ class TreeCache:
             for key, reason in tree.skipped:
                 log.warning("tree entry %s skipped: %s", key, reason)
             self._trees[site_key] = tree
-        table_key = (site_key, tree.version, principal.authenticated, principal.groups, args.cache_timeout)
+        table_key = (site_key, tree.version, visibility_key(principal), args.cache_timeout)
         cached = self._tables.get(table_key)
         if cached is None:
             table = InodeTable(visible_entries(tree.entries, principal))

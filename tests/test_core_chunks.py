@@ -63,3 +63,15 @@ def test_size_or_checksum_mismatch_is_refused() -> None:
         reassemble([(0, "abc")], expected=Expected(size=4))
     with pytest.raises(CorruptPage, match="sha256"):
         reassemble([(0, "abc")], expected=Expected(sha256="0" * 64))
+
+
+@pytest.mark.parametrize("count", [11, 12, 25, 101])
+def test_many_chunks_out_of_order_in_string_order(count: int) -> None:
+    """String order of the indexes (0, 1, 10, 11, 2, ...) is not chunk order."""
+    parts = [f"part {i}" for i in range(count)]
+    pairs = sorted(((i, p) for i, p in enumerate(parts)), key=lambda pair: str(pair[0]))
+    assert [i for i, _ in pairs][:3] == [0, 1, 10]
+    data = "\n".join(parts).encode()
+    expected = Expected(len(data), hashlib.sha256(data).hexdigest())
+    assert reassemble(pairs, expected=expected) == data
+    assert reassemble(list(reversed(pairs)), expected=expected) == data

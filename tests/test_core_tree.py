@@ -142,7 +142,18 @@ def test_property_visible_set_is_exactly_the_rule(
                 reachable.add(path)
 
     walk(ROOT_INODE, "")
-    expected = {k for k, e in parsed.entries.items() if may_read(e, principal)}
+
+    def oracle(written: dict[str, object]) -> bool:
+        """The access rule as the docs state it, read from the tree as written (not from PathEntry)."""
+        if written.get("isPublic") is True:
+            return True
+        if groups is None:
+            return False
+        named = written.get("groups") or []
+        return not named or bool(set(named) & groups)  # type: ignore[call-overload]
+
+    expected = {k for k, e in parsed.entries.items() if oracle(raw[e.source_key])}
+    assert expected == {k for k, e in parsed.entries.items() if may_read(e, principal)}
     assert reachable == expected
     # every directory holds at least one visible file
     assert all(any(f.startswith(d + "/") for f in reachable) for d in dirs)

@@ -121,3 +121,31 @@ def test_frozen_chroma_fails_a_read_within_the_backend_timeout(mnt: Path, tmp_pa
                     time.sleep(0.5)
     finally:
         chroma.stop()
+
+
+def test_tampered_chunk_gives_eio_never_wrong_bytes(mnt: Path, tmp_path: Path) -> None:
+    """A chunk changed in Chroma after ingest (same length or not): that page fails with EIO and a
+    log line, through the direct SQLite reader and through chromadb alike; other pages are served."""
+    import chromadb
+    from chromadb.config import Settings
+
+    chroma = tmp_path / "chroma"
+    ingest(SAMPLE_SITE, "--site", "acme", "--chroma-path", str(chroma), "--quiet")
+    client = chromadb.PersistentClient(str(chroma), settings=Settings(anonymized_telemetry=False))
+    collection = client.get_collection("acme", embedding_function=None)
+    tampered = {"quickstart.mdx": None, "auth/oauth.mdx": None}
+    for page in tampered:
+        found = collection.get(where={"page_slug": page}, include=["documents", "metadatas", "embeddings"])
+        first = next(i for i, m in enumerate(found["metadatas"]) if m["chunk_index"] == 0)
+        original = found["documents"][first]
+        same_length = original[:-1] + ("X" if original[-1] != "X" else "Y")
+        forged = same_length if page == "quickstart.mdx" else original + " (edited)"
+        collection.update(ids=[found["ids"][first]], documents=[forged], embeddings=[found["embeddings"][first]])
+    with mounted(mnt, "--site", "acme", "--chroma-path", str(chroma), "--prefetch", "off"):
+        for page in tampered:
+            with pytest.raises(OSError) as info:
+                (mnt / page).read_bytes()
+            assert info.value.errno == errno.EIO
+        assert (mnt / "index.mdx").read_bytes() == (SAMPLE_SITE / "index.mdx").read_bytes()
+    log = (mnt.parent / "mnt.log").read_text()
+    assert "quickstart.mdx" in log and "sha256" in log

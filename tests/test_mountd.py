@@ -161,3 +161,33 @@ def test_each_mount_from_a_shared_table_is_scoped_to_its_own_reader(
     finally:
         for mnt in readers.values():
             unmount(mnt)
+
+
+def test_readers_of_different_groups_through_the_server_never_share_a_table(
+    mountd: Path, redis_server: RedisServer, token_file: Callable[..., Path], secret_file: Path, tmp_path: Path
+) -> None:
+    """Anonymous, billing and admin readers mounted through one server with Redis, in an order that
+    would hand a later reader an earlier reader's pruned table if the key left out the groups."""
+    chroma = str(tmp_path / "chroma")
+    ingest(SAMPLE_SITE, "--site", "acme", "--chroma-path", chroma, "--redis-url", redis_server.url, "--quiet")
+    args = ["--site", "acme", "--chroma-path", chroma, "--redis-url", redis_server.url, "--mountd", str(mountd)]
+    auth = ["--jwt-secret-file", str(secret_file)]
+    readers: dict[str, tuple[list[str], set[str] | None]] = {
+        "billing": (["--token-file", str(token_file(["billing"]))], {"billing"}),
+        "admin": (["--token-file", str(token_file(["admin"]))], {"admin"}),
+        "anonymous": ([], None),
+        "billing2": (["--token-file", str(token_file(["billing"], sub="other"))], {"billing"}),
+    }
+    try:
+        for name, (token_args, groups) in readers.items():
+            mnt = tmp_path / name
+            mnt.mkdir()
+            proc = try_mount(mnt, *args, *(auth if token_args else []), *token_args)
+            assert proc.returncode == 0, proc.stderr
+            expected = copy_subset(
+                SAMPLE_SITE, expected_visible(SAMPLE_SITE, "public", groups), tmp_path / f"expected-{name}"
+            )
+            assert run(["diff", "-r", str(expected), str(mnt)]).returncode == 0, name
+    finally:
+        for name in readers:
+            unmount(tmp_path / name)

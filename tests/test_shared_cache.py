@@ -113,3 +113,20 @@ def test_reads_survive_redis_outage_and_use_it_again(
     log = (tmp_path / "mnt.log").read_text()
     assert log.count("Redis unavailable") == 1
     assert "Redis is reachable again" in log
+
+
+def test_wrong_bytes_in_redis_are_never_served(redis_server: RedisServer, mnt: Path, tmp_path: Path) -> None:
+    """A page in the shared cache that does not match the tree's size and sha256 is ignored with a
+    warning: the mount reads the page from Chroma."""
+    chroma = str(tmp_path / "chroma")
+    ingest(SAMPLE_SITE, "--site", "acme", "--chroma-path", chroma, "--redis-url", redis_server.url, "--quiet")
+    args = ["--site", "acme", "--chroma-path", chroma, "--redis-url", redis_server.url, "--prefetch", "off"]
+    page = "quickstart.mdx"
+    with mounted(mnt, *args):
+        assert (mnt / page).read_bytes() == (SAMPLE_SITE / page).read_bytes()
+    (key,) = redis_server.cli("--scan", "--pattern", f"*:page:{page}").split()
+    forged = (SAMPLE_SITE / page).read_bytes().replace(b"a", b"4")
+    assert redis_server.cli("set", key, forged.decode()).strip() == "OK"
+    with mounted(mnt, *args):
+        assert (mnt / page).read_bytes() == (SAMPLE_SITE / page).read_bytes()
+    assert "ignoring the shared cache's copy of quickstart.mdx" in (mnt.parent / "mnt.log").read_text()
