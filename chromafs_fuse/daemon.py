@@ -110,6 +110,7 @@ def serve(
     options |= {f"fsname=chromafs:{args.site}", "subtype=chromafs", "ro", "noatime"}
     for group in args.options:
         options |= {o.strip() for o in group.split(",") if o.strip()}
+    options.discard("rw")  # read-only, whatever the options say
     mountpoint = os.path.abspath(args.mountpoint)
 
     async def announce_ready() -> None:

@@ -422,6 +422,9 @@ class ChromaOperations(pyfuse3.Operations):
         raise _erofs()
 
     # -- everything that would change the tree: read-only ------------------
+    # Unreachable while the mount is `ro` (the kernel answers EROFS itself, and the daemon
+    # refuses `-o rw`). They stay so that a write can never reach the default handlers, which
+    # answer ENOSYS, should `ro` ever be lost (another mount helper, a kernel that forwards).
 
     async def setattr(self, inode, attr, fields, fh, ctx):  # type: ignore[no-untyped-def]
         raise _erofs()

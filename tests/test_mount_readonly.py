@@ -12,14 +12,22 @@ import pytest
 from helpers import mounted
 
 
+def mount_options() -> list[tuple[str, str]]:
+    with open("/proc/self/mounts") as f:
+        return [(fields[1], fields[3]) for fields in (line.split() for line in f)]
+
+
 def _errno_of(fn: Callable[[], object]) -> int:
     with pytest.raises(OSError) as info:
         fn()
     return info.value.errno or 0
 
 
-def test_writes_fail_with_erofs(sample_chroma: Callable[[str], Path], mnt: Path) -> None:
-    with mounted(mnt, "--site", "acme", "--chroma-path", str(sample_chroma("public"))):
+@pytest.mark.parametrize("options", [[], ["-o", "rw"]], ids=["default", "asked-for-rw"])
+def test_writes_fail_with_erofs(sample_chroma: Callable[[str], Path], mnt: Path, options: list[str]) -> None:
+    with mounted(mnt, "--site", "acme", "--chroma-path", str(sample_chroma("public")), *options):
+        (entry,) = [e for e in mount_options() if e[0] == str(mnt)]
+        assert "ro" in entry[1].split(","), "the kernel must see a read-only mount"
         page = mnt / "auth" / "oauth.mdx"
         before = page.read_bytes()
         attempts: dict[str, Callable[[], object]] = {
