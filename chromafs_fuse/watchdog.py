@@ -20,34 +20,15 @@ import logging
 import os
 import shutil
 import subprocess
+from pathlib import Path
 
 from .mounttable import escape
 
 log = logging.getLogger(__name__)
 FUSECTL = "/sys/fs/fuse/connections"  # mounted by the watchdog if needed (root only)
 
-# $1 the daemon's pid, $2 the connection number, $3 the mountpoint as mountinfo writes it,
-# $4 where fusectl is mounted. The sleep dies with the shell (its own pdeathsig), so the traps
-# need not kill it.
-WATCHDOG_SCRIPT = r"""
-daemon=$1 connection=$2 mountpoint=$3 fusectl=$4
-still_mounted() {
-    while read -r _id _parent device _root point _rest; do
-        [ "$device" = "0:$connection" ] && [ "$point" = "$mountpoint" ] && return 0
-    done < /proc/self/mountinfo
-    return 1
-}
-abort_connection() {
-    still_mounted || return 0
-    [ -d "$fusectl/$connection" ] || mount -t fusectl fusectl "$fusectl" 2>/dev/null
-    echo 1 > "$fusectl/$connection/abort"
-}
-trap 'exit 0' TERM INT HUP
-trap 'abort_connection; exit 0' USR2
-[ "$PPID" = "$daemon" ] || { abort_connection; exit 0; }
-setpriv --pdeathsig KILL sleep infinity &
-wait
-"""
+# The watchdog itself, a POSIX shell script (linted by shellcheck in scripts/test).
+WATCHDOG_SCRIPT = (Path(__file__).parent / "watchdog.sh").read_text()
 
 
 def connection_of(mountpoint: str, mountinfo: str = "/proc/self/mountinfo") -> int | None:
