@@ -36,6 +36,9 @@ _LAYOUT = {
     "max_seq_id": {"segment_id", "seq_id"},
     "embeddings_queue": {"seq_id", "topic"},
 }
+# The newest schema migration of each kind this adapter was tested with (chromadb 1.0 to 1.5).
+# A file migrated further was written by a newer Chroma: chromadb reads it instead.
+KNOWN_MIGRATIONS = {"sysdb": 10, "metadb": 6, "embeddings_queue": 2}
 
 
 def _connect(database: str, timeout_s: float) -> sqlite3.Connection:
@@ -87,6 +90,14 @@ class SqliteCollection:
         try:
             connection = _connect(path, timeout_s)
             try:
+                migrations = dict(connection.execute("SELECT dir, max(version) FROM migrations GROUP BY dir"))
+                unknown = {d: v for d, v in migrations.items() if v > KNOWN_MIGRATIONS.get(d, -1)}
+                if unknown:
+                    log.info(
+                        "Chroma's SQLite file has migrations this adapter does not know (%s); using chromadb",
+                        ", ".join(f"{d} {v}" for d, v in sorted(unknown.items())),
+                    )
+                    return None
                 for table, columns in _LAYOUT.items():
                     have = {row[1] for row in connection.execute(f"PRAGMA table_info({table})")}
                     if not columns <= have:
@@ -118,7 +129,8 @@ class SqliteCollection:
             connection = self._local.connection = _connect(self._database, self._timeout_s)
         return connection
 
-    def _chromadb(self) -> Any:
+    def chromadb(self) -> Any:
+        """The same collection opened with chromadb (opened once, on first use)."""
         with self._fallback_lock:
             if self._fallback is None:
                 self._fallback = self._fallback_factory()
@@ -148,7 +160,7 @@ class SqliteCollection:
             return self._records(rows, with_metadata="metadatas" in kwargs.get("include", ("metadatas",)))
         if direct:
             log.info("collection %s has writes Chroma has not applied yet: reading through chromadb", self.name)
-        return dict(self._chromadb().get(ids=ids, where=where, **kwargs))
+        return dict(self.chromadb().get(ids=ids, where=where, **kwargs))
 
     def _row_ids(self, query: str, values: list[str], before: tuple[str, ...], after: tuple[str, ...]) -> list[int]:
         """Run `query` (its `{marks}` an IN list) over `values` in batches; the rows' ids."""

@@ -177,6 +177,15 @@ class ChromaPages:
                 return cls(direct, page_field, chunk_index_field)
         return cls(_open_chromadb_collection(location, timeout_s), page_field, chunk_index_field)
 
+    def through_chromadb(self) -> ChromaPages | None:
+        """For a collection read from its SQLite file directly: the same collection read by
+        chromadb, the second opinion on a page that failed its checks. None otherwise."""
+        from .chroma_sqlite import SqliteCollection
+
+        if not isinstance(self.collection, SqliteCollection):
+            return None
+        return ChromaPages(self.collection.chromadb(), self.page_field, self.chunk_index_field)
+
     def load_tree_document(self) -> tuple[str, Mapping[str, Any]]:
         try:
             result = self.collection.get(ids=[TREE_RECORD_ID], include=["documents", "metadatas"])

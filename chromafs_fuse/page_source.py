@@ -271,17 +271,53 @@ class PageSource:
         finally:
             self.backend_seconds["chroma"] += time.perf_counter() - started
         fresh: dict[str, bytes] = {}
+        corrupt: dict[str, CorruptPage] = {}
         for entry in missing:
             try:
                 data = reassemble(chunks[entry.key], self.joiner, Expected(entry.size, entry.sha256))
             except CorruptPage as exc:
-                log.error("page %s is corrupt: %s", entry.key, exc)
-                loaded[entry.key] = PageUnavailable(entry.key)
+                corrupt[entry.key] = exc
                 continue
             loaded[entry.key] = fresh[self._shared_key(entry) if self.shared else entry.key] = data
+        if corrupt:
+            second = self._second_opinion([e for e in missing if e.key in corrupt], corrupt)
+            for entry in missing:
+                outcome = second.get(entry.key)
+                if isinstance(outcome, bytes):
+                    loaded[entry.key] = fresh[self._shared_key(entry) if self.shared else entry.key] = outcome
+                elif outcome is not None:
+                    log.error("page %s is corrupt: %s", entry.key, outcome)
+                    loaded[entry.key] = PageUnavailable(entry.key)
         if self.shared is not None and fresh:
             self.shared.set_many(fresh)
         return loaded
+
+    def _second_opinion(
+        self, entries: list[PathEntry], errors: dict[str, CorruptPage]
+    ) -> dict[str, bytes | CorruptPage]:
+        """Pages that failed their checks as read from Chroma's SQLite file directly are read
+        once more through chromadb; each comes back as its bytes or the reason it is corrupt."""
+        outcome: dict[str, bytes | CorruptPage] = {e.key: errors[e.key] for e in entries}
+        try:
+            other = self.chroma().through_chromadb()
+            if other is None:
+                return outcome
+            for entry in entries:
+                log.warning(
+                    "page %s failed its checks as read directly (%s): reading it through chromadb",
+                    entry.key,
+                    errors[entry.key],
+                )
+            chunks = other.fetch_many(entries)
+        except Exception as exc:
+            log.error("reading through chromadb failed: %s", exc)
+            return outcome
+        for entry in entries:
+            try:
+                outcome[entry.key] = reassemble(chunks[entry.key], self.joiner, Expected(entry.size, entry.sha256))
+            except CorruptPage as exc:
+                outcome[entry.key] = exc
+        return outcome
 
     # -- warm start ---------------------------------------------------------
 

@@ -15,6 +15,8 @@ import pytest
 from chromafs_fuse.chroma_sqlite import SqliteCollection
 from chromafs_fuse.chroma_store import ChromaLocation, ChromaPages
 from chromafs_fuse.names import TREE_RECORD_ID
+from chromafs_fuse.page_cache import PageCache
+from chromafs_fuse.page_source import PageSource, PageUnavailable
 from chromafs_fuse.tree import parse_tree
 from helpers import SAMPLE_SITE, chromadb_libraries_loaded, expected_visible, mounted
 
@@ -113,3 +115,51 @@ def test_an_embedded_mount_never_loads_chromadb(
             assert (mnt / rel).read_bytes() == (SAMPLE_SITE / rel).read_bytes(), rel
         loaded = chromadb_libraries_loaded(mnt)
         assert not loaded, f"the daemon loaded chromadb or its dependencies: {loaded}"
+
+
+def test_a_file_migrated_by_a_newer_chroma_is_left_to_chromadb(
+    sample_chroma: Callable[[str], Path], tmp_path: Path
+) -> None:
+    copy = tmp_path / "chroma"
+    shutil.copytree(sample_chroma("public"), copy)
+    assert SqliteCollection.open(str(copy), SITE, _refuse) is not None
+    with sqlite3.connect(copy / "chroma.sqlite3") as db:
+        (newest,) = db.execute("SELECT max(version) FROM migrations WHERE dir = 'sysdb'").fetchone()
+        db.execute(
+            "INSERT INTO migrations (dir, version, filename, sql, hash) VALUES ('sysdb', ?, 'future.sql', '', '')",
+            (newest + 1,),
+        )
+    assert SqliteCollection.open(str(copy), SITE, _refuse) is None
+
+
+def test_a_page_that_fails_its_checks_when_read_directly_is_read_through_chromadb(
+    sample_chroma: Callable[[str], Path], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The direct reader's answer is checked like any other; when it fails, chromadb gets a second
+    say before the page is given up (here chromadb reads an untouched copy of the same site)."""
+    good = sample_chroma("public")
+    tampered = tmp_path / "chroma"
+    shutil.copytree(good, tampered)
+    page = "quickstart.mdx"
+    with sqlite3.connect(tampered / "chroma.sqlite3") as db:
+        changed = db.execute(
+            "UPDATE embedding_metadata SET string_value = string_value || ' (edited)' WHERE key = 'chroma:document'"
+            " AND id IN (SELECT id FROM embedding_metadata WHERE key = 'page_slug' AND string_value = ?)",
+            (page,),
+        ).rowcount
+    assert changed > 0
+    direct = SqliteCollection.open(str(tampered), SITE, lambda: _chromadb_collection(good))
+    assert direct is not None
+    pages = ChromaPages(direct)
+    tree = parse_tree(pages.load_tree_document()[0])
+    source = PageSource(SITE, lambda: pages, PageCache(), tree.version)
+    entries = [tree.entries[page], tree.entries["index.mdx"]]
+    with caplog.at_level("WARNING"):
+        loaded = source.load_many(entries)
+    assert loaded[page] == (SAMPLE_SITE / page).read_bytes()
+    assert loaded["index.mdx"] == (SAMPLE_SITE / "index.mdx").read_bytes()
+    assert f"page {page} failed its checks as read directly" in caplog.text
+    # when chromadb cannot be had either, the page is given up: never served wrong
+    alone_pages = ChromaPages(SqliteCollection.open(str(tampered), SITE, _refuse))  # type: ignore[arg-type]
+    alone = PageSource(SITE, lambda: alone_pages, PageCache(), tree.version)
+    assert isinstance(alone.load_many([tree.entries[page]])[page], PageUnavailable)
