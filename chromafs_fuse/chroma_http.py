@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import logging
 import threading
 import weakref
 from collections.abc import Iterable, Mapping, Sequence
@@ -31,9 +32,12 @@ from urllib.parse import quote, urlparse
 from . import __version__
 
 API_PATH = "/api/v2"
+log = logging.getLogger(__name__)
 DEFAULT_TENANT = "default_tenant"
 DEFAULT_DATABASE = "default_database"
 DEFAULT_INCLUDE = ("documents", "metadatas")
+# Chroma server versions this adapter was tested against (major, minor), oldest and newest.
+TESTED_SERVER_VERSIONS = ((1, 0), (1, 5))
 
 
 class ChromaHttpError(RuntimeError):
@@ -156,6 +160,7 @@ class HttpCollection:
         """Look the collection up by name (one request). CollectionNotFound if it does not exist;
         ChromaHttpError naming the tenant or database if one of those does not."""
         server = ChromaServer(url, headers, timeout_s)
+        check_server_version(server)
         tenant = tenant or DEFAULT_TENANT
         database = database or DEFAULT_DATABASE
         base = _database_path(tenant, database)
@@ -244,3 +249,26 @@ def _decode(status: int, payload: bytes) -> Any:
         kind = str(body.get("error") or "")
         message = _snippet(body.get("message") or body.get("detail") or message)
     raise ChromaHttpError(status, kind, message)
+
+
+def check_server_version(server: ChromaServer) -> str | None:
+    """The server's version; a warning when it is outside the versions this adapter was tested with."""
+    try:
+        version = server.request("GET", "/version")
+    except ChromaHttpError:
+        version = None
+    parts = str(version).split(".") if isinstance(version, str) else []
+    try:
+        major_minor = (int(parts[0]), int(parts[1]))
+    except (IndexError, ValueError):
+        log.warning("the Chroma server did not say which version it is; tested with %s", _tested())
+        return None
+    oldest, newest = TESTED_SERVER_VERSIONS
+    if not oldest <= major_minor <= newest:
+        log.warning("the Chroma server is version %s; chromafs was tested with %s", version, _tested())
+    return str(version)
+
+
+def _tested() -> str:
+    (a, b), (c, d) = TESTED_SERVER_VERSIONS
+    return f"{a}.{b} to {c}.{d}"

@@ -36,7 +36,7 @@ _LAYOUT = {
     "max_seq_id": {"segment_id", "seq_id"},
     "embeddings_queue": {"seq_id", "topic"},
 }
-# The newest schema migration of each kind this adapter was tested with (chromadb 1.0 to 1.5).
+# The newest schema migration of each kind this adapter was tested with (files of chromadb 1.5).
 # A file migrated further was written by a newer Chroma: chromadb reads it instead.
 KNOWN_MIGRATIONS = {"sysdb": 10, "metadb": 6, "embeddings_queue": 2}
 

@@ -15,7 +15,8 @@ import pytest
 from chromadb.config import Settings
 from conftest import ChromaServer
 
-from chromafs_fuse.chroma_http import ChromaHttpError, HttpCollection
+from chromafs_fuse.chroma_http import ChromaHttpError, HttpCollection, check_server_version
+from chromafs_fuse.chroma_http import ChromaServer as ChromaServerClient
 from chromafs_fuse.chroma_store import BackendError, ChromaLocation, ChromaPages, SiteNotFound
 from chromafs_fuse.names import DEFAULT_PAGE_FIELD, TREE_RECORD_ID
 from chromafs_fuse.search import GrepQuery, candidate_pages
@@ -184,3 +185,41 @@ def test_tenant_and_database(chroma_server, mnt: Path, tmp_path: Path) -> None: 
     assert refused.stderr.startswith("chromafs-mount: ") and refused.stderr.count("\n") == 1, refused.stderr
     assert f"no collection '{site}'" in refused.stderr
     assert not os.path.ismount(mnt)
+
+
+def test_the_server_version_is_checked_at_open(served_site: str, caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level("WARNING", logger="chromafs_fuse.chroma_http"):
+        HttpCollection.open(served_site, SITE, timeout_s=10)
+    assert "version" not in caplog.text, "the server the tests run is one chromafs was tested with"
+
+
+@pytest.mark.parametrize(
+    ("answer", "warning"),
+    [(b'"0.6.3"', "version 0.6.3"), (b'"2.0.0"', "version 2.0.0"), (b"{}", "did not say which version")],
+)
+def test_an_untested_server_version_is_named(answer: bytes, warning: str, caplog: pytest.LogCaptureFixture) -> None:
+    """A loopback HTTP peer that answers /api/v2/version with another version."""
+    import http.server
+    import threading
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(answer)))
+            self.end_headers()
+            self.wfile.write(answer)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        with caplog.at_level("WARNING", logger="chromafs_fuse.chroma_http"):
+            check_server_version(ChromaServerClient(f"http://127.0.0.1:{server.server_address[1]}", None, 5))
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert warning in caplog.text
