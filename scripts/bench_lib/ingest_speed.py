@@ -33,7 +33,7 @@ def measure(source: Path, site: str, workdir: Path) -> dict[str, Any]:
     chroma = chroma_dir(workdir, site)
     report_path = workdir / f"{site}-ingest-report.json"
     argv = [str(BIN / "chromafs-ingest"), str(source), "--site", site, "--chroma-path", str(chroma), "--quiet"]
-    first = run_checked([*argv, "--report", str(report_path)], "chromafs-ingest (first)")
+    first = run_checked([*argv, "--report", str(report_path)], "chromafs-ingest (first)", timeout=4 * 3600)
     report = json.loads(report_path.read_text())
     again = run_checked(argv, "chromafs-ingest (unchanged)")
     paths = [str(SCRIPTS), str(SCRIPTS.parent)]
