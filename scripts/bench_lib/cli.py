@@ -27,7 +27,9 @@ ALL_FIGURES = ["boot", "tools", "memory", "ingest"]
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="scripts/bench", description="chromafs side by side with tmpfs and a sandbox copy")
     p.add_argument(
-        "--corpus", action="append", help="sample, gen:N or a docs folder (repeatable; default sample, gen:1000)"
+        "--corpus",
+        action="append",
+        help="sample, gen:N, gen:N@MEDIAN_BYTES or a docs folder (repeatable; default sample, gen:1000)",
     )
     p.add_argument("--seed", type=int, default=1, help="seed of generated corpora")
     p.add_argument("--boot-runs", type=int, default=20, help="mounts timed for boot p50/p90")

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench_lib.gensite import generate
+from bench_lib.gensite import MEDIAN_PAGE_BYTES, generate
 from bench_lib.procs import BIN, run_checked
 
 REPO = Path(__file__).resolve().parents[2]
@@ -32,15 +32,19 @@ class Corpus:
 
 
 def resolve(spec: str, index: int, seed: int, workdir: Path) -> Corpus:
-    """`sample`, `gen:N` (generated now into workdir) or a path to a docs folder."""
+    """`sample`, `gen:N` or `gen:N@BYTES` (generated now into workdir; BYTES: the median page size,
+    default 6000) or a path to a docs folder."""
     site = f"bench{index}"
     if spec == "sample":
         return Corpus(spec, site, SAMPLE, {"kind": "bundled sample site"})
     if spec.startswith("gen:"):
-        pages = int(spec[4:])
+        count, _, median = spec[4:].partition("@")
+        pages = int(count)
+        median_bytes = int(median) if median else MEDIAN_PAGE_BYTES
         started = time.perf_counter()
-        made = generate(workdir / f"gen-{pages}", pages, seed)
+        made = generate(workdir / f"gen-{pages}", pages, seed, median_bytes)
         facts = {"kind": "generated", "seed": seed, "generate_s": round(time.perf_counter() - started, 2)}
+        facts["median_page_bytes"] = median_bytes
         facts.update(pages=made.pages, dirs=made.dirs, bytes=made.bytes)
         return Corpus(spec, site, made.root, facts)
     path = Path(spec).expanduser().resolve()

@@ -1,7 +1,7 @@
 """A generated docs site: realistic Markdown/MDX pages with YAML frontmatter, made from a seed.
 
 ~80% of pages are `public: true`, ~10% `groups: [admin]`, ~10% `groups: [billing]`. Sizes are
-log-normal around 6 KB with a tail to ~100 KB. Sections nest 1-4 levels deep under ~20 top-level
+log-normal around 6 KB (`median_bytes`) with a tail to ~100 KB. Sections nest 1-4 levels deep under ~20 top-level
 sections (a few hundred directories for 20,000 pages). The phrase "refresh token" is in ~2% of
 pages and `Bearer <Word>` in a code sample of ~5%, so grep has realistic hits.
 """
@@ -107,7 +107,10 @@ def _directories(rng: random.Random, pages: int) -> list[str]:
     return dirs
 
 
-def generate(root: Path, pages: int, seed: int) -> GeneratedSite:
+MEDIAN_PAGE_BYTES = 6000
+
+
+def generate(root: Path, pages: int, seed: int, median_bytes: int = MEDIAN_PAGE_BYTES) -> GeneratedSite:
     rng = random.Random(seed)
     dirs = _directories(rng, pages)
     weights = [1.0 / (1 + i % 37) for i in range(len(dirs))]
@@ -119,7 +122,7 @@ def generate(root: Path, pages: int, seed: int) -> GeneratedSite:
         if f"{folder}/{name}" in used:
             name = f"{number}-{name}"
         used.add(f"{folder}/{name}")
-        target = int(min(100_000, max(400, rng.lognormvariate(math.log(6000), 0.85))))
+        target = int(min(100_000, max(400, rng.lognormvariate(math.log(median_bytes), 0.85))))
         text = page_text(rng, target, refresh=rng.random() < 0.02, bearer=rng.random() < 0.05)
         path = root / folder / name
         path.parent.mkdir(parents=True, exist_ok=True)
