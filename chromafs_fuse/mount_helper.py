@@ -3,7 +3,9 @@
     mount -t fuse.chromafs acme /mnt/docs -o chroma_url=http://10.0.0.5:8000,token_file=/etc/chromafs/acme.jwt
 
 and the same line in /etc/fstab work. The source is the site; `-o` options
-name chromafs-mount flags with '_' for '-'. Generic mount options are dropped;
+name chromafs-mount flags with '_' for '-' (every flag of chromafs-mount but --site,
+--token and --foreground; switches such as no_push_pages take no value). Generic mount
+options are dropped;
 FUSE options (allow_other, default_permissions, ...) are passed on with -o.
 """
 
@@ -39,33 +41,24 @@ GENERIC = {
     "async",
     "x-systemd.automount",
 }
-VALUED = {
-    "chroma_path",
-    "chroma_url",
-    "collection",
-    "chroma_tenant",
-    "chroma_database",
-    "token_file",
-    "jwt_secret_file",
-    "jwt_public_key",
-    "redis_url",
-    "redis_prefix",
-    "redis_ttl",
-    "tree_ttl",
-    "s3_endpoint_url",
-    "cache_bytes",
-    "cache_timeout",
-    "backend_timeout",
-    "prefetch",
-    "page_field",
-    "chunk_index_field",
-    "log_file",
-    "log_level",
-    "log_format",
-    "pid_file",
-    "metrics_addr",
-    "mountd",
-}
+# chromafs-mount flags that make no sense as a mount option, or must not be one.
+NOT_OPTIONS = {"site", "token", "token_stdin", "ready_fd", "foreground", "help", "options", "mountpoint"}
+
+
+def mount_flags() -> tuple[set[str], set[str]]:
+    """(options that take a value, options that are switches), named as in fstab ('_' for '-'),
+    read from chromafs-mount's own parser so that the two never drift apart."""
+    from .mount_cli import build_parser
+
+    valued: set[str] = set()
+    switches: set[str] = set()
+    for action in build_parser()._actions:
+        longs = [o for o in action.option_strings if o.startswith("--")]
+        if not longs or action.dest in NOT_OPTIONS or action.help == "==SUPPRESS==":
+            continue
+        names = {o[2:].replace("-", "_") for o in longs}  # --push-pages and --no-push-pages alike
+        (switches if action.nargs == 0 else valued).update(names)
+    return valued, switches
 
 
 class HelperError(ValueError):
@@ -75,6 +68,7 @@ class HelperError(ValueError):
 def translate(source: str, mountpoint: str, options: str) -> list[str]:
     """The chromafs-mount argument list for a mount(8) call."""
     argv = [mountpoint, "--site", source]
+    valued, switches = mount_flags()
     fuse_options = []
     for option in filter(None, (o.strip() for o in options.split(","))):
         name, has_value, value = option.partition("=")
@@ -82,10 +76,14 @@ def translate(source: str, mountpoint: str, options: str) -> list[str]:
             continue
         if name == "token":
             raise HelperError("token= would show in ps and fstab: use token_file=")
-        if name in VALUED:
+        if name in valued:
             if not has_value:
                 raise HelperError(f"option {name} needs a value")
             argv += [f"--{name.replace('_', '-')}", value]
+        elif name in switches:
+            if has_value:
+                raise HelperError(f"option {name} takes no value")
+            argv.append(f"--{name.replace('_', '-')}")
         else:
             fuse_options.append(option)
     if fuse_options:

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from chromafs_fuse.mount_cli import build_parser
+from chromafs_fuse.mount_helper import mount_flags, translate
 from chromafs_fuse.mounttable import escape, unescape
 from chromafs_fuse.service import process_start, read_statuses, runtime_dir
 from helpers import BIN, MOUNT, REPO, SAMPLE_SITE, free_port, is_mounted, mounted, unmount
@@ -62,7 +64,8 @@ def test_mount_t_fuse_chromafs_and_fstab(sample_chroma: Callable[[str], Path], m
         assert subprocess.run(["umount", str(mnt)], timeout=30).returncode == 0
         assert not is_mounted(mnt)
         fstab = tmp_path / "fstab"
-        fstab.write_text(f"acme {mnt} fuse.chromafs chroma_path={chroma},noauto,_netdev 0 0\n")
+        options = f"chroma_path={chroma},readahead_pages=0,no_push_pages,noauto,_netdev"
+        fstab.write_text(f"acme {mnt} fuse.chromafs {options} 0 0\n")
         proc = subprocess.run(["mount", "-T", str(fstab), str(mnt)], capture_output=True, text=True, timeout=60)
         assert proc.returncode == 0, proc.stderr
         assert (mnt / "index.mdx").is_file()
@@ -195,3 +198,19 @@ def test_mount_table_paths_with_spaces_and_non_ascii(sample_chroma: Callable[[st
         out = subprocess.run([str(BIN / "chromafs"), "status", "--json"], capture_output=True, text=True, timeout=60)
         assert [s["mountpoint"] for s in json.loads(out.stdout) if s["mountpoint"] == str(point)] == [str(point)]
     assert not is_mounted(point)
+
+
+def test_every_mount_flag_is_a_mount_option() -> None:
+    """The helper's options come from chromafs-mount's own parser: none can drift to FUSE's -o."""
+    valued, switches = mount_flags()
+    parser = build_parser()
+    for name in sorted(valued):
+        argv = translate("acme", "/mnt/docs", f"{name}=7")
+        assert argv[3:5] == [f"--{name.replace('_', '-')}", "7"], name
+        assert "-o" not in argv
+    for name in sorted(switches):
+        argv = translate("acme", "/mnt/docs", name)
+        assert argv[3:] == [f"--{name.replace('_', '-')}"], name
+        parser.parse_args(argv)
+    assert {"readahead_pages", "prefetch_max_bytes", "chunk_joiner"} <= valued and "no_push_pages" in switches
+    assert translate("acme", "/mnt/docs", "allow_other,noauto,x-systemd.idle-timeout=5")[3:] == ["-o", "allow_other"]
