@@ -35,6 +35,11 @@ def measure(source: Path, site: str, workdir: Path) -> dict[str, Any]:
     argv = [str(BIN / "chromafs-ingest"), str(source), "--site", site, "--chroma-path", str(chroma), "--quiet"]
     first = run_checked([*argv, "--report", str(report_path)], "chromafs-ingest (first)", timeout=4 * 3600)
     report = json.loads(report_path.read_text())
+    print(
+        f"first ingest: {report['pages']} pages, {report['chunks_written']} chunks in {first.seconds:.1f} s",
+        file=sys.stderr,
+        flush=True,
+    )  # kept in the log even if a later step fails
     again = run_checked(argv, "chromafs-ingest (unchanged)")
     paths = [str(SCRIPTS), str(SCRIPTS.parent)]
     script = f"import sys; sys.path[:0] = {paths!r}; import bench_lib.ingest_speed as m; m.print_floor()"
@@ -72,7 +77,12 @@ def _floor(chroma_dir: str, site: str) -> dict[str, float]:
 
     settings = Settings(anonymized_telemetry=False)
     source = chromadb.PersistentClient(chroma_dir, settings=settings).get_collection(site)
-    records = source.get(include=["documents", "metadatas", "embeddings"])
+    records: dict[str, list[Any]] = {"ids": [], "documents": [], "metadatas": [], "embeddings": []}
+    total = source.count()
+    for offset in range(0, total, 5000):  # Chroma refuses one get of every record of a large collection
+        page = source.get(include=["documents", "metadatas", "embeddings"], limit=5000, offset=offset)
+        for field in records:
+            records[field].extend(page[field])
     with tempfile.TemporaryDirectory(prefix="chromafs-floor-", dir="/tmp") as target_dir:
         client = chromadb.PersistentClient(target_dir, settings=settings)
         target = client.create_collection(
