@@ -31,6 +31,9 @@ class HashingEmbedder:
 
     def __init__(self, dimensions: int = DEFAULT_DIMENSIONS) -> None:
         self.dimensions = dimensions
+        self._forget()
+
+    def _forget(self) -> None:
         # A bucket code is bucket + 1, negated for a negative sign.
         self._word_ids: dict[str, int] = {}
         self._word_codes: dict[str, int] = {}
@@ -84,7 +87,7 @@ class HashingEmbedder:
     def embed_many(self, texts: Sequence[str]) -> np.ndarray:
         """A (len(texts), dimensions) float64 array, row i equal to embed_one(texts[i])."""
         if len(self._word_ids) + len(self._pair_codes) > self.CACHE_LIMIT:
-            self.__init__(self.dimensions)  # type: ignore[misc]
+            self._forget()
         rows: list[np.ndarray] = []
         codes: list[np.ndarray] = []
         for row, text in enumerate(texts):

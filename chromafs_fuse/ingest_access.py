@@ -22,7 +22,7 @@ from typing import Any
 import json5
 import yaml
 
-from .frontmatter import Frontmatter, read_frontmatter
+from .frontmatter import ACCESS_KEYS, Frontmatter, read_frontmatter
 
 MARKDOWN_SUFFIXES = (".md", ".mdx", ".markdown")
 
@@ -115,7 +115,7 @@ def frontmatter_access(frontmatter: Frontmatter, where: str) -> Access | None:
     """Access from a page's frontmatter, None if it says nothing; AccessSpecError if
     its access keys are there but cannot be read."""
     if frontmatter.access_unreadable():
-        names = sorted(frontmatter.unreadable & {"public", "groups"}) or ["the block"]
+        names = sorted(frontmatter.unreadable & set(ACCESS_KEYS)) or ["the block"]
         raise AccessSpecError(f"access keys cannot be read ({', '.join(names)})")
     fields = frontmatter.fields
     params = fields.get("params")
