@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from .tree import PathEntry
+from chromafs_fuse.tree import PathEntry
 
 
 @dataclass(frozen=True, slots=True)

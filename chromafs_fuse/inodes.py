@@ -19,7 +19,7 @@ from bisect import bisect_left
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from .tree import BlobPointer, PathEntry
+from chromafs_fuse.tree import BlobPointer, PathEntry
 
 ROOT_INODE = 1
 ROOT_INDEX = 0

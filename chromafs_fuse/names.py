@@ -14,3 +14,6 @@ PAGE_SHA_FIELD = "page_sha256"  # which page version a chunk belongs to
 def chunk_id(page_key: str, page_sha256: str, index: int) -> str:
     """The record id chromafs-ingest gives chunk `index` of one version of a page."""
     return f"{page_key}#{page_sha256[:16]}#{index}"
+
+
+MAX_TOKEN_BYTES = 16 * 1024  # a JWT larger than this is refused unread

@@ -14,8 +14,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .chroma_store import ChromaPages
-from .tree import PathEntry
+from chromafs_fuse.backends.chroma_store import ChromaPages
+from chromafs_fuse.tree import PathEntry
 
 log = logging.getLogger(__name__)
 SLUG_BATCH = 500

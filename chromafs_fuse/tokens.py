@@ -14,8 +14,8 @@ import jwt
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
 from cryptography.hazmat.primitives.serialization import load_pem_public_key
 
-from .access import Principal
-from .cli_common import MAX_TOKEN_BYTES
+from chromafs_fuse.access import Principal
+from chromafs_fuse.names import MAX_TOKEN_BYTES
 
 
 class TokenError(ValueError):

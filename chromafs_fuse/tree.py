@@ -12,7 +12,7 @@ import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from .pathrules import InvalidPath, normalize_key
+from chromafs_fuse.pathrules import InvalidPath, normalize_key
 
 try:  # a tree of 20,000 pages parses several times faster with orjson (a chromadb dependency)
     from orjson import loads as _loads

@@ -10,7 +10,7 @@ from pathlib import Path
 import jwt
 import pytest
 
-from chromafs_fuse.mounttable import mounts
+from chromafs_fuse.serving.mounttable import mounts
 from helpers import BIN, SAMPLE_SITE, free_port, ingest, is_mounted, unmount
 
 SITE = "acme"

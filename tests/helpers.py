@@ -16,7 +16,7 @@ from pathlib import Path
 
 import yaml
 
-from chromafs_fuse.mounttable import is_mounted
+from chromafs_fuse.serving.mounttable import is_mounted
 
 REPO = Path(__file__).resolve().parent.parent
 SAMPLE_SITE = REPO / "chromafs_fuse" / "sample_site"

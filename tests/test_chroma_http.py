@@ -15,9 +15,9 @@ import pytest
 from chromadb.config import Settings
 from conftest import ChromaServer
 
-from chromafs_fuse.chroma_http import ChromaHttpError, HttpCollection, check_server_version
-from chromafs_fuse.chroma_http import ChromaServer as ChromaServerClient
-from chromafs_fuse.chroma_store import BackendError, ChromaLocation, ChromaPages, SiteNotFound
+from chromafs_fuse.backends.chroma_http import ChromaHttpError, HttpCollection, check_server_version
+from chromafs_fuse.backends.chroma_http import ChromaServer as ChromaServerClient
+from chromafs_fuse.backends.chroma_store import BackendError, ChromaLocation, ChromaPages, SiteNotFound
 from chromafs_fuse.names import DEFAULT_PAGE_FIELD, TREE_RECORD_ID
 from chromafs_fuse.search import GrepQuery, candidate_pages
 from chromafs_fuse.tree import parse_tree
@@ -188,7 +188,7 @@ def test_tenant_and_database(chroma_server, mnt: Path, tmp_path: Path) -> None: 
 
 
 def test_the_server_version_is_checked_at_open(served_site: str, caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level("WARNING", logger="chromafs_fuse.chroma_http"):
+    with caplog.at_level("WARNING", logger="chromafs_fuse.backends.chroma_http"):
         HttpCollection.open(served_site, SITE, timeout_s=10)
     assert "version" not in caplog.text, "the server the tests run is one chromafs was tested with"
 
@@ -217,7 +217,7 @@ def test_an_untested_server_version_is_named(answer: bytes, warning: str, caplog
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
-        with caplog.at_level("WARNING", logger="chromafs_fuse.chroma_http"):
+        with caplog.at_level("WARNING", logger="chromafs_fuse.backends.chroma_http"):
             check_server_version(ChromaServerClient(f"http://127.0.0.1:{server.server_address[1]}", None, 5))
     finally:
         server.shutdown()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from chromafs_fuse.embedding import HashingEmbedder
+from chromafs_fuse.ingest.embedding import HashingEmbedder
 from helpers import SAMPLE_SITE
 
 TEXTS = [

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from chromafs_fuse.ingest_access import (
+from chromafs_fuse.ingest.access_rules import (
     Access,
     AccessSpecError,
     access_from_fields,

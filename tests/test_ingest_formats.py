@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from chromafs_fuse.frontmatter import ANY_KEY, read_frontmatter
-from chromafs_fuse.ingest_access import (
+from chromafs_fuse.ingest.access_rules import (
     Access,
     AccessSpecError,
     AclRule,
     decide_access,
     decode_config_json,
 )
+from chromafs_fuse.ingest.frontmatter import ANY_KEY, read_frontmatter
 
 ADMIN = Access(False, ("admin",))
 PUBLIC = Access(True)

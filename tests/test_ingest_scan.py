@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from chromafs_fuse.ingest_access import Access
-from chromafs_fuse.ingest_scan import HIDDEN, INGESTED, NOT_INGESTED, ScanOptions, scan_site
+from chromafs_fuse.ingest.access_rules import Access
+from chromafs_fuse.ingest.scan import HIDDEN, INGESTED, NOT_INGESTED, ScanOptions, scan_site
 from helpers import INGEST
 
 

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from chromafs_fuse.kernel_push import KernelPusher
-from chromafs_fuse.watchdog import connection_of
+from chromafs_fuse.serving.kernel_push import KernelPusher
+from chromafs_fuse.serving.watchdog import connection_of
 from helpers import SAMPLE_SITE, expected_visible, free_port, mounted, run, wait_gone
 
 REQUEST_LINE = re.compile(r'^chromafs_requests_total\{op="(\w+)"\} ([0-9.e+]+)$', re.M)

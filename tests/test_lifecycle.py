@@ -93,7 +93,7 @@ def test_killed_daemon_leaves_stale_mount_that_the_next_mount_cleans(
 
 def test_an_aborted_connection_is_cleaned_by_the_next_mount(sample_chroma: Callable[[str], Path], mnt: Path) -> None:
     """What a watchdog leaves behind: a mount whose connection was aborted through fusectl."""
-    from chromafs_fuse.watchdog import FUSECTL, connection_of
+    from chromafs_fuse.serving.watchdog import FUSECTL, connection_of
 
     chroma = str(sample_chroma("public"))
     with mounted(mnt, "--site", "acme", "--chroma-path", chroma, "--no-push-pages"):

@@ -11,9 +11,9 @@ from pathlib import Path
 
 from conftest import RedisServer
 
-from chromafs_fuse.fs import STREAM_DEPTH, ChromaOperations
 from chromafs_fuse.inodes import InodeTable
-from chromafs_fuse.kernel_push import KernelPusher
+from chromafs_fuse.serving.fuse_ops import STREAM_DEPTH, ChromaOperations
+from chromafs_fuse.serving.kernel_push import KernelPusher
 from chromafs_fuse.tree import PathEntry, parse_tree
 from helpers import ingest, mounted, run
 

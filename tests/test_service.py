@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from chromafs_fuse.mount_cli import build_parser
-from chromafs_fuse.mount_helper import mount_flags, translate
-from chromafs_fuse.mounttable import escape, unescape
-from chromafs_fuse.service import process_start, read_statuses, runtime_dir
+from chromafs_fuse.cli.mount import build_parser
+from chromafs_fuse.cli.mount_helper import mount_flags, translate
+from chromafs_fuse.serving.mounttable import escape, unescape
+from chromafs_fuse.serving.service import process_start, read_statuses, runtime_dir
 from helpers import BIN, MOUNT, REPO, SAMPLE_SITE, free_port, is_mounted, mounted, unmount
 
 

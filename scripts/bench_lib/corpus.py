@@ -61,7 +61,7 @@ def ingest(corpus: Corpus, backend_args: list[str]) -> float:
 def load_visible(corpus: Corpus, chroma_path: Path) -> None:
     """Read the tree record from the embedded Chroma and keep what an anonymous reader sees."""
     from chromafs_fuse.access import Principal, visible_entries
-    from chromafs_fuse.chroma_store import ChromaLocation, ChromaPages
+    from chromafs_fuse.backends.chroma_store import ChromaLocation, ChromaPages
     from chromafs_fuse.tree import parse_tree
 
     pages = ChromaPages.open(ChromaLocation(path=str(chroma_path), collection=corpus.site))

@@ -72,7 +72,7 @@ def _floor(chroma_dir: str, site: str) -> dict[str, float]:
     import chromadb
     from chromadb.config import Settings
 
-    from chromafs_fuse.ingest import UPSERT_BATCH
+    from chromafs_fuse.ingest.pipeline import UPSERT_BATCH
     from chromafs_fuse.names import FORMAT_FIELD, FORMAT_VERSION
 
     settings = Settings(anonymized_telemetry=False)

@@ -24,8 +24,8 @@ def materialise(chroma_path: str, site: str, dest: Path) -> dict[str, float | in
     from chromadb.config import Settings
 
     from chromafs_fuse.access import Principal, visible_entries
-    from chromafs_fuse.blobstore import read_blob_range
-    from chromafs_fuse.chroma_store import TREE_RECORD_ID
+    from chromafs_fuse.backends.blobstore import read_blob_range
+    from chromafs_fuse.backends.chroma_store import TREE_RECORD_ID
     from chromafs_fuse.tree import parse_tree
 
     client = chromadb.PersistentClient(path=chroma_path, settings=Settings(anonymized_telemetry=False))

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench_lib.procs import BIN, child_env
-from chromafs_fuse.mounttable import is_mounted, mounts
+from chromafs_fuse.serving.mounttable import is_mounted, mounts
 
 
 def mounts_under(root: Path) -> list[Path]:

@@ -191,7 +191,7 @@ def run_corpus(run: Run, spec: str, index: int) -> dict[str, Any]:
 
 
 def _tree_document(chroma_dir: Path, site: str) -> str:
-    from chromafs_fuse.chroma_store import ChromaLocation, ChromaPages
+    from chromafs_fuse.backends.chroma_store import ChromaLocation, ChromaPages
 
     return ChromaPages.open(ChromaLocation(path=str(chroma_dir), collection=site)).load_tree_document()[0]
 

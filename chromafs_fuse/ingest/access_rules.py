@@ -22,7 +22,7 @@ from typing import Any
 import json5
 import yaml
 
-from .frontmatter import ACCESS_KEYS, Frontmatter, read_frontmatter
+from chromafs_fuse.ingest.frontmatter import ACCESS_KEYS, Frontmatter, read_frontmatter
 
 MARKDOWN_SUFFIXES = (".md", ".mdx", ".markdown")
 

@@ -19,12 +19,12 @@ from typing import TypeVar
 import trio
 from cachetools import TTLCache
 
-from .blobstore import BlobError, read_blob_range
-from .chroma_store import BackendError, ChromaPages
-from .chunks import DEFAULT_JOINER, CorruptPage, Expected, check_bytes, reassemble
-from .page_cache import PageCache
-from .redis_cache import RedisCache
-from .tree import PathEntry
+from chromafs_fuse.backends.blobstore import BlobError, read_blob_range
+from chromafs_fuse.backends.chroma_store import BackendError, ChromaPages
+from chromafs_fuse.backends.redis_cache import RedisCache
+from chromafs_fuse.chunks import DEFAULT_JOINER, CorruptPage, Expected, check_bytes, reassemble
+from chromafs_fuse.page_cache import PageCache
+from chromafs_fuse.tree import PathEntry
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

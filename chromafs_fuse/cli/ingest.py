@@ -15,11 +15,17 @@ import re
 import sys
 from pathlib import Path
 
-from .blobstore import BlobError, open_blob_store
-from .cli_common import CliError, add_chroma_arguments, chroma_location, setup_logging
-from .ingest import DEFAULT_LARGE_FILE_THRESHOLD, EXIT_NOTHING_INGESTED, IngestOptions, IngestSummary, ingest
-from .ingest_access import AccessSpecError, parse_acl
-from .tree import tree_version
+from chromafs_fuse.backends.blobstore import BlobError, open_blob_store
+from chromafs_fuse.cli.common import CliError, add_chroma_arguments, chroma_location, setup_logging
+from chromafs_fuse.ingest.access_rules import AccessSpecError, parse_acl
+from chromafs_fuse.ingest.pipeline import (
+    DEFAULT_LARGE_FILE_THRESHOLD,
+    EXIT_NOTHING_INGESTED,
+    IngestOptions,
+    IngestSummary,
+    ingest,
+)
+from chromafs_fuse.tree import tree_version
 
 log = logging.getLogger("chromafs.ingest")
 
@@ -112,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.report:
             _write_report(Path(args.report), summary.report(args.site))
         if args.redis_url and summary.tree_document:
-            from .redis_cache import RedisCache
+            from chromafs_fuse.backends.redis_cache import RedisCache
 
             shared = RedisCache(args.redis_url, args.redis_prefix, tree_ttl_s=args.tree_ttl, timeout_s=5.0)
             shared.publish_tree(

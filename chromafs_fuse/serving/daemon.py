@@ -21,16 +21,16 @@ from urllib.parse import urlsplit, urlunsplit
 import pyfuse3
 import trio
 
-from .access import Principal
-from .chroma_store import BackendError, SiteNotFound
-from .cli_common import CliError, setup_logging
-from .fs import ChromaOperations, pyfuse3_passes_inode
-from .inodes import InodeTable
-from .service import StatusFile, limit_malloc_arenas, sd_notify, start_metrics_server, uptime_since
-from .session import Preloaded, load_site, resolve_principal
-from .tokens import TokenError
-from .tree import TreeError
-from .watchdog import start_watchdog, stop_watchdog
+from chromafs_fuse.access import Principal
+from chromafs_fuse.backends.chroma_store import BackendError, SiteNotFound
+from chromafs_fuse.cli.common import CliError, setup_logging
+from chromafs_fuse.inodes import InodeTable
+from chromafs_fuse.serving.fuse_ops import ChromaOperations, pyfuse3_passes_inode
+from chromafs_fuse.serving.service import StatusFile, limit_malloc_arenas, sd_notify, start_metrics_server, uptime_since
+from chromafs_fuse.serving.session import Preloaded, load_site, resolve_principal
+from chromafs_fuse.serving.watchdog import start_watchdog, stop_watchdog
+from chromafs_fuse.tokens import TokenError
+from chromafs_fuse.tree import TreeError
 
 log = logging.getLogger("chromafs.mount")
 READY = b"READY\n"

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 import setproctitle
 
 if TYPE_CHECKING:
-    from .session import Preloaded
+    from chromafs_fuse.serving.session import Preloaded
 
 log = logging.getLogger("chromafs.mountd")
 MAX_REQUEST_BYTES = 256 * 1024
@@ -78,13 +78,13 @@ class TreeCache:
 
     def prepared(self, args: argparse.Namespace, principal: Any) -> Preloaded | None:
         """What a child mount for this reader needs, or None if the tree is not in Redis."""
-        from .access import visibility_key, visible_entries
-        from .cli_common import chroma_location
-        from .fs import table_attributes
-        from .inodes import InodeTable
-        from .redis_cache import RedisCache
-        from .session import Preloaded
-        from .tree import TreeError, parse_tree
+        from chromafs_fuse.access import visibility_key, visible_entries
+        from chromafs_fuse.backends.redis_cache import RedisCache
+        from chromafs_fuse.cli.common import chroma_location
+        from chromafs_fuse.inodes import InodeTable
+        from chromafs_fuse.serving.fuse_ops import table_attributes
+        from chromafs_fuse.serving.session import Preloaded
+        from chromafs_fuse.tree import TreeError, parse_tree
 
         if not args.redis_url:
             return None
@@ -129,7 +129,7 @@ class TreeCache:
 
 
 def _request_args(request: dict[str, object]) -> argparse.Namespace:
-    from .mount_cli import build_parser
+    from chromafs_fuse.cli.mount import build_parser
 
     argv = [str(a) for a in request["argv"]]  # type: ignore[union-attr]
     args = build_parser().parse_args([*argv, "--foreground"])
@@ -145,7 +145,7 @@ def _serve_in_child(
     prepared: Preloaded | None,
 ) -> int:
     """In the forked child: become the mount's daemon."""
-    from .daemon import run_daemon
+    from chromafs_fuse.serving.daemon import run_daemon
 
     os.setsid()
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD):
@@ -167,7 +167,7 @@ def _prepare(cache: TreeCache, request: dict[str, object]) -> tuple[argparse.Nam
     """In the server: the parsed arguments and the cached tree and table for this request,
     as far as they can be had. Any failure here just means the child does the work (and
     reports errors) itself."""
-    from .session import resolve_principal
+    from chromafs_fuse.serving.session import resolve_principal
 
     args = None
     try:
@@ -245,8 +245,8 @@ def serve_forever(socket_path: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from .cli_common import setup_logging
-    from .service import limit_malloc_arenas
+    from chromafs_fuse.cli.common import setup_logging
+    from chromafs_fuse.serving.service import limit_malloc_arenas
 
     limit_malloc_arenas()  # inherited by every forked mount
 
@@ -261,7 +261,8 @@ def main(argv: list[str] | None = None) -> int:
     # each request, and the codec a socket's host name goes through (Redis, Chroma).
     import encodings.idna  # noqa: F401
 
-    from . import daemon, mount_cli  # noqa: F401
+    from chromafs_fuse.cli import mount  # noqa: F401
+    from chromafs_fuse.serving import daemon  # noqa: F401
 
     if not args.no_preload_chroma:
         import chromadb  # noqa: F401  - no threads start at import, so forking stays safe

@@ -6,12 +6,12 @@ import argparse
 import os
 import sys
 
-from .names import DEFAULT_CHUNK_INDEX_FIELD, DEFAULT_PAGE_FIELD
+from chromafs_fuse.names import DEFAULT_CHUNK_INDEX_FIELD, DEFAULT_PAGE_FIELD, MAX_TOKEN_BYTES
 
 TYPE_CHECKING = False  # not `from typing import ...`: typing costs the mount client ~3 ms of start-up
 
 if TYPE_CHECKING:
-    from .chroma_store import ChromaLocation
+    from chromafs_fuse.backends.chroma_store import ChromaLocation
 
 
 class CliError(Exception):
@@ -50,7 +50,7 @@ def require_chroma_location(args: argparse.Namespace) -> None:
 
 
 def chroma_location(args: argparse.Namespace) -> ChromaLocation:
-    from .chroma_store import ChromaLocation
+    from chromafs_fuse.backends.chroma_store import ChromaLocation
 
     path = args.chroma_path
     url = (args.chroma_url or os.environ.get("CHROMAFS_CHROMA_URL")) if not path else None
@@ -164,9 +164,6 @@ def resolve_token(args: argparse.Namespace) -> str | None:
     if os.environ.get("CHROMAFS_TOKEN_FILE"):
         return read_token_file(os.environ["CHROMAFS_TOKEN_FILE"])
     return os.environ.get("CHROMAFS_TOKEN") or None
-
-
-MAX_TOKEN_BYTES = 16 * 1024
 
 
 def read_token_file(path: str) -> str:

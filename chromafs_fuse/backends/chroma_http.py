@@ -29,7 +29,7 @@ from http import HTTPStatus
 from typing import Any
 from urllib.parse import quote, urlparse
 
-from . import __version__
+from chromafs_fuse import __version__
 
 API_PATH = "/api/v2"
 log = logging.getLogger(__name__)

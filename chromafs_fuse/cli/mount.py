@@ -18,7 +18,7 @@ import socket
 import sys
 import time
 
-from .cli_common import CliError, add_session_arguments, require_chroma_location, resolve_token
+from chromafs_fuse.cli.common import CliError, add_session_arguments, require_chroma_location, resolve_token
 
 READY = b"READY\n"
 
@@ -142,7 +142,7 @@ def start_daemon(argv: list[str], token: str | None, mountpoint: str, wait_s: fl
     import subprocess
 
     read_fd, write_fd = os.pipe()
-    cmd = [sys.executable, "-m", "chromafs_fuse.mount_cli", *_child_argv(argv)]
+    cmd = [sys.executable, "-m", "chromafs_fuse.cli.mount", *_child_argv(argv)]
     cmd += ["--token-stdin", "--ready-fd", str(write_fd)]
     env = {k: v for k, v in os.environ.items() if k not in ("CHROMAFS_TOKEN", "CHROMAFS_TOKEN_FILE")}
     child = subprocess.Popen(
@@ -198,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
     if args.foreground or args.ready_fd is not None:
-        from .daemon import exit_now, run_daemon  # the heavy imports: only in the serving process
+        from chromafs_fuse.serving.daemon import exit_now, run_daemon  # the heavy imports: only in the serving process
 
         exit_now(run_daemon(args, args.ready_fd, background=args.ready_fd is not None))
     try:

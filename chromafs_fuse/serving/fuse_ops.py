@@ -23,11 +23,11 @@ from collections import Counter
 import pyfuse3
 import trio
 
-from .inodes import ROOT_INODE, InodeTable, Node
-from .kernel_push import KernelPusher
-from .page_source import PageSource, PageUnavailable
-from .stats import LatencyHistogram
-from .tree import PathEntry
+from chromafs_fuse.inodes import ROOT_INODE, InodeTable, Node
+from chromafs_fuse.serving.kernel_push import KernelPusher
+from chromafs_fuse.serving.page_source import PageSource, PageUnavailable
+from chromafs_fuse.stats import LatencyHistogram
+from chromafs_fuse.tree import PathEntry
 
 log = logging.getLogger(__name__)
 DIR_MODE = stat.S_IFDIR | 0o555

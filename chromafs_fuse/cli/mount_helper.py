@@ -48,7 +48,7 @@ NOT_OPTIONS = {"site", "token", "token_stdin", "ready_fd", "foreground", "help",
 def mount_flags() -> tuple[set[str], set[str]]:
     """(options that take a value, options that are switches), named as in fstab ('_' for '-'),
     read from chromafs-mount's own parser so that the two never drift apart."""
-    from .mount_cli import build_parser
+    from chromafs_fuse.cli.mount import build_parser
 
     valued: set[str] = set()
     switches: set[str] = set()
@@ -114,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     except HelperError as exc:
         print(f"mount.fuse.chromafs: {exc}", file=sys.stderr)
         return 1
-    from .mount_cli import main as mount_main
+    from chromafs_fuse.cli.mount import main as mount_main
 
     os.environ.pop("CHROMAFS_TOKEN", None)  # only what the options say
     return mount_main(mount_argv)

@@ -11,12 +11,12 @@ import argparse
 import logging
 import sys
 
-from .chunks import CorruptPage
-from .cli_common import CliError, add_session_arguments, setup_logging
-from .page_source import PageUnavailable
-from .search import GrepQuery, candidate_pages, is_binary, matching_lines
-from .session import load_site, resolve_principal
-from .tokens import TokenError
+from chromafs_fuse.chunks import CorruptPage
+from chromafs_fuse.cli.common import CliError, add_session_arguments, setup_logging
+from chromafs_fuse.search import GrepQuery, candidate_pages, is_binary, matching_lines
+from chromafs_fuse.serving.page_source import PageUnavailable
+from chromafs_fuse.serving.session import load_site, resolve_principal
+from chromafs_fuse.tokens import TokenError
 
 log = logging.getLogger("chromafs.grep")
 
@@ -42,7 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
 def run_status(args: argparse.Namespace) -> int:
     import json
 
-    from .service import read_statuses
+    from chromafs_fuse.serving.service import read_statuses
 
     statuses = read_statuses()
     if args.json:
@@ -108,7 +108,7 @@ def run_grep(args: argparse.Namespace) -> int:
     base = args.prefix.rstrip("/") + "/" if args.prefix else ""
     for entry in sorted(to_check, key=lambda e: e.key):
         if entry.blob is not None:
-            from .blobstore import read_blob_range
+            from chromafs_fuse.backends.blobstore import read_blob_range
 
             try:
                 data = read_blob_range(entry.blob.url, 0, entry.blob.size)

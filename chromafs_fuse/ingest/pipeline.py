@@ -15,13 +15,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .blobstore import BlobStore
-from .chroma_store import ChromaLocation, connect_client
-from .chunks import DEFAULT_MAX_CHUNK_CHARS, split_page
-from .embedding import make_embedder
-from .ingest_access import AclRule
-from .ingest_scan import Problem, ScanOptions, SourceFile, scan_site
-from .names import (
+from chromafs_fuse.backends.blobstore import BlobStore
+from chromafs_fuse.backends.chroma_store import ChromaLocation, connect_client
+from chromafs_fuse.chunks import DEFAULT_MAX_CHUNK_CHARS, split_page
+from chromafs_fuse.ingest.access_rules import AclRule
+from chromafs_fuse.ingest.embedding import make_embedder
+from chromafs_fuse.ingest.scan import Problem, ScanOptions, SourceFile, scan_site
+from chromafs_fuse.names import (
     DEFAULT_CHUNK_INDEX_FIELD,
     DEFAULT_PAGE_FIELD,
     FORMAT_FIELD,
@@ -32,7 +32,7 @@ from .names import (
     TREE_RECORD_KIND,
     chunk_id,
 )
-from .tree import PathEntry, TreeError, encode_tree_document, parse_tree
+from chromafs_fuse.tree import PathEntry, TreeError, encode_tree_document, parse_tree
 
 log = logging.getLogger("chromafs.ingest")
 DEFAULT_LARGE_FILE_THRESHOLD = 1024 * 1024

@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from .mounttable import mounts
+from chromafs_fuse.serving.mounttable import mounts
 
 log = logging.getLogger("chromafs.service")
 

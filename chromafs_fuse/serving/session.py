@@ -10,12 +10,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from .access import Principal, visible_entries
-from .cli_common import CliError, chroma_location, resolve_token
-from .inodes import InodeTable
-from .page_source import PageSource
-from .tokens import load_verification_key, principal_from_token
-from .tree import SiteTree
+from chromafs_fuse.access import Principal, visible_entries
+from chromafs_fuse.cli.common import CliError, chroma_location, resolve_token
+from chromafs_fuse.inodes import InodeTable
+from chromafs_fuse.serving.page_source import PageSource
+from chromafs_fuse.tokens import load_verification_key, principal_from_token
+from chromafs_fuse.tree import SiteTree
 
 log = logging.getLogger("chromafs.session")
 T = TypeVar("T")
@@ -73,18 +73,18 @@ def load_site(args: argparse.Namespace, principal: Principal, preloaded: Preload
     """Load the tree (shared cache first, then Chroma) and prune it for the
     principal. Chroma is opened only if the tree or a page needs it. A mount
     server hands in the tree and the pruned table it already holds."""
-    from .chroma_store import ChromaPages
-    from .page_cache import PageCache
-    from .tree import TreeError, parse_tree
+    from chromafs_fuse.backends.chroma_store import ChromaPages
+    from chromafs_fuse.page_cache import PageCache
+    from chromafs_fuse.tree import TreeError, parse_tree
 
     location = chroma_location(args)
     if args.s3_endpoint_url:
-        from .blobstore import S3_ENDPOINT
+        from chromafs_fuse.backends.blobstore import S3_ENDPOINT
 
         S3_ENDPOINT["url"] = args.s3_endpoint_url
     shared = None
     if args.redis_url:
-        from .redis_cache import RedisCache
+        from chromafs_fuse.backends.redis_cache import RedisCache
 
         shared = RedisCache(args.redis_url, args.redis_prefix, args.redis_ttl, args.tree_ttl)
 

@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from .ingest_access import (
+from chromafs_fuse.ingest.access_rules import (
     MARKDOWN_SUFFIXES,
     NAVIGATION_FILES,
     Access,
@@ -36,7 +36,7 @@ from .ingest_access import (
     default_access,
     public_pages_from_navigation,
 )
-from .pathrules import InvalidPath, normalize_key
+from chromafs_fuse.pathrules import InvalidPath, normalize_key
 
 log = logging.getLogger("chromafs.ingest")
 

@@ -22,7 +22,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from .mounttable import escape
+from chromafs_fuse.serving.mounttable import escape
 
 log = logging.getLogger(__name__)
 FUSECTL = "/sys/fs/fuse/connections"  # mounted by the watchdog if needed (root only)

@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .names import (
+from chromafs_fuse.names import (
     DEFAULT_CHUNK_INDEX_FIELD,
     DEFAULT_PAGE_FIELD,
     PAGE_SHA_FIELD,
@@ -22,7 +22,7 @@ from .names import (
 )
 
 if TYPE_CHECKING:
-    from .tree import PathEntry
+    from chromafs_fuse.tree import PathEntry
 
 log = logging.getLogger(__name__)
 
@@ -88,7 +88,7 @@ def connect_client(location: ChromaLocation, timeout_s: float = 10.0) -> Any:
 
 
 def _server_address(url: str) -> tuple[bool, str, int]:
-    from .chroma_http import parse_server_url
+    from chromafs_fuse.backends.chroma_http import parse_server_url
 
     try:
         return parse_server_url(url)
@@ -98,7 +98,7 @@ def _server_address(url: str) -> tuple[bool, str, int]:
 
 def _open_http_collection(location: ChromaLocation, timeout_s: float) -> Any:
     """The collection on a Chroma server, through the standard-library REST adapter (no chromadb import)."""
-    from .chroma_http import CollectionNotFound, HttpCollection
+    from chromafs_fuse.backends.chroma_http import CollectionNotFound, HttpCollection
 
     assert location.url
     _server_address(location.url)
@@ -163,7 +163,7 @@ class ChromaPages:
         if location.url:
             return cls(_open_http_collection(location, timeout_s), page_field, chunk_index_field)
         if location.path:
-            from .chroma_sqlite import SqliteCollection
+            from chromafs_fuse.backends.chroma_sqlite import SqliteCollection
 
             direct = SqliteCollection.open(
                 location.path,
@@ -180,7 +180,7 @@ class ChromaPages:
     def through_chromadb(self) -> ChromaPages | None:
         """For a collection read from its SQLite file directly: the same collection read by
         chromadb, the second opinion on a page that failed its checks. None otherwise."""
-        from .chroma_sqlite import SqliteCollection
+        from chromafs_fuse.backends.chroma_sqlite import SqliteCollection
 
         if not isinstance(self.collection, SqliteCollection):
             return None

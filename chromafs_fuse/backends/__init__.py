@@ -1,0 +1,1 @@
+"""Where sites live: Chroma (embedded, REST, its SQLite file read directly), the Redis cache, the blob store."""
