@@ -51,11 +51,19 @@ class RedisCache:
         return f"{self.prefix}:{site}:{collection}:tree-version"
 
     def publish_tree(self, site: str, collection: str, document: bytes, version: str, ttl_s: int) -> None:
-        """The tree and its version, so a mount server can check freshness with a tiny GET."""
-        self.set_many(
-            {self.tree_key(site, collection): document, self.tree_version_key(site, collection): version.encode()},
-            ttl_s,
-        )
+        """The tree and its version in one MULTI/EXEC, so a reader never sees one without the
+        other, and a mount server checks freshness with a tiny GET of the version."""
+        if not self._usable():
+            return
+        try:
+            pipe = self.client.pipeline(transaction=True)
+            pipe.set(self.tree_key(site, collection), document, ex=ttl_s)
+            pipe.set(self.tree_version_key(site, collection), version.encode(), ex=ttl_s)
+            pipe.execute()
+        except redis.RedisError as exc:
+            self._failed(exc)
+            return
+        self._succeeded()
 
     def page_key(self, site: str, tree_version: str, page: str) -> str:
         return f"{self.prefix}:{site}:{tree_version}:page:{page}"

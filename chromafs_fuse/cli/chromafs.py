@@ -12,10 +12,9 @@ import logging
 import sys
 
 from chromafs_fuse.chunks import CorruptPage
-from chromafs_fuse.cli.common import CliError, add_session_arguments, setup_logging
+from chromafs_fuse.cli.common import CliError, add_session_arguments, resolve_token, setup_logging
+from chromafs_fuse.filesystem import PageUnavailable
 from chromafs_fuse.search import GrepQuery, candidate_pages, is_binary, matching_lines
-from chromafs_fuse.serving.page_source import PageUnavailable
-from chromafs_fuse.serving.session import load_site, resolve_principal
 from chromafs_fuse.tokens import TokenError
 
 log = logging.getLogger("chromafs.grep")
@@ -73,8 +72,11 @@ def run_status(args: argparse.Namespace) -> int:
 
 
 def run_grep(args: argparse.Namespace) -> int:
-    _token, principal = resolve_principal(args)
-    site = load_site(args, principal)
+    from chromafs_fuse.config import SessionConfig
+    from chromafs_fuse.serving.site_loader import SiteLoader, verify_reader
+
+    config = SessionConfig.from_args(args)
+    site = SiteLoader(config).load(verify_reader(resolve_token(args), config))
     scope = args.path.strip("/")
     node = site.table.resolve(scope)
     if node is None:

@@ -23,11 +23,15 @@ import trio
 
 from chromafs_fuse.access import Principal
 from chromafs_fuse.backends.chroma_store import BackendError, SiteNotFound
-from chromafs_fuse.cli.common import CliError, setup_logging
+from chromafs_fuse.cli.common import CliError, resolve_token, setup_logging
+from chromafs_fuse.config import MountConfig
+from chromafs_fuse.filesystem import DocsFilesystem
 from chromafs_fuse.inodes import InodeTable
+from chromafs_fuse.readahead import ReadScheduler
 from chromafs_fuse.serving.fuse_ops import ChromaOperations, pyfuse3_passes_inode
+from chromafs_fuse.serving.page_source import PageSource
 from chromafs_fuse.serving.service import StatusFile, limit_malloc_arenas, sd_notify, start_metrics_server, uptime_since
-from chromafs_fuse.serving.session import Preloaded, load_site, resolve_principal
+from chromafs_fuse.serving.site_loader import Preloaded, SiteLoader, verify_reader
 from chromafs_fuse.serving.watchdog import start_watchdog, stop_watchdog
 from chromafs_fuse.tokens import TokenError
 from chromafs_fuse.tree import TreeError
@@ -38,45 +42,46 @@ STATUS_EVERY_S = 2.0
 UNKNOWN_SIZE_ESTIMATE = 16 * 1024  # for deciding on auto prefetch when the tree has no sizes
 
 
-def should_prefetch(args: argparse.Namespace, table: InodeTable) -> bool:
-    if args.prefetch != "auto":
-        return bool(args.prefetch == "on")
+def should_prefetch(config: MountConfig, table: InodeTable) -> bool:
+    if config.prefetch != "auto":
+        return config.prefetch == "on"
     total = table.total_bytes + table.unknown_sizes * UNKNOWN_SIZE_ESTIMATE
-    return total <= min(args.prefetch_max_bytes, args.cache_bytes // 2)
+    return total <= min(config.prefetch_max_bytes, config.session.cache_bytes // 2)
 
 
-def prepare(args: argparse.Namespace, principal: Principal, preloaded: Preloaded | None = None) -> ChromaOperations:
-    site = load_site(args, principal, preloaded)
+def prepare(config: MountConfig, principal: Principal, preloaded: Preloaded | None = None) -> ChromaOperations:
+    site = SiteLoader(config.session).load(principal, preloaded)
+    scheduler = ReadScheduler(site.table, site.source, config.readahead_pages)
+    fs = DocsFilesystem(site.table, site.source, scheduler, no_open=pyfuse3_passes_inode())
     return ChromaOperations(
-        site.table,
-        site.source,
-        args.cache_timeout,
-        args.readahead_pages,
-        no_open=pyfuse3_passes_inode(),
+        fs,
+        config.cache_timeout_s,
         attributes=preloaded.attributes if preloaded else None,
-        push_pages=getattr(args, "push_pages", True),
+        push_pages=config.push_pages,
     )
 
 
-def _public_backend(args: argparse.Namespace) -> str:
+def _public_backend(config: MountConfig) -> str:
     """The Chroma location without credentials, for status and logs."""
-    if args.chroma_url:
-        parts = urlsplit(args.chroma_url)
+    chroma = config.session.chroma
+    if chroma.url:
+        parts = urlsplit(chroma.url)
         return urlunsplit((parts.scheme, parts.hostname or "", parts.path, "", "")) + (
             f":{parts.port}" if parts.port else ""
         )
-    return f"embedded:{os.path.abspath(args.chroma_path or os.environ.get('CHROMAFS_CHROMA_PATH', ''))}"
+    return f"embedded:{chroma.path}"
 
 
-def describe_mount(args: argparse.Namespace, ops: ChromaOperations, principal: Principal, started: float) -> dict:
-    source = ops.source
+def describe_mount(config: MountConfig, ops: ChromaOperations, principal: Principal, started: float) -> dict:
+    source = ops.fs.pages
+    assert isinstance(source, PageSource)
     shared = source.shared
     return {
         "pid": os.getpid(),
-        "site": args.site,
-        "mountpoint": os.path.abspath(args.mountpoint),
+        "site": config.site,
+        "mountpoint": config.mountpoint,
         "reader": principal.describe(),
-        "backend": _public_backend(args),
+        "backend": _public_backend(config),
         "redis": bool(shared),
         "started": started,
         "uptime_s": uptime_since(started),
@@ -100,18 +105,18 @@ def describe_mount(args: argparse.Namespace, ops: ChromaOperations, principal: P
 
 
 def serve(
-    args: argparse.Namespace, ops: ChromaOperations, principal: Principal, ready_fd: int | None, prefetch: bool
+    config: MountConfig, ops: ChromaOperations, principal: Principal, ready_fd: int | None, prefetch: bool
 ) -> None:
     started = time.time()
-    status = StatusFile(lambda: describe_mount(args, ops, principal, started))
-    if args.metrics_addr:
-        start_metrics_server(args.metrics_addr, lambda: describe_mount(args, ops, principal, started))
+    status = StatusFile(lambda: describe_mount(config, ops, principal, started))
+    if config.metrics_addr:
+        start_metrics_server(config.metrics_addr, lambda: describe_mount(config, ops, principal, started))
     options = set(pyfuse3.default_options)
-    options |= {f"fsname=chromafs:{args.site}", "subtype=chromafs", "ro", "noatime"}
-    for group in args.options:
-        options |= {o.strip() for o in group.split(",") if o.strip()}
+    options |= {f"fsname=chromafs:{config.site}", "subtype=chromafs", "ro", "noatime", *config.fuse_options}
     options.discard("rw")  # read-only, whatever the options say
-    mountpoint = os.path.abspath(args.mountpoint)
+    mountpoint = config.mountpoint
+    source = ops.fs.pages
+    assert isinstance(source, PageSource)
 
     async def announce_ready() -> None:
         await trio.to_thread.run_sync(os.listdir, mountpoint)
@@ -121,11 +126,11 @@ def serve(
             with contextlib.suppress(OSError):
                 os.write(ready_fd, READY)
                 os.close(ready_fd)
-        sd_notify(f"READY=1\nSTATUS=serving {args.site} on {mountpoint}")
+        sd_notify(f"READY=1\nSTATUS=serving {config.site} on {mountpoint}")
         if prefetch:
             entries = sorted(ops.table.entries.values(), key=lambda e: e.key)
             started = time.monotonic()
-            count = await ops.source.prefetch(entries)
+            count = await source.prefetch(entries)
             log.info("prefetched %d pages in %.2fs", count, time.monotonic() - started)
 
     async def refresh_status() -> None:
@@ -143,7 +148,7 @@ def serve(
 
     async def run() -> None:
         async with trio.open_nursery() as nursery:
-            ops.source.nursery = nursery
+            source.nursery = nursery
             ops.start_pushing(trio.lowlevel.current_trio_token())
             nursery.start_soon(watch_signals)
             nursery.start_soon(announce_ready)
@@ -161,8 +166,8 @@ def serve(
     # without a watchdog.
     watchdog = start_watchdog(mountpoint) if ops.push_pages else None
     ops.push_pages = watchdog is not None
-    if args.pid_file:
-        with open(args.pid_file, "w") as f:
+    if config.pid_file:
+        with open(config.pid_file, "w") as f:
             f.write(f"{os.getpid()}\n")
     try:
         trio.run(run)
@@ -172,9 +177,9 @@ def serve(
         pyfuse3.close(unmount=True)
         status.remove()
         log.info("unmounted %s; requests served: %s", mountpoint, dict(ops.requests))
-        if args.pid_file:
+        if config.pid_file:
             with contextlib.suppress(OSError):
-                os.unlink(args.pid_file)
+                os.unlink(config.pid_file)
 
 
 def report_failure(ready_fd: int | None, message: str) -> int:
@@ -202,26 +207,25 @@ def exit_now(status: int) -> None:
 def run_daemon(
     args: argparse.Namespace, ready_fd: int | None, background: bool, preloaded: Preloaded | None = None
 ) -> int:
-    """Serve the mount described by `args`; returns the exit status. A mount server that
-    already verified the token hands in the reader with what it preloaded."""
+    """Serve the mount chromafs-mount's flags describe; returns the exit status. The flags
+    become a MountConfig here, once. A mount server that already verified the token hands in
+    the reader with what it preloaded."""
     limit_malloc_arenas()
     setup_logging(args.log_level, args.log_file, background=background, json_lines=args.log_format == "json")
     try:
-        if preloaded is not None:
-            principal = preloaded.principal
-        else:
-            _token, principal = resolve_principal(args)
-            del _token
-        ops = prepare(args, principal, preloaded)
+        config = MountConfig.from_args(args)
+        token = None if preloaded is not None else resolve_token(args)
+        principal = preloaded.principal if preloaded is not None else verify_reader(token, config.session)
+        ops = prepare(config, principal, preloaded)
     except (CliError, TokenError, BackendError, SiteNotFound, TreeError) as exc:
         return report_failure(ready_fd, str(exc))
     except Exception as exc:
         log.exception("cannot mount")
         return report_failure(ready_fd, f"cannot mount: {exc.__class__.__name__}: {exc}")
     try:
-        serve(args, ops, principal, ready_fd, should_prefetch(args, ops.table))
+        serve(config, ops, principal, ready_fd, should_prefetch(config, ops.table))
     except RuntimeError as exc:  # pyfuse3.init failures (permissions, no /dev/fuse)
-        return report_failure(ready_fd, f"mounting {args.mountpoint} failed: {exc}")
+        return report_failure(ready_fd, f"mounting {config.mountpoint} failed: {exc}")
     except Exception as exc:  # never die silently: the log says why
         log.exception("the daemon failed")
         return report_failure(ready_fd, f"the daemon failed: {exc.__class__.__name__}: {exc}")

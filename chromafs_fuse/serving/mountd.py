@@ -31,7 +31,8 @@ from typing import TYPE_CHECKING, Any
 import setproctitle
 
 if TYPE_CHECKING:
-    from chromafs_fuse.serving.session import Preloaded
+    from chromafs_fuse.config import MountConfig
+    from chromafs_fuse.serving.site_loader import Preloaded
 
 log = logging.getLogger("chromafs.mountd")
 MAX_REQUEST_BYTES = 256 * 1024
@@ -63,61 +64,47 @@ def _read_request(conn: socket.socket) -> dict[str, object]:
 class TreeCache:
     """Trees and pruned inode tables kept in the server, handed to forked children.
 
-    Only trees that are in Redis are cached here (the server never opens
-    Chroma: its client starts threads, which do not survive a fork). Each
-    request checks the tree's version key, a few bytes, so a re-ingest
-    published to Redis is picked up by the next mount.
+    Only trees that are in Redis are cached here (the server never opens Chroma: its
+    client starts threads, which do not survive a fork). Each request checks the tree's
+    version key, a few bytes, so a re-ingest published to Redis is picked up by the next
+    mount. Readers with the same access.visibility_key share one pruned table.
     """
 
     MAX_TABLES = 64
 
     def __init__(self) -> None:
         self._redis: dict[tuple[str, str], Any] = {}
-        self._trees: dict[tuple[str, ...], Any] = {}
+        self._loaders: dict[tuple[str, ...], Any] = {}
         self._tables: OrderedDict[tuple[object, ...], Any] = OrderedDict()
 
-    def prepared(self, args: argparse.Namespace, principal: Any) -> Preloaded | None:
+    def prepared(self, config: MountConfig, principal: Any) -> Preloaded | None:
         """What a child mount for this reader needs, or None if the tree is not in Redis."""
-        from chromafs_fuse.access import visibility_key, visible_entries
+        from chromafs_fuse.access import visibility_key
         from chromafs_fuse.backends.redis_cache import RedisCache
-        from chromafs_fuse.cli.common import chroma_location
-        from chromafs_fuse.inodes import InodeTable
         from chromafs_fuse.serving.fuse_ops import table_attributes
-        from chromafs_fuse.serving.session import Preloaded
-        from chromafs_fuse.tree import TreeError, parse_tree
+        from chromafs_fuse.serving.site_loader import Preloaded, SiteLoader
 
-        if not args.redis_url:
+        settings = config.session.redis
+        if settings is None:
             return None
-        shared = self._redis.get((args.redis_url, args.redis_prefix))
-        if shared is None:
-            shared = RedisCache(args.redis_url, args.redis_prefix, args.redis_ttl, args.tree_ttl)
-            self._redis[(args.redis_url, args.redis_prefix)] = shared
-        collection = chroma_location(args).collection
-        version = shared.get(shared.tree_version_key(args.site, collection))
-        if version is None:
-            return None
-        site_key = (args.redis_url, args.redis_prefix, args.site, collection)
-        tree = self._trees.get(site_key)
-        if tree is None or tree.version != version.decode():
-            document = shared.get(shared.tree_key(args.site, collection))
-            if document is None:
-                return None
-            try:
-                tree = parse_tree(document)
-            except TreeError:
-                return None  # the child reports it properly
-            if tree.version != version.decode():
-                return None  # a publish raced us: let the child load it
-            for key, reason in tree.skipped:
-                log.warning("tree entry %s skipped: %s", key, reason)
-            self._trees[site_key] = tree
-        table_key = (site_key, tree.version, visibility_key(principal), args.cache_timeout)
+        redis = self._redis.get((settings.url, settings.prefix))
+        if redis is None:
+            redis = RedisCache(settings.url, settings.prefix, settings.page_ttl_s, settings.tree_ttl_s)
+            self._redis[(settings.url, settings.prefix)] = redis
+        site_key = (settings.url, settings.prefix, config.site, config.session.chroma.collection)
+        loader = self._loaders.get(site_key)
+        if loader is None:
+            loader = self._loaders[site_key] = SiteLoader(config.session, redis)
+        tree = loader.tree_from_redis()
+        if tree is None:
+            return None  # the child loads it from Chroma and reports what goes wrong
+        table_key = (site_key, tree.version, visibility_key(principal), config.cache_timeout_s)
         cached = self._tables.get(table_key)
         if cached is None:
-            table = InodeTable(visible_entries(tree.entries, principal))
+            table = SiteLoader.prune(tree, principal)
             # Listing attributes too: a fresh mount's first `find` then allocates nothing.
             built_ns = time.time_ns()
-            attributes = (built_ns, table_attributes(table, built_ns, args.cache_timeout))
+            attributes = (built_ns, table_attributes(table, built_ns, config.cache_timeout_s))
             cached = self._tables[table_key] = (tree, table, attributes)
             while len(self._tables) > self.MAX_TABLES:
                 self._tables.popitem(last=False)
@@ -167,7 +154,8 @@ def _prepare(cache: TreeCache, request: dict[str, object]) -> tuple[argparse.Nam
     """In the server: the parsed arguments and the cached tree and table for this request,
     as far as they can be had. Any failure here just means the child does the work (and
     reports errors) itself."""
-    from chromafs_fuse.serving.session import resolve_principal
+    from chromafs_fuse.config import MountConfig
+    from chromafs_fuse.serving.site_loader import verify_reader
 
     args = None
     try:
@@ -175,8 +163,9 @@ def _prepare(cache: TreeCache, request: dict[str, object]) -> tuple[argparse.Nam
         os.chdir(str(request.get("cwd") or "/"))
         try:
             args = _request_args(request)
-            _token, principal = resolve_principal(args)
-            return args, cache.prepared(args, principal)
+            config = MountConfig.from_args(args)
+            principal = verify_reader(args.token, config.session)
+            return args, cache.prepared(config, principal)
         finally:
             os.chdir(cwd)
     except (Exception, SystemExit):

@@ -23,21 +23,13 @@ from chromafs_fuse.backends.blobstore import BlobError, read_blob_range
 from chromafs_fuse.backends.chroma_store import BackendError, ChromaPages
 from chromafs_fuse.backends.redis_cache import RedisCache
 from chromafs_fuse.chunks import DEFAULT_JOINER, CorruptPage, Expected, check_bytes, reassemble
+from chromafs_fuse.filesystem import PageTimedOut, PageUnavailable
 from chromafs_fuse.page_cache import PageCache
 from chromafs_fuse.tree import PathEntry
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 BLOB_BLOCK = 128 * 1024  # a lazy file is fetched in ranged requests of this size
-MAX_READAHEAD_BATCHES = 4  # one per reader thread of rg on 2-4 cores; more queue behind each other
-
-
-class PageUnavailable(Exception):
-    """The page cannot be served now (corrupt, backend down, timed out)."""
-
-
-class PageTimedOut(PageUnavailable):
-    """The backend did not answer within the read's deadline."""
 
 
 class PageSource:
@@ -68,8 +60,7 @@ class PageSource:
         # reader waits one --backend-timeout, not two. The backend is tried again after this.
         self._timed_out: TTLCache[str, bool] = TTLCache(maxsize=4096, ttl=min(1.0, timeout_s))
         self.learned_sizes: dict[str, int] = {}
-        self.nursery: trio.Nursery | None = None
-        self._batches = 0  # read-ahead batches in flight  # set while serving: where read-ahead batches run
+        self.nursery: trio.Nursery | None = None  # set while serving: where read-ahead batches run
         self.backend_errors: Counter[str] = Counter()
         self.backend_seconds: Counter[str] = Counter()
 
@@ -162,57 +153,45 @@ class PageSource:
         key = self._cache_key(entry)
         return key in self.cache or key in self._inflight
 
-    def read_ahead(
-        self,
-        entries: Sequence[PathEntry],
-        reader_waits: bool = False,
-        on_loaded: Callable[[], None] | None = None,
-    ) -> bool:
-        """Start loading these pages in one batch in the background (one Redis MGET or one
-        Chroma query), so that reading files one by one, as `grep -r` and `cat *` do, costs one
-        round trip per batch instead of one per file. Reads of a page in the batch wait for it
-        instead of fetching it again. A speculative batch (no reader waits for it) is dropped
-        when MAX_READAHEAD_BATCHES are already in flight. `on_loaded` runs on the loop once
-        the batch's pages are in the cache. False if the batch was dropped (or cannot run)."""
+    def start_batch(self, entries: Sequence[PathEntry], on_done: Callable[[bool], None]) -> bool:
+        """Start loading these pages in one batch in the background (one Redis MGET, one Chroma
+        query), so that reading files one by one, as `grep -r` and `cat *` do, costs one round
+        trip per batch instead of one per file. Reads of a page in the batch wait for it instead
+        of fetching it again. `on_done(loaded)` runs on the loop when the batch ends, its pages
+        in memory if `loaded`. False if the mount is not serving (no nursery to run it in).
+        Which batches to start is the ReadScheduler's decision (readahead.py)."""
         if self.nursery is None:
             return False
-        if self._batches >= MAX_READAHEAD_BATCHES and not reader_waits:
-            return False  # speculative, and the backend is busy enough
-        todo = [
-            e
-            for e in entries
-            if e.blob is None and self._cache_key(e) not in self.cache and self._cache_key(e) not in self._inflight
-        ]
-        if not todo:
-            return True
+        todo = [e for e in entries if e.blob is None and not self.is_cached_or_loading(e)]
         done = trio.Event()
         for entry in todo:
             self._inflight[self._cache_key(entry)] = done
-        self._batches += 1
-        self.nursery.start_soon(self._load_batch, todo, done, on_loaded)
+        self.nursery.start_soon(self._load_batch, todo, done, on_done)
         return True
 
-    async def _load_batch(
-        self, todo: list[PathEntry], done: trio.Event, on_loaded: Callable[[], None] | None = None
-    ) -> None:
+    async def _load_batch(self, todo: list[PathEntry], done: trio.Event, on_done: Callable[[bool], None]) -> None:
+        loaded = False
         try:
-            with trio.fail_after(self.timeout_s):
-                results = await trio.to_thread.run_sync(
-                    self.load_many, todo, abandon_on_cancel=True, limiter=self._limiter
-                )
-            for entry in todo:
-                data = results.get(entry.key)
-                if isinstance(data, bytes):
-                    self._remember(entry, data)
-            if on_loaded is not None:
-                on_loaded()
+            if todo:
+                with trio.fail_after(self.timeout_s):
+                    results = await trio.to_thread.run_sync(
+                        self.load_many, todo, abandon_on_cancel=True, limiter=self._limiter
+                    )
+                for entry in todo:
+                    data = results.get(entry.key)
+                    if isinstance(data, bytes):
+                        self._remember(entry, data)
+            loaded = True
         except Exception as exc:  # the readers waiting on the batch fetch (and report) themselves
             log.debug("read-ahead batch failed: %r", exc)
         finally:
-            self._batches -= 1
             for entry in todo:
                 self._inflight.pop(self._cache_key(entry), None)
             done.set()
+            try:
+                on_done(loaded)
+            except Exception:  # the scheduler's bookkeeping must never end the mount's loop
+                log.exception("after a read-ahead batch")
 
     def _remember(self, entry: PathEntry, data: bytes) -> None:
         self.cache.put(self._cache_key(entry), data)

@@ -1,0 +1,113 @@
+"""Typed, frozen configuration, built once from flags, environment and mount options.
+
+`SessionConfig` is what any reader of a site needs (a mount, `chromafs grep`);
+`MountConfig` adds what a mount needs. The CLIs build them from their argparse
+Namespace with `from_args` and pass them down; nothing below the CLI reads the Namespace.
+The flag names are chromafs-mount's parser (cli/mount.py), which mount.fuse.chromafs
+also derives its option list from, so fstab options and flags cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from dataclasses import dataclass
+from typing import Literal
+
+from chromafs_fuse.backends.chroma_store import ChromaLocation
+from chromafs_fuse.cli.common import CliError, chroma_location
+
+
+@dataclass(frozen=True, slots=True)
+class RedisSettings:
+    url: str
+    prefix: str = "chromafs"
+    page_ttl_s: int = 24 * 3600
+    tree_ttl_s: int = 300
+
+
+@dataclass(frozen=True, slots=True)
+class SessionConfig:
+    site: str
+    chroma: ChromaLocation
+    page_field: str
+    chunk_index_field: str
+    chunk_joiner: str = "\n"
+    cache_bytes: int = 32 * 1024 * 1024
+    backend_timeout_s: float = 10.0
+    s3_endpoint_url: str | None = None
+    redis: RedisSettings | None = None
+    jwt_secret_file: str | None = None
+    jwt_public_key: str | None = None
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> SessionConfig:
+        if args.backend_timeout <= 0:
+            raise CliError("--backend-timeout must be more than 0 seconds")
+        if args.cache_bytes < 0:
+            raise CliError("--cache-bytes must not be negative")
+        redis = None
+        if args.redis_url:
+            redis = RedisSettings(args.redis_url, args.redis_prefix, args.redis_ttl, args.tree_ttl)
+        return cls(
+            site=args.site,
+            chroma=chroma_location(args),
+            page_field=args.page_field,
+            chunk_index_field=args.chunk_index_field,
+            chunk_joiner=args.chunk_joiner,
+            cache_bytes=args.cache_bytes,
+            backend_timeout_s=args.backend_timeout,
+            s3_endpoint_url=args.s3_endpoint_url,
+            redis=redis,
+            jwt_secret_file=args.jwt_secret_file,
+            jwt_public_key=args.jwt_public_key,
+        )
+
+
+Prefetch = Literal["auto", "on", "off"]
+
+
+@dataclass(frozen=True, slots=True)
+class MountConfig:
+    session: SessionConfig
+    mountpoint: str  # absolute
+    fuse_options: tuple[str, ...] = ()  # from -o, as given; the daemon adds its own and drops rw
+    cache_timeout_s: float = 3600.0
+    prefetch: Prefetch = "auto"
+    prefetch_max_bytes: int = 64 * 1024 * 1024
+    readahead_pages: int = 32
+    push_pages: bool = True
+    pid_file: str | None = None
+    log_file: str | None = None
+    log_level: str = "info"
+    log_format: Literal["text", "json"] = "text"
+    metrics_addr: str | None = None
+
+    @property
+    def site(self) -> str:
+        return self.session.site
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> MountConfig:
+        """From chromafs-mount's flags; the mountpoint is made absolute against the current
+        directory (the caller's, for a mount server's request)."""
+        if args.readahead_pages < 0:
+            raise CliError("--readahead-pages must not be negative")
+        if args.cache_timeout < 0:
+            raise CliError("--cache-timeout must not be negative")
+        options = tuple(o.strip() for group in args.options for o in group.split(",") if o.strip())
+        return cls(
+            session=SessionConfig.from_args(args),
+            mountpoint=os.path.abspath(args.mountpoint),
+            fuse_options=options,
+            cache_timeout_s=args.cache_timeout,
+            prefetch=args.prefetch,
+            prefetch_max_bytes=args.prefetch_max_bytes,
+            readahead_pages=args.readahead_pages,
+            push_pages=args.push_pages,
+            pid_file=args.pid_file,
+            log_file=args.log_file,
+            log_level=args.log_level,
+            log_format=args.log_format,
+            metrics_addr=args.metrics_addr,
+        )

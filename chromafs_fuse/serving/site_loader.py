@@ -1,0 +1,195 @@
+"""Loading a site for readers: its tree from Redis or Chroma, pruned per reader.
+
+One `SiteLoader` serves the daemon (one mount) and the mount server (many mounts,
+one tree kept between requests) alike:
+- the tree comes from Redis when it is there, read as one snapshot of its version key and
+  document (published together in one MULTI/EXEC), checked against each other;
+- else from Chroma, validated, then published to Redis for the next mount;
+- a reader's table is the tree pruned by `access.visible_entries`, and readers whose
+  `access.visibility_key` is equal may share it (the mount server does).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from chromafs_fuse.access import Principal, visible_entries
+from chromafs_fuse.backends.chroma_store import ChromaPages
+from chromafs_fuse.backends.redis_cache import RedisCache
+from chromafs_fuse.cli.common import CliError
+from chromafs_fuse.config import SessionConfig
+from chromafs_fuse.inodes import InodeTable
+from chromafs_fuse.page_cache import PageCache
+from chromafs_fuse.serving.page_source import PageSource
+from chromafs_fuse.tokens import load_verification_key, principal_from_token
+from chromafs_fuse.tree import SiteTree, TreeError, parse_tree
+
+log = logging.getLogger("chromafs.site")
+T = TypeVar("T")
+CHROMA_OPEN_GRACE_S = 20.0  # opening an embedded Chroma reads its whole SQLite file first
+
+
+def verify_reader(token: str | None, config: SessionConfig) -> Principal:
+    """The reader a token names for this site; TokenError with a printable reason otherwise."""
+    key = load_verification_key(config.jwt_secret_file, config.jwt_public_key)
+    return principal_from_token(token, key, config.site)
+
+
+def with_deadline(fn: Callable[[], T], seconds: float, what: str) -> T:
+    """Run a blocking call that may hang (a dead server) with a deadline; before the mount
+    serves, so there is no trio loop yet to hand it to."""
+    result: list[T] = []
+    error: list[BaseException] = []
+
+    def target() -> None:
+        try:
+            result.append(fn())
+        except BaseException as exc:
+            error.append(exc)
+
+    worker = threading.Thread(target=target, daemon=True)
+    worker.start()
+    worker.join(seconds)
+    if worker.is_alive():
+        raise CliError(f"{what}: no answer within {seconds:.0f}s")
+    if error:
+        raise error[0]
+    assert result
+    return result[0]
+
+
+@dataclass(frozen=True)
+class Preloaded:
+    """What the mount server hands a mount it forks: the reader it verified, the site's tree,
+    the table pruned for that reader, and the table's listing attributes with the time they
+    were built (see serving/fuse_ops.table_attributes)."""
+
+    principal: Principal
+    tree: SiteTree
+    table: InodeTable
+    attributes: tuple[int, Any]
+
+
+@dataclass
+class LoadedSite:
+    tree: SiteTree
+    table: InodeTable
+    source: PageSource
+
+
+class SiteLoader:
+    def __init__(self, config: SessionConfig, redis: RedisCache | None = None) -> None:
+        self.config = config
+        if redis is None and config.redis is not None:
+            settings = config.redis
+            redis = RedisCache(settings.url, settings.prefix, settings.page_ttl_s, settings.tree_ttl_s)
+        self.redis = redis
+        self._tree: SiteTree | None = None  # the last tree read from Redis
+
+    def open_chroma(self) -> ChromaPages:
+        config = self.config
+        return ChromaPages.open(config.chroma, config.page_field, config.chunk_index_field, config.backend_timeout_s)
+
+    # -- the tree ------------------------------------------------------------------------
+
+    def tree_from_redis(self) -> SiteTree | None:
+        """The published tree, or None when Redis has none (or a bad one, or is down).
+        Costs one small GET when the version is the one already held."""
+        redis = self.redis
+        if redis is None:
+            return None
+        site, collection = self.config.site, self.config.chroma.collection
+        version_key, tree_key = redis.tree_version_key(site, collection), redis.tree_key(site, collection)
+        version = redis.get(version_key)
+        if version is None:
+            return None
+        held = self._tree
+        if held is not None and held.version == version.decode():
+            return held
+        version, document = redis.get_many([version_key, tree_key])  # one snapshot of both
+        if version is None or document is None:
+            return None
+        try:
+            tree = parse_tree(document)
+        except TreeError as exc:
+            log.warning("ignoring the path tree cached in Redis: %s", exc)
+            return None
+        if tree.version != version.decode():
+            log.warning("ignoring the path tree cached in Redis: its version key says %s", version.decode())
+            return None
+        self._log_skipped(tree)
+        self._tree = tree
+        return tree
+
+    def tree_from_chroma(self) -> tuple[SiteTree, ChromaPages]:
+        """Read, validate and publish the tree; also returns the opened Chroma client."""
+        pages = self.open_chroma()
+        document = pages.load_tree_document()[0]
+        tree = parse_tree(document)
+        self._log_skipped(tree)
+        self.publish(document.encode("utf-8"), tree.version)
+        return tree, pages
+
+    def publish(self, document: bytes, version: str) -> None:
+        if self.redis is not None:
+            ttl_s = self.config.redis.tree_ttl_s if self.config.redis else self.redis.tree_ttl_s
+            self.redis.publish_tree(self.config.site, self.config.chroma.collection, document, version, ttl_s)
+
+    @staticmethod
+    def _log_skipped(tree: SiteTree) -> None:
+        for key, reason in tree.skipped:
+            log.warning("tree entry %s skipped: %s", key, reason)
+
+    # -- a reader's view -------------------------------------------------------------------
+
+    @staticmethod
+    def prune(tree: SiteTree, principal: Principal) -> InodeTable:
+        return InodeTable(visible_entries(tree.entries, principal))
+
+    def load(self, principal: Principal, preloaded: Preloaded | None = None) -> LoadedSite:
+        """Everything a reader's session needs, within --backend-timeout (Chroma gets a grace
+        for opening). Chroma is opened only if the tree or a page needs it. A mount server
+        hands in the tree and the pruned table it already holds."""
+        config = self.config
+        timeout_s = config.backend_timeout_s
+        if config.s3_endpoint_url:
+            from chromafs_fuse.backends.blobstore import S3_ENDPOINT
+
+            S3_ENDPOINT["url"] = config.s3_endpoint_url
+        opened: ChromaPages | None = None
+        if preloaded is not None:
+            log.info("path tree %s and its pruned table handed over by the mount server", preloaded.tree.version)
+            tree, table = preloaded.tree, preloaded.table
+        else:
+            tree = with_deadline(self.tree_from_redis, timeout_s, "Redis") if self.redis else None
+            if tree is not None:
+                log.info("path tree %s loaded from Redis", tree.version)
+            else:
+                tree, opened = with_deadline(
+                    self.tree_from_chroma, timeout_s + CHROMA_OPEN_GRACE_S, f"Chroma at {config.chroma.describe()}"
+                )
+            table = self.prune(tree, principal)
+        source = PageSource(
+            config.site,
+            self.open_chroma,
+            PageCache(config.cache_bytes),
+            tree.version,
+            config.chunk_joiner,
+            timeout_s,
+            self.redis,
+        )
+        if opened is not None:
+            source.use_chroma(opened)
+        log.info(
+            "site %s (tree %s): %d of %d files visible to %s",
+            config.site,
+            tree.version,
+            table.file_count,
+            len(tree.entries),
+            principal.describe(),
+        )
+        return LoadedSite(tree, table, source)
