@@ -16,7 +16,9 @@ from chromafs_fuse.backends.chroma_store import ChromaLocation
 from chromafs_fuse.config import RedisSettings, SessionConfig
 from chromafs_fuse.names import DEFAULT_CHUNK_INDEX_FIELD, DEFAULT_PAGE_FIELD
 from chromafs_fuse.serving.site_loader import SiteLoader
-from infra import RedisServer
+
+if TYPE_CHECKING:
+    from infra import RedisServer
 
 
 def session(chroma: Path, redis_url: str) -> SessionConfig:
