@@ -6,40 +6,19 @@ import contextlib
 import json
 import os
 import shutil
-import signal
-import socket
 import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import yaml
 
 from chromafs_fuse.serving.mounttable import is_mounted
+from infra import BIN, unmount_daemon
 
 REPO = Path(__file__).resolve().parent.parent
 SAMPLE_SITE = REPO / "chromafs_fuse" / "sample_site"
-BIN = Path(sys.executable).parent
 MOUNT = str(BIN / "chromafs-mount")
 INGEST = str(BIN / "chromafs-ingest")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def unmount(path: Path) -> None:
-    for _ in range(50):
-        if not is_mounted(path):
-            return
-        subprocess.run(["fusermount3", "-u", str(path)], capture_output=True, check=False)
-        if not is_mounted(path):
-            return
-        time.sleep(0.1)
-    subprocess.run(["fusermount3", "-u", "-z", str(path)], capture_output=True, check=False)
 
 
 def ingest(source: Path, *args: str, status: int = 0) -> subprocess.CompletedProcess[str]:
@@ -77,28 +56,7 @@ def mounted(mountpoint: Path, *args: str, env: dict[str, str] | None = None) -> 
         pid = None
         with contextlib.suppress(OSError, ValueError):
             pid = int(pid_file.read_text())
-        unmount(mountpoint)
-        if pid is not None and not wait_gone(pid, 5):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-
-
-def wait_gone(pid: int, timeout_s: float = 15) -> bool:
-    """True once the process has exited (a zombie counts: only its parent's wait is left)."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return True
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                if f.read().rpartition(")")[2].split()[0] == "Z":
-                    return True
-        except FileNotFoundError:
-            return True
-        time.sleep(0.05)
-    return False
+        unmount_daemon(mountpoint, pid, 5)
 
 
 # Shared objects that `import chromadb` maps into a process. chromadb itself is pure Python, so

@@ -13,7 +13,6 @@ from urllib.parse import urlparse
 import chromadb
 import pytest
 from chromadb.config import Settings
-from conftest import ChromaServer
 
 from chromafs_fuse.backends.chroma_http import ChromaHttpError, HttpCollection, check_server_version
 from chromafs_fuse.backends.chroma_http import ChromaServer as ChromaServerClient
@@ -22,6 +21,7 @@ from chromafs_fuse.names import DEFAULT_PAGE_FIELD, TREE_RECORD_ID
 from chromafs_fuse.search import GrepQuery, candidate_pages
 from chromafs_fuse.tree import parse_tree
 from helpers import SAMPLE_SITE, chromadb_libraries_loaded, expected_visible, ingest, mounted, try_mount
+from infra import ChromaServer
 
 SITE = "http-adapter"
 
@@ -50,12 +50,8 @@ def served_site(chroma_server, tmp_path_factory: pytest.TempPathFactory) -> str:
 
 @pytest.fixture
 def own_server(tmp_path: Path) -> Iterator[ChromaServer]:
-    server = ChromaServer(tmp_path / "chroma-data")
-    server.start()
-    try:
+    with ChromaServer(tmp_path / "chroma-data") as server:
         yield server
-    finally:
-        server.stop()
 
 
 def test_get_answers_as_chromadb_does(served_site: str) -> None:

@@ -11,9 +11,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from conftest import ChromaServer
 
 from helpers import SAMPLE_SITE, expected_visible, ingest, mounted, try_mount
+from infra import ChromaServer
 
 
 def test_chroma_down_then_back_without_remount(mnt: Path, tmp_path: Path) -> None:

@@ -204,4 +204,3 @@ def test_statfs_counts_the_visible_tree_only() -> None:
     staff, _ = build(Principal.of(["staff"]))
     assert call(staff.statfs, None).f_files == call(anonymous.statfs, None).f_files + 1
     assert call(anonymous.statfs, None).f_bfree == 0
-

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from helpers import BIN, SAMPLE_SITE, expected_visible, mounted
+from helpers import SAMPLE_SITE, expected_visible, mounted
+from infra import BIN
 
 PATTERNS = [
     ["refresh token"],

@@ -11,7 +11,8 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
-from helpers import SAMPLE_SITE, expected_visible, free_port, kernel_open_mode, mounted, run
+from helpers import SAMPLE_SITE, expected_visible, kernel_open_mode, mounted, run
+from infra import free_port
 
 REQUEST_LINE = re.compile(r'^chromafs_requests_total\{op="(\w+)"\} ([0-9.e+]+)$', re.M)
 

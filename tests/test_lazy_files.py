@@ -9,9 +9,9 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import S3Server
 
 from helpers import INGEST, SAMPLE_SITE, mounted, run
+from infra import S3Server
 
 SPEC = "openapi/openapi.json"
 

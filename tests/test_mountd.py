@@ -12,26 +12,16 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from conftest import RedisServer
 
-from helpers import BIN, SAMPLE_SITE, copy_subset, expected_visible, ingest, is_mounted, run, try_mount, unmount
+from helpers import SAMPLE_SITE, copy_subset, expected_visible, ingest, is_mounted, run, try_mount
+from infra import BIN, MountServer, RedisServer, unmount
 
 
 @pytest.fixture
 def mountd(tmp_path: Path) -> Iterator[Path]:
-    sock = tmp_path / "mountd.sock"
-    proc = subprocess.Popen(
-        [str(BIN / "chromafs-mountd"), "--socket", str(sock), "--log-file", str(tmp_path / "mountd.log")],
-        stdin=subprocess.DEVNULL,
-    )
-    deadline = time.monotonic() + 60
-    while not sock.exists():
-        assert proc.poll() is None and time.monotonic() < deadline, "mountd did not start"
-        time.sleep(0.05)
-    yield sock
-    proc.send_signal(signal.SIGTERM)
-    proc.wait(10)
-    assert not sock.exists()
+    with MountServer(tmp_path) as server:
+        yield server.socket
+    assert not server.socket.exists()
 
 
 def test_mount_through_the_server(

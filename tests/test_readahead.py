@@ -8,9 +8,8 @@ import subprocess
 import time
 from pathlib import Path
 
-from conftest import RedisServer
-
 from helpers import ingest, mounted, run
+from infra import RedisServer
 
 FILES = 100
 

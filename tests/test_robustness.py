@@ -15,12 +15,12 @@ from pathlib import Path
 
 import chromadb
 from chromadb.config import Settings
-from conftest import RedisServer, S3Server
 
 from chromafs_fuse.access import Principal, visible_entries
 from chromafs_fuse.inodes import InodeTable
 from chromafs_fuse.tree import encode_tree_document, parse_tree
-from helpers import INGEST, MOUNT, SAMPLE_SITE, expected_visible, is_mounted, mounted, unmount
+from helpers import INGEST, MOUNT, SAMPLE_SITE, expected_visible, is_mounted, mounted
+from infra import RedisServer, S3Server, unmount
 
 
 def _read_loop(mnt: Path, pages: list[str], stop: threading.Event, failures: list[str]) -> None:

@@ -20,7 +20,8 @@ from chromafs_fuse.cli.mount import build_parser
 from chromafs_fuse.cli.mount_helper import mount_flags, translate
 from chromafs_fuse.serving.mounttable import escape, unescape
 from chromafs_fuse.serving.service import process_start, read_statuses, runtime_dir
-from helpers import BIN, MOUNT, REPO, SAMPLE_SITE, free_port, is_mounted, mounted, unmount
+from helpers import MOUNT, REPO, SAMPLE_SITE, is_mounted, mounted
+from infra import BIN, free_port, unmount
 
 
 @pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze not installed")

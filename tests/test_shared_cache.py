@@ -7,9 +7,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from conftest import ChromaServer, RedisServer
-
 from helpers import SAMPLE_SITE, expected_visible, ingest, mounted, run
+from infra import ChromaServer, RedisServer
 
 
 def test_second_mount_boots_from_redis_with_chroma_down(redis_server: RedisServer, mnt: Path, tmp_path: Path) -> None:

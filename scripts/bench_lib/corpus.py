@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from bench_lib.gensite import MEDIAN_PAGE_BYTES, generate
-from bench_lib.procs import BIN, run_checked
+from bench_lib.procs import run_checked
+from infra import BIN
 
 REPO = Path(__file__).resolve().parents[2]
 SAMPLE = REPO / "chromafs_fuse" / "sample_site"

@@ -20,7 +20,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench_lib.procs import BIN, run_checked
+from bench_lib.procs import run_checked
+from infra import BIN
 
 SCRIPTS = Path(__file__).resolve().parents[1]
 

@@ -3,53 +3,13 @@
 from __future__ import annotations
 
 import contextlib
-import os
-import signal
 import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench_lib.procs import BIN, child_env
-from chromafs_fuse.serving.mounttable import is_mounted, mounts
-
-
-def mounts_under(root: Path) -> list[Path]:
-    prefix = os.path.realpath(root) + "/"
-    return [Path(entry.target) for entry in mounts() if entry.target.startswith(prefix)]
-
-
-def unmount(path: Path) -> None:
-    """fusermount3 -u, retried a few times, then -uz as the fallback."""
-    for _ in range(20):
-        if not is_mounted(path):
-            return
-        subprocess.run(["fusermount3", "-u", str(path)], capture_output=True, check=False, timeout=30)
-        if not is_mounted(path):
-            return
-        time.sleep(0.1)
-    subprocess.run(["fusermount3", "-u", "-z", str(path)], capture_output=True, check=False, timeout=30)
-
-
-def wait_exit(pid: int, wait_s: float = 10.0) -> int | None:
-    """Wait for a daemon we started to exit after its unmount (SIGKILL it if it does not);
-    its exit status when we could reap it (we are its subreaper), else None."""
-    deadline = time.monotonic() + wait_s
-    while time.monotonic() < deadline:
-        try:
-            done, status = os.waitpid(pid, os.WNOHANG)
-            if done:
-                return os.waitstatus_to_exitcode(status)
-        except ChildProcessError:  # not adopted by us: poll instead
-            try:
-                os.kill(pid, 0)
-            except ProcessLookupError:
-                return None
-        time.sleep(0.01)
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signal.SIGKILL)
-    return -signal.SIGKILL
+from infra import BIN, child_env, unmount_daemon
 
 
 def _smaps_rollup(pid: int) -> dict[str, int]:
@@ -131,11 +91,9 @@ class Mounter:
 
     def unmount(self, point: Path) -> None:
         pid = self.live.pop(point, None)
-        unmount(point)
-        if pid is not None:
-            status = wait_exit(pid)
-            if status not in (0, None):
-                self.incidents.append(f"{point.name}: daemon {pid} exited with status {status} after its unmount")
+        status = unmount_daemon(point, pid)
+        if status not in (0, None):
+            self.incidents.append(f"{point.name}: daemon {pid} exited with status {status} after its unmount")
         with contextlib.suppress(OSError):
             point.rmdir()
 

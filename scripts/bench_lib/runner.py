@@ -13,9 +13,10 @@ from typing import Any
 
 from bench_lib import corpus as corpora
 from bench_lib import ingest_speed, measure, report
-from bench_lib.mounts import Mounter, mounts_under, unmount
-from bench_lib.procs import ChromaServer, MountServer, RedisServer, run_timed
+from bench_lib.mounts import Mounter
+from bench_lib.procs import run_timed
 from bench_lib.systems import Chromafs, Sandbox, System, Tmpfs
+from infra import ChromaServer, MountServer, RedisServer, mounts_under, unmount
 
 PREFETCH_AUTO_MAX = 16 * 1024 * 1024  # --prefetch auto: min(--prefetch-max-bytes, --cache-bytes / 2)
 SANDBOX_BOOT_RUNS = 5
@@ -39,7 +40,7 @@ class Run:
         print(f"[{time.monotonic() - self.started:7.1f}s] {text}", file=sys.stderr, flush=True)
 
     def start_servers(self) -> None:
-        self.chroma = ChromaServer(self.tmp / "chroma-server", self.tmp / "chroma-server.log")
+        self.chroma = ChromaServer(self.tmp / "chroma-server")
         self.chroma.start()
         self.redis = RedisServer(self.tmp)
         self.redis.start()

@@ -18,7 +18,7 @@ from typing import Any, Protocol
 import redis
 
 from bench_lib.mounts import Mounter
-from bench_lib.procs import RedisServer, child_env
+from infra import RedisServer, child_env
 
 
 @dataclass

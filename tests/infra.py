@@ -1,0 +1,275 @@
+"""Processes and mounts shared by the tests and `scripts/bench`: the servers (`chroma run`, `redis-server`,
+moto's S3 server, `chromafs-mountd`), each on a free loopback port or a socket of its own and stopped by
+its PID; unmounting; waiting for a daemon to exit; the chromafs mounts under a directory.
+
+Every wait is bounded. A server that exits or does not answer in time is stopped, and the error carries
+the tail of its log (its stdout and stderr).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from abc import ABC, abstractmethod
+from pathlib import Path
+from typing import Self
+
+from chromafs_fuse.serving.mounttable import is_mounted, mounts
+
+BIN = Path(sys.executable).parent
+HOST = "127.0.0.1"
+
+
+def child_env() -> dict[str, str]:
+    """The environment of a child: no token or backend taken from ours, no telemetry."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("CHROMAFS_", "CHROMA_", "AWS_"))}
+    env["ANONYMIZED_TELEMETRY"] = "False"
+    env["PATH"] = f"{BIN}:{env.get('PATH', '/usr/bin:/bin')}"
+    env["LC_ALL"] = "C"
+    return env
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind((HOST, 0))
+        return int(s.getsockname()[1])
+
+
+def stop_pid(proc: subprocess.Popen[bytes], grace_s: float = 10.0) -> None:
+    """SIGTERM a process we started, then SIGKILL it if it does not exit in time."""
+    if proc.poll() is not None:
+        return
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(grace_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(grace_s)
+
+
+def log_tail(path: Path, lines: int = 20) -> str:
+    with contextlib.suppress(OSError):
+        return "\n    ".join(path.read_text(errors="replace").splitlines()[-lines:])
+    return "(no log)"
+
+
+def _answers(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=1):
+            return True
+    except OSError:
+        return False
+
+
+class Server(ABC):
+    """A server process we start, wait for until it answers, and stop by its PID."""
+
+    name: str
+    wait_s: float
+
+    def __init__(self, log: Path) -> None:
+        self.log = log
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @abstractmethod
+    def argv(self) -> list[str]: ...
+
+    @abstractmethod
+    def ready(self) -> bool: ...
+
+    def start(self) -> None:
+        fd = os.open(self.log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)  # logs name pages and groups
+        try:
+            self.proc = subprocess.Popen(
+                self.argv(), stdout=fd, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=child_env()
+            )
+        finally:
+            os.close(fd)
+        deadline = time.monotonic() + self.wait_s
+        while not self.ready():
+            if self.proc.poll() is not None:
+                failure = f"exited with {self.proc.returncode}"
+            elif time.monotonic() > deadline:
+                failure = f"did not answer within {self.wait_s:.0f}s"
+            else:
+                time.sleep(0.1)
+                continue
+            self.stop()
+            raise RuntimeError(f"{self.name} {failure}; {self.log}:\n    {log_tail(self.log)}")
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            stop_pid(self.proc)
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+class ChromaServer(Server):
+    """`chroma run` on its data directory `data`; it logs to `data` + ".log"."""
+
+    name = "chroma run"
+    wait_s = 60.0
+
+    def __init__(self, data: Path) -> None:
+        super().__init__(data.with_name(f"{data.name}.log"))
+        self.data = data
+        self.port = free_port()
+        self.url = f"http://{HOST}:{self.port}"
+
+    def argv(self) -> list[str]:
+        return [str(BIN / "chroma"), "run", "--path", str(self.data), "--host", HOST, "--port", str(self.port)]
+
+    def ready(self) -> bool:
+        return _answers(f"{self.url}/api/v2/heartbeat")
+
+
+class RedisServer(Server):
+    """`redis-server` without persistence, its files in `folder`."""
+
+    name = "redis-server"
+    wait_s = 20.0
+
+    def __init__(self, folder: Path) -> None:
+        super().__init__(folder / "redis.log")
+        self.folder = folder
+        self.port = free_port()
+        self.url = f"redis://{HOST}:{self.port}/0"
+
+    def argv(self) -> list[str]:
+        argv = ["redis-server", "--port", str(self.port), "--bind", HOST, "--save", "", "--appendonly", "no"]
+        return [*argv, "--dir", str(self.folder)]
+
+    def ready(self) -> bool:
+        return self.cli("ping") == "PONG"
+
+    def cli(self, *args: str) -> str:
+        argv = ["redis-cli", "-h", HOST, "-p", str(self.port), *args]
+        return subprocess.run(argv, capture_output=True, text=True, timeout=30).stdout.strip()
+
+    def flushall(self) -> None:
+        if self.cli("flushall") != "OK":
+            raise RuntimeError("redis-cli flushall failed")
+
+
+class S3Server(Server):
+    """moto's S3 server; `env` points the AWS SDK of a child at it."""
+
+    name = "moto_server"
+    wait_s = 30.0
+
+    def __init__(self, folder: Path) -> None:
+        super().__init__(folder / "moto.log")
+        self.port = free_port()
+        self.url = f"http://{HOST}:{self.port}"
+        self.env = {
+            "AWS_ACCESS_KEY_ID": "test",
+            "AWS_SECRET_ACCESS_KEY": "test",
+            "AWS_DEFAULT_REGION": "us-east-1",
+            "AWS_ENDPOINT_URL": self.url,
+        }
+
+    def argv(self) -> list[str]:
+        return [str(BIN / "moto_server"), "-H", HOST, "-p", str(self.port)]
+
+    def ready(self) -> bool:
+        return _answers(f"{self.url}/moto-api/")
+
+    def client(self) -> object:
+        import boto3
+
+        return boto3.client(
+            "s3", endpoint_url=self.url, region_name="us-east-1", aws_access_key_id="test", aws_secret_access_key="test"
+        )
+
+
+class MountServer(Server):
+    """chromafs-mountd on the Unix socket `folder`/mountd.sock."""
+
+    name = "chromafs-mountd"
+    wait_s = 60.0
+
+    def __init__(self, folder: Path) -> None:
+        super().__init__(folder / "mountd.log")
+        self.socket = folder / "mountd.sock"
+
+    def argv(self) -> list[str]:
+        return [str(BIN / "chromafs-mountd"), "--socket", str(self.socket), "--log-file", str(self.log)]
+
+    def ready(self) -> bool:
+        return self.socket.exists()
+
+
+def mounts_under(root: Path) -> list[Path]:
+    prefix = os.path.realpath(root) + "/"
+    return [Path(entry.target) for entry in mounts() if entry.target.startswith(prefix)]
+
+
+def _fusermount(*args: str) -> None:
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        subprocess.run(["fusermount3", *args], capture_output=True, check=False, timeout=30)
+
+
+def unmount(path: Path) -> None:
+    """fusermount3 -u, retried for about five seconds, then -uz as the fallback."""
+    for _ in range(50):
+        if not is_mounted(path):
+            return
+        _fusermount("-u", str(path))
+        if not is_mounted(path):
+            return
+        time.sleep(0.1)
+    _fusermount("-u", "-z", str(path))
+
+
+def wait_gone(pid: int, timeout_s: float = 15.0) -> bool:
+    """True once the process has exited (a zombie counts: only its parent's wait is left)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            os.kill(pid, 0)
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().rpartition(")")[2].split()[0] == "Z":
+                    return True
+        except (ProcessLookupError, FileNotFoundError):
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.02)
+
+
+def wait_exit(pid: int, timeout_s: float = 10.0) -> int | None:
+    """Wait for a daemon to exit (after its unmount), SIGKILL it if it does not; its exit status when
+    we could reap it (our child, or adopted because we are a subreaper), else None."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            done, status = os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:  # not ours to reap: watch it instead
+            if wait_gone(pid, max(0.0, deadline - time.monotonic())):
+                return None
+            break
+        if done:
+            return os.waitstatus_to_exitcode(status)
+        if time.monotonic() >= deadline:
+            break
+        time.sleep(0.01)
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+    return -signal.SIGKILL
+
+
+def unmount_daemon(path: Path, pid: int | None, timeout_s: float = 10.0) -> int | None:
+    """Unmount `path` and wait for its daemon `pid` as `wait_exit` does."""
+    unmount(path)
+    return None if pid is None else wait_exit(pid, timeout_s)
