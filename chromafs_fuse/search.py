@@ -12,10 +12,12 @@ import logging
 import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from chromafs_fuse.backends.chroma_store import ChromaPages
 from chromafs_fuse.tree import PathEntry
+
+if TYPE_CHECKING:
+    from chromafs_fuse.backends.chroma_store import ChromaPages
 
 log = logging.getLogger(__name__)
 SLUG_BATCH = 500
