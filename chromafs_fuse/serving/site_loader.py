@@ -15,11 +15,10 @@ import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from chromafs_fuse.access import Principal, visible_entries
 from chromafs_fuse.backends.chroma_store import ChromaPages
-from chromafs_fuse.backends.redis_cache import RedisCache
 from chromafs_fuse.cli.common import CliError
 from chromafs_fuse.config import SessionConfig
 from chromafs_fuse.inodes import InodeTable
@@ -27,6 +26,9 @@ from chromafs_fuse.page_cache import PageCache
 from chromafs_fuse.serving.page_source import PageSource
 from chromafs_fuse.tokens import load_verification_key, principal_from_token
 from chromafs_fuse.tree import SiteTree, TreeError, parse_tree
+
+if TYPE_CHECKING:
+    from chromafs_fuse.backends.redis_cache import RedisCache  # imports redis: only when configured
 
 log = logging.getLogger("chromafs.site")
 T = TypeVar("T")
@@ -85,6 +87,8 @@ class SiteLoader:
     def __init__(self, config: SessionConfig, redis: RedisCache | None = None) -> None:
         self.config = config
         if redis is None and config.redis is not None:
+            from chromafs_fuse.backends.redis_cache import RedisCache
+
             settings = config.redis
             redis = RedisCache(settings.url, settings.prefix, settings.page_ttl_s, settings.tree_ttl_s)
         self.redis = redis
