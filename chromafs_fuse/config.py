@@ -82,6 +82,7 @@ class MountConfig:
     log_level: str = "info"
     log_format: Literal["text", "json"] = "text"
     metrics_addr: str | None = None
+    refresh_interval_s: float = 5.0  # 0: the tree stays as mounted
 
     @property
     def site(self) -> str:
@@ -95,6 +96,11 @@ class MountConfig:
             raise CliError("--readahead-pages must not be negative")
         if args.cache_timeout < 0:
             raise CliError("--cache-timeout must not be negative")
+        refresh = args.refresh_interval
+        if refresh is None:
+            refresh = 1.0 if args.redis_url else 5.0  # a GET of a few bytes, or a query to Chroma
+        if refresh < 0:
+            raise CliError("--refresh-interval must not be negative")
         options = tuple(o.strip() for group in args.options for o in group.split(",") if o.strip())
         return cls(
             session=SessionConfig.from_args(args),
@@ -110,4 +116,5 @@ class MountConfig:
             log_level=args.log_level,
             log_format=args.log_format,
             metrics_addr=args.metrics_addr,
+            refresh_interval_s=refresh,
         )

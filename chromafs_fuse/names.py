@@ -4,6 +4,7 @@ mount client loads this on its fast path."""
 TREE_RECORD_ID = "__path_tree__"
 RECORD_KIND_FIELD = "chromafs_record"  # metadata flag on the tree record
 TREE_RECORD_KIND = "path_tree"
+TREE_VERSION_FIELD = "chromafs_tree_version"  # on the tree record: what a mount polls for a new tree
 FORMAT_FIELD = "chromafs_format"
 FORMAT_VERSION = 1
 DEFAULT_PAGE_FIELD = "page_slug"

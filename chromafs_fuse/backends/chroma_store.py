@@ -18,6 +18,7 @@ from chromafs_fuse.names import (
     DEFAULT_PAGE_FIELD,
     PAGE_SHA_FIELD,
     TREE_RECORD_ID,
+    TREE_VERSION_FIELD,
     chunk_id,
 )
 
@@ -198,6 +199,23 @@ class ChromaPages:
         if not isinstance(document, str):
             raise SiteNotFound(f"{TREE_RECORD_ID} record has no document")
         return document, metadata
+
+    def tree_marker(self) -> str:
+        """The version of the tree record, cheaply: the field the ingest writes on it, else
+        (a tree written by another tool) the version of its document."""
+        try:
+            result = self.collection.get(ids=[TREE_RECORD_ID], include=["metadatas"])
+        except Exception as exc:
+            raise BackendError(f"reading the path tree's version failed: {exc}") from exc
+        if not result["ids"]:
+            raise SiteNotFound(f"collection {self.collection.name!r} has no {TREE_RECORD_ID} record")
+        metadata = (result.get("metadatas") or [None])[0] or {}
+        version = metadata.get(TREE_VERSION_FIELD)
+        if isinstance(version, str) and version:
+            return version
+        from chromafs_fuse.tree import tree_version
+
+        return tree_version(self.load_tree_document()[0])
 
     def fetch_many(self, entries: Sequence[PathEntry]) -> dict[str, list[tuple[object, object]]]:
         """The chunks of several pages, by page key: by id when the tree says how many chunks

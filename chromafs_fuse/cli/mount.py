@@ -56,6 +56,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=True,
         help="hand read-ahead pages to the kernel's page cache before they are read (no-open mode only)",
     )
+    parser.add_argument(
+        "--refresh-interval",
+        type=float,
+        metavar="S",
+        help="check for a re-ingested tree every S seconds, switch to it (default 1 with Redis, 5 without; 0: never)",
+    )
     parser.add_argument("--pid-file", help="write the daemon's PID here while it serves")
     parser.add_argument("--log-format", choices=["text", "json"], default="text", help="one line per event")
     parser.add_argument("--metrics-addr", metavar="HOST:PORT", help="serve Prometheus metrics here")

@@ -30,9 +30,10 @@ from chromafs_fuse.names import (
     RECORD_KIND_FIELD,
     TREE_RECORD_ID,
     TREE_RECORD_KIND,
+    TREE_VERSION_FIELD,
     chunk_id,
 )
-from chromafs_fuse.tree import PathEntry, TreeError, encode_tree_document, parse_tree
+from chromafs_fuse.tree import PathEntry, TreeError, encode_tree_document, parse_tree, tree_version
 
 log = logging.getLogger("chromafs.ingest")
 DEFAULT_LARGE_FILE_THRESHOLD = 1024 * 1024
@@ -225,7 +226,14 @@ def ingest(options: IngestOptions, show_progress: bool = False) -> IngestSummary
     collection.upsert(
         ids=[TREE_RECORD_ID],
         documents=[summary.tree_document],
-        metadatas=[{RECORD_KIND_FIELD: TREE_RECORD_KIND, FORMAT_FIELD: FORMAT_VERSION, "site": options.site}],
+        metadatas=[
+            {
+                RECORD_KIND_FIELD: TREE_RECORD_KIND,
+                FORMAT_FIELD: FORMAT_VERSION,
+                "site": options.site,
+                TREE_VERSION_FIELD: tree_version(summary.tree_document),
+            }
+        ],
         embeddings=[[0.0] * (dimensions or len(embed([""])[0]))],
     )
     stale_pages = [

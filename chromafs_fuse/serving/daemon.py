@@ -30,6 +30,7 @@ from chromafs_fuse.inodes import InodeTable
 from chromafs_fuse.readahead import ReadScheduler
 from chromafs_fuse.serving.fuse_ops import ChromaOperations, pyfuse3_passes_inode
 from chromafs_fuse.serving.page_source import PageSource
+from chromafs_fuse.serving.refresh import TreeRefresher
 from chromafs_fuse.serving.service import StatusFile, limit_malloc_arenas, sd_notify, start_metrics_server, uptime_since
 from chromafs_fuse.serving.site_loader import Preloaded, SiteLoader, verify_reader
 from chromafs_fuse.serving.watchdog import start_watchdog, stop_watchdog
@@ -49,16 +50,26 @@ def should_prefetch(config: MountConfig, table: InodeTable) -> bool:
     return total <= min(config.prefetch_max_bytes, config.session.cache_bytes // 2)
 
 
-def prepare(config: MountConfig, principal: Principal, preloaded: Preloaded | None = None) -> ChromaOperations:
-    site = SiteLoader(config.session).load(principal, preloaded)
-    scheduler = ReadScheduler(site.table, site.source, config.readahead_pages)
-    fs = DocsFilesystem(site.table, site.source, scheduler, no_open=pyfuse3_passes_inode())
-    return ChromaOperations(
-        fs,
+def prepare(
+    config: MountConfig, principal: Principal, preloaded: Preloaded | None = None
+) -> tuple[ChromaOperations, TreeRefresher | None]:
+    loader = SiteLoader(config.session)
+    site = loader.load(principal, preloaded)
+    no_open = pyfuse3_passes_inode()
+
+    def make_fs(table: InodeTable) -> DocsFilesystem:
+        return DocsFilesystem(table, site.source, ReadScheduler(table, site.source, config.readahead_pages), no_open)
+
+    ops = ChromaOperations(
+        make_fs(site.table),
         config.cache_timeout_s,
         attributes=preloaded.attributes if preloaded else None,
         push_pages=config.push_pages,
     )
+    refresher = None
+    if config.refresh_interval_s > 0:
+        refresher = TreeRefresher(loader, principal, ops, site.source, make_fs, config.refresh_interval_s)
+    return ops, refresher
 
 
 def _public_backend(config: MountConfig) -> str:
@@ -72,7 +83,9 @@ def _public_backend(config: MountConfig) -> str:
     return f"embedded:{chroma.path}"
 
 
-def describe_mount(config: MountConfig, ops: ChromaOperations, principal: Principal, started: float) -> dict:
+def describe_mount(
+    config: MountConfig, ops: ChromaOperations, principal: Principal, started: float, refresher: TreeRefresher | None
+) -> dict:
     source = ops.fs.pages
     assert isinstance(source, PageSource)
     shared = source.shared
@@ -101,16 +114,22 @@ def describe_mount(config: MountConfig, ops: ChromaOperations, principal: Princi
         "read_latency": ops.read_latency.cumulative(),
         "latency": {op: [h.cumulative(), h.total_s] for op, h in sorted(ops.latency.items())},
         "read_latency_sum_s": ops.read_latency.total_s,
+        **(refresher.describe() if refresher else {"refresh_interval_s": 0}),
     }
 
 
 def serve(
-    config: MountConfig, ops: ChromaOperations, principal: Principal, ready_fd: int | None, prefetch: bool
+    config: MountConfig,
+    ops: ChromaOperations,
+    refresher: TreeRefresher | None,
+    principal: Principal,
+    ready_fd: int | None,
+    prefetch: bool,
 ) -> None:
     started = time.time()
-    status = StatusFile(lambda: describe_mount(config, ops, principal, started))
+    status = StatusFile(lambda: describe_mount(config, ops, principal, started, refresher))
     if config.metrics_addr:
-        start_metrics_server(config.metrics_addr, lambda: describe_mount(config, ops, principal, started))
+        start_metrics_server(config.metrics_addr, lambda: describe_mount(config, ops, principal, started, refresher))
     options = set(pyfuse3.default_options)
     options |= {f"fsname=chromafs:{config.site}", "subtype=chromafs", "ro", "noatime", *config.fuse_options}
     options.discard("rw")  # read-only, whatever the options say
@@ -149,7 +168,10 @@ def serve(
     async def run() -> None:
         async with trio.open_nursery() as nursery:
             source.nursery = nursery
-            ops.start_pushing(trio.lowlevel.current_trio_token())
+            token = trio.lowlevel.current_trio_token()
+            ops.start_pushing(token)
+            if refresher is not None:
+                nursery.start_soon(refresher.run, token)
             nursery.start_soon(watch_signals)
             nursery.start_soon(announce_ready)
             nursery.start_soon(refresh_status)
@@ -216,14 +238,14 @@ def run_daemon(
         config = MountConfig.from_args(args)
         token = None if preloaded is not None else resolve_token(args)
         principal = preloaded.principal if preloaded is not None else verify_reader(token, config.session)
-        ops = prepare(config, principal, preloaded)
+        ops, refresher = prepare(config, principal, preloaded)
     except (CliError, TokenError, BackendError, SiteNotFound, TreeError) as exc:
         return report_failure(ready_fd, str(exc))
     except Exception as exc:
         log.exception("cannot mount")
         return report_failure(ready_fd, f"cannot mount: {exc.__class__.__name__}: {exc}")
     try:
-        serve(config, ops, principal, ready_fd, should_prefetch(config, ops.table))
+        serve(config, ops, refresher, principal, ready_fd, should_prefetch(config, ops.table))
     except RuntimeError as exc:  # pyfuse3.init failures (permissions, no /dev/fuse)
         return report_failure(ready_fd, f"mounting {config.mountpoint} failed: {exc}")
     except Exception as exc:  # never die silently: the log says why

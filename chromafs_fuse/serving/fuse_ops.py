@@ -276,6 +276,20 @@ class ChromaOperations(pyfuse3.Operations):
     async def write(self, fh, off, buf):  # type: ignore[no-untyped-def]
         raise pyfuse3.FUSEError(errno.EROFS)
 
+    def switch(self, fs: DocsFilesystem) -> KernelPusher | None:
+        """Serve a new tree from now on (one step on the loop: a request sees one tree or the
+        other). Returns the pusher of the old tree, which the caller stops off the loop."""
+        if fs.no_open != self.no_open:
+            # The kernel's open mode is set for the mount's life; a tree that gives no sizes
+            # after one that did is served as well as it can be.
+            log.warning("the new tree %s sizes for every file", "gives" if fs.no_open else "does not give")
+            fs.no_open = self.no_open
+        pusher, self._pusher = self._pusher, None
+        self.fs = fs
+        self.table = fs.table
+        self._attrs = [None] * len(fs.table)
+        return pusher
+
     # -- pushing pages into the kernel's cache --------------------------------------------
 
     def start_pushing(self, token: trio.lowlevel.TrioToken) -> None:

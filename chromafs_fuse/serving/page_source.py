@@ -64,6 +64,13 @@ class PageSource:
         self.backend_errors: Counter[str] = Counter()
         self.backend_seconds: Counter[str] = Counter()
 
+    def switch(self, tree_version: str) -> None:
+        """Serve pages of a new tree from now on: pages are kept by tree version, so no page of
+        the old tree is served for the new one; sizes learned by reading are learned again."""
+        self.tree_version = tree_version
+        self.learned_sizes.clear()
+        self._timed_out.clear()
+
     def chroma(self) -> ChromaPages:
         """The Chroma client, opened on first use (a mount booted from Redis may never need it)."""
         with self._chroma_lock:

@@ -138,6 +138,26 @@ class SiteLoader:
         self.publish(document.encode("utf-8"), tree.version)
         return tree, pages
 
+    def current_version(self, chroma: Callable[[], ChromaPages]) -> str:
+        """The version of the tree published now: Redis's version key (a few bytes), else the
+        marker on Chroma's tree record. Blocking: run it off the loop."""
+        if self.redis is not None:
+            version = self.redis.get(self.redis.tree_version_key(self.config.site, self.config.chroma.collection))
+            if version is not None:
+                return version.decode()
+        return chroma().tree_marker()
+
+    def reload_tree(self, chroma: Callable[[], ChromaPages]) -> SiteTree:
+        """The tree published now, through an already open Chroma client. Blocking."""
+        tree = self.tree_from_redis()
+        if tree is not None:
+            return tree
+        document = chroma().load_tree_document()[0]
+        tree = parse_tree(document)
+        self._log_skipped(tree)
+        self.publish(document.encode("utf-8"), tree.version)
+        return tree
+
     def publish(self, document: bytes, version: str) -> None:
         if self.redis is not None:
             ttl_s = self.config.redis.tree_ttl_s if self.config.redis else self.redis.tree_ttl_s

@@ -1,0 +1,127 @@
+"""A running mount follows re-ingests: poll the published tree version, and on a change load
+the new tree, prune it for this mount's reader, switch to it and tell the kernel what to forget.
+
+Everything blocking (Redis, Chroma, building the table, the kernel notifications) runs in
+worker threads; the switch itself is one synchronous step on the trio loop, so a request sees
+either the old tree or the new one, never part of each. Kernel notifications never run on the
+loop: the kernel may make them wait for a request in flight, which the loop answers.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import time
+from collections.abc import Callable
+from typing import TypeVar
+
+import pyfuse3
+import trio
+
+from chromafs_fuse.access import Principal
+from chromafs_fuse.filesystem import DocsFilesystem
+from chromafs_fuse.inodes import InodeTable
+from chromafs_fuse.serving.fuse_ops import ChromaOperations
+from chromafs_fuse.serving.kernel_push import KernelPusher
+from chromafs_fuse.serving.page_source import PageSource
+from chromafs_fuse.serving.site_loader import SiteLoader
+from chromafs_fuse.tree_diff import TreeChange, diff_tables
+
+log = logging.getLogger("chromafs.refresh")
+T = TypeVar("T")
+
+
+class TreeRefresher:
+    def __init__(
+        self,
+        loader: SiteLoader,
+        principal: Principal,
+        ops: ChromaOperations,
+        source: PageSource,
+        make_fs: Callable[[InodeTable], DocsFilesystem],
+        interval_s: float,
+    ) -> None:
+        self.loader = loader
+        self.principal = principal
+        self.ops = ops
+        self.source = source
+        self.make_fs = make_fs
+        self.interval_s = interval_s
+        self.switches = 0
+        self.applied_at = time.time()  # when the tree served now was applied
+        self.last_switch_s = 0.0
+        self.failures = 0
+
+    def describe(self) -> dict[str, object]:
+        return {
+            "refresh_interval_s": self.interval_s,
+            "tree_applied_at": self.applied_at,
+            "tree_switches": self.switches,
+            "last_switch_s": round(self.last_switch_s, 4),
+            "refresh_failures": self.failures,
+        }
+
+    async def run(self, token: trio.lowlevel.TrioToken) -> None:
+        while True:
+            await trio.sleep(self.interval_s)
+            try:
+                await self.check(token)
+            except Exception as exc:  # a backend down: keep serving the tree we have, try again later
+                self.failures += 1
+                log.warning("checking for a new tree failed: %s", exc)
+
+    async def _off_loop(self, fn: Callable[..., T], *args: object) -> T:
+        with trio.fail_after(self.source.timeout_s):
+            return await trio.to_thread.run_sync(fn, *args, abandon_on_cancel=True)
+
+    async def check(self, token: trio.lowlevel.TrioToken) -> bool:
+        """Switch to the published tree if it is not the one served; True if it switched."""
+        version = await self._off_loop(self.loader.current_version, self.source.chroma)
+        if version == self.source.tree_version:
+            return False
+        started = time.perf_counter()
+        tree = await self._off_loop(self.loader.reload_tree, self.source.chroma)
+        if tree.version == self.source.tree_version:
+            return False
+        table = await trio.to_thread.run_sync(SiteLoader.prune, tree, self.principal)
+        change = await trio.to_thread.run_sync(diff_tables, self.ops.table, table)
+        previous = self.source.tree_version
+        old_pusher = self.ops.switch(self.make_fs(table))
+        self.source.switch(tree.version)
+        await trio.to_thread.run_sync(tell_kernel, old_pusher, change)
+        self.ops.start_pushing(token)
+        self.switches += 1
+        self.applied_at = time.time()
+        self.last_switch_s = time.perf_counter() - started
+        log.info(
+            "tree %s -> %s in %.3fs: %d files changed, %d added, %d removed; %d inodes and %d names invalidated",
+            previous,
+            self.source.tree_version,
+            self.last_switch_s,
+            change.changed,
+            change.added,
+            change.removed,
+            len(change.stale_inodes),
+            len(change.stale_names),
+        )
+        return True
+
+
+def tell_kernel(old_pusher: KernelPusher | None, change: TreeChange) -> None:
+    """In a worker thread: stop pushing old pages (queued ones go first), then drop what the
+    kernel caches of changed files and listings, and its lookups of names that came or went.
+    An inode or name the kernel does not hold answers ENOENT: nothing to drop."""
+    if old_pusher is not None:
+        old_pusher.stop()
+    for inode in change.stale_inodes:
+        try:
+            pyfuse3.invalidate_inode(inode, attr_only=False)
+        except OSError as exc:
+            if exc.errno != errno.ENOENT:
+                log.warning("invalidating inode %d: %s", inode, exc)
+    for parent, name in change.stale_names:
+        try:
+            pyfuse3.invalidate_entry(parent, name)
+        except OSError as exc:
+            if exc.errno != errno.ENOENT:
+                log.warning("invalidating %r in inode %d: %s", name, parent, exc)

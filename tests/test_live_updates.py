@@ -1,0 +1,83 @@
+"""A running mount follows a re-ingest: edited pages show their new bytes, removed pages and
+pages locked away are gone (ENOENT), new pages and folders appear, unchanged paths keep their
+inode, and the kernel's long caches are told what changed. Embedded Chroma, and with Redis."""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+
+from helpers import SAMPLE_SITE, ingest, mounted
+
+SITE = "live"
+DEADLINE_S = 10.0
+
+
+def wait_for(check: object, what: str) -> None:
+    deadline = time.monotonic() + DEADLINE_S
+    while True:
+        try:
+            if check():  # type: ignore[operator]
+                return
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {DEADLINE_S:.0f}s: {what}")
+        time.sleep(0.1)
+
+
+def errno_of(path: Path) -> int:
+    try:
+        path.read_bytes()
+    except OSError as exc:
+        return exc.errno or 0
+    return 0
+
+
+@pytest.mark.parametrize("with_redis", [False, True], ids=["embedded", "redis"])
+def test_a_mount_follows_a_reingest(
+    with_redis: bool, tmp_path: Path, mnt: Path, request: pytest.FixtureRequest
+) -> None:
+    site = shutil.copytree(SAMPLE_SITE, tmp_path / "site")
+    chroma = tmp_path / "chroma"
+    backend = ["--site", SITE, "--chroma-path", str(chroma)]
+    if with_redis:
+        backend += ["--redis-url", request.getfixturevalue("redis_server").url]
+    ingest(site, *backend, "--default-access", "public", "--quiet")
+    with mounted(mnt, *backend, "--refresh-interval", "0.5", "--prefetch", "off"):
+        edited, removed, locked = "guides/troubleshooting.md", "changelog.md", "guides/migration.mdx"
+        unchanged = "quickstart.mdx"
+        for key in (edited, removed, locked, unchanged):  # everything in the kernel's caches
+            assert (mnt / key).read_bytes() == (site / key).read_bytes()
+        sorted(os.listdir(mnt))
+        sorted(os.listdir(mnt / "guides"))
+        assert errno_of(mnt / "brand-new" / "page.md") == errno.ENOENT  # a negative entry, cached
+        inode = (mnt / unchanged).stat().st_ino
+
+        with (site / edited).open("a") as f:
+            f.write("\nA new paragraph, added by the re-ingest.\n")
+        (site / removed).unlink()
+        (site / "brand-new").mkdir()
+        (site / "brand-new" / "page.md").write_text("# Fresh\n\nWritten after the mount.\n")
+        text = (site / locked).read_text()
+        lock = "groups: [admin]\n"
+        (site / locked).write_text(f"---\n{lock}{text[4:]}" if text.startswith("---\n") else f"---\n{lock}---\n{text}")
+        ingest(site, *backend, "--default-access", "public", "--quiet")
+
+        wait_for(lambda: (mnt / edited).read_bytes() == (site / edited).read_bytes(), "the edited page's new bytes")
+        wait_for(lambda: errno_of(mnt / removed) == errno.ENOENT, "the removed page gone")
+        assert removed not in os.listdir(mnt)
+        wait_for(
+            lambda: (mnt / "brand-new" / "page.md").read_bytes() == (site / "brand-new" / "page.md").read_bytes(),
+            "the new page in a new folder",
+        )
+        assert "brand-new" in os.listdir(mnt)
+        wait_for(lambda: errno_of(mnt / locked) == errno.ENOENT, "the locked page hidden from anonymous")
+        assert locked.split("/")[1] not in os.listdir(mnt / "guides")
+        assert (mnt / unchanged).stat().st_ino == inode
+        assert (mnt / unchanged).read_bytes() == (site / unchanged).read_bytes()
