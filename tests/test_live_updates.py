@@ -5,14 +5,19 @@ inode, and the kernel's long caches are told what changed. Embedded Chroma, and 
 from __future__ import annotations
 
 import errno
+import json
 import os
 import shutil
+import subprocess
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
 
+from chromafs_fuse.tree import tree_version
 from helpers import SAMPLE_SITE, ingest, mounted
+from infra import BIN, free_port
 
 SITE = "live"
 DEADLINE_S = 10.0
@@ -49,7 +54,9 @@ def test_a_mount_follows_a_reingest(
     if with_redis:
         backend += ["--redis-url", request.getfixturevalue("redis_server").url]
     ingest(site, *backend, "--default-access", "public", "--quiet")
-    with mounted(mnt, *backend, "--refresh-interval", "0.5", "--prefetch", "off"):
+    port = free_port()
+    metrics = ["--metrics-addr", f"127.0.0.1:{port}"]
+    with mounted(mnt, *backend, "--refresh-interval", "0.5", "--prefetch", "off", *metrics):
         edited, removed, locked = "guides/troubleshooting.md", "changelog.md", "guides/migration.mdx"
         unchanged = "quickstart.mdx"
         for key in (edited, removed, locked, unchanged):  # everything in the kernel's caches
@@ -81,3 +88,22 @@ def test_a_mount_follows_a_reingest(
         assert locked.split("/")[1] not in os.listdir(mnt / "guides")
         assert (mnt / unchanged).stat().st_ino == inode
         assert (mnt / unchanged).read_bytes() == (site / unchanged).read_bytes()
+
+        def status() -> dict:
+            argv = [str(BIN / "chromafs"), "status", "--json"]
+            out = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+            return next(s for s in json.loads(out.stdout) if s["mountpoint"] == str(mnt))
+
+        wait_for(lambda: status()["tree_switches"] == 1, "the status file showing the switch")  # written every 2 s
+        assert status()["last_switch_s"] > 0
+        assert status()["tree_version"] == tree_version(ingested_tree(chroma))
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+            exported = response.read().decode()
+        assert "chromafs_tree_switches_total 1.0" in exported
+        assert f'chromafs_tree_info{{version="{status()["tree_version"]}"}} 1.0' in exported
+
+
+def ingested_tree(chroma: Path) -> str:
+    from chromafs_fuse.backends.chroma_store import ChromaLocation, ChromaPages
+
+    return ChromaPages.open(ChromaLocation(path=str(chroma), collection=SITE)).load_tree_document()[0]

@@ -177,6 +177,19 @@ def start_metrics_server(address: str, collect: Callable[[], dict[str, Any]]) ->
             files = GaugeMetricFamily("chromafs_visible_files", "Files visible on this mount")
             files.add_metric([], data["visible_files"])
             yield files
+            tree = GaugeMetricFamily("chromafs_tree_info", "The tree version served", labels=["version"])
+            tree.add_metric([str(data.get("tree_version", ""))], 1)
+            yield tree
+            if "tree_applied_at" in data:
+                applied = GaugeMetricFamily("chromafs_tree_applied_timestamp_seconds", "When the tree was applied")
+                applied.add_metric([], data["tree_applied_at"])
+                yield applied
+                switches = CounterMetricFamily("chromafs_tree_switches", "Switches to a re-ingested tree")
+                switches.add_metric([], data["tree_switches"])
+                yield switches
+                last = GaugeMetricFamily("chromafs_tree_last_switch_seconds", "How long the last switch took")
+                last.add_metric([], data["last_switch_s"])
+                yield last
 
     REGISTRY.register(Collector())  # type: ignore[arg-type]
     host, _, port = address.rpartition(":")
