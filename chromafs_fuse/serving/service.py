@@ -171,25 +171,40 @@ def start_metrics_server(address: str, collect: Callable[[], dict[str, Any]]) ->
             for outcome, count in data.get("pages_pushed", {}).items():
                 pushed.add_metric([outcome], count)
             yield pushed
-            gauge = GaugeMetricFamily("chromafs_cached_bytes", "Bytes in the in-process page cache")
-            gauge.add_metric([], data["cached_bytes"])
-            yield gauge
-            files = GaugeMetricFamily("chromafs_visible_files", "Files visible on this mount")
-            files.add_metric([], data["visible_files"])
-            yield files
+            yield single(
+                GaugeMetricFamily, "chromafs_cached_bytes", "Bytes in the in-process page cache", data["cached_bytes"]
+            )
+            yield single(
+                GaugeMetricFamily, "chromafs_visible_files", "Files visible on this mount", data["visible_files"]
+            )
             tree = GaugeMetricFamily("chromafs_tree_info", "The tree version served", labels=["version"])
             tree.add_metric([str(data.get("tree_version", ""))], 1)
             yield tree
             if "tree_applied_at" in data:
-                applied = GaugeMetricFamily("chromafs_tree_applied_timestamp_seconds", "When the tree was applied")
-                applied.add_metric([], data["tree_applied_at"])
-                yield applied
-                switches = CounterMetricFamily("chromafs_tree_switches", "Switches to a re-ingested tree")
-                switches.add_metric([], data["tree_switches"])
-                yield switches
-                last = GaugeMetricFamily("chromafs_tree_last_switch_seconds", "How long the last switch took")
-                last.add_metric([], data["last_switch_s"])
-                yield last
+                yield single(
+                    GaugeMetricFamily,
+                    "chromafs_tree_applied_timestamp_seconds",
+                    "When the tree was applied",
+                    data["tree_applied_at"],
+                )
+                yield single(
+                    CounterMetricFamily,
+                    "chromafs_tree_switches",
+                    "Switches to a re-ingested tree",
+                    data["tree_switches"],
+                )
+                yield single(
+                    GaugeMetricFamily,
+                    "chromafs_tree_last_switch_seconds",
+                    "How long the last switch took",
+                    data["last_switch_s"],
+                )
+
+    def single(family: Any, name: str, documentation: str, value: float) -> Any:
+        """A metric with one unlabelled sample."""
+        metric = family(name, documentation)
+        metric.add_metric([], value)
+        return metric
 
     REGISTRY.register(Collector())  # type: ignore[arg-type]
     host, _, port = address.rpartition(":")

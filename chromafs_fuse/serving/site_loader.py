@@ -132,11 +132,15 @@ class SiteLoader:
     def tree_from_chroma(self) -> tuple[SiteTree, ChromaPages]:
         """Read, validate and publish the tree; also returns the opened Chroma client."""
         pages = self.open_chroma()
+        return self._tree_in(pages), pages
+
+    def _tree_in(self, pages: ChromaPages) -> SiteTree:
+        """The tree record in Chroma, validated, and published to Redis for the next reader."""
         document = pages.load_tree_document()[0]
         tree = parse_tree(document)
         self._log_skipped(tree)
         self.publish(document.encode("utf-8"), tree.version)
-        return tree, pages
+        return tree
 
     def current_version(self, chroma: Callable[[], ChromaPages]) -> str:
         """The version of the tree published now: Redis's version key (a few bytes), else the
@@ -149,14 +153,7 @@ class SiteLoader:
 
     def reload_tree(self, chroma: Callable[[], ChromaPages]) -> SiteTree:
         """The tree published now, through an already open Chroma client. Blocking."""
-        tree = self.tree_from_redis()
-        if tree is not None:
-            return tree
-        document = chroma().load_tree_document()[0]
-        tree = parse_tree(document)
-        self._log_skipped(tree)
-        self.publish(document.encode("utf-8"), tree.version)
-        return tree
+        return self.tree_from_redis() or self._tree_in(chroma())
 
     def publish(self, document: bytes, version: str) -> None:
         if self.redis is not None:
