@@ -4,6 +4,8 @@ mount client loads this on its fast path."""
 TREE_RECORD_ID = "__path_tree__"
 RECORD_KIND_FIELD = "chromafs_record"  # metadata flag on the tree record
 TREE_RECORD_KIND = "path_tree"
+RETIRED_RECORD_ID = "__chromafs_retired__"  # page versions kept for mounts on an older tree
+RETIRED_RECORD_KIND = "retired_versions"
 TREE_VERSION_FIELD = "chromafs_tree_version"  # on the tree record: what a mount polls for a new tree
 FORMAT_FIELD = "chromafs_format"
 FORMAT_VERSION = 1

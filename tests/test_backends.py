@@ -135,23 +135,25 @@ def test_reingest_updates_in_place_and_never_mixes_versions(mnt: Path, tmp_path:
     old_mnt.mkdir()
     changed = site / "quickstart.mdx"
     old_bytes = changed.read_bytes()
-    with mounted(old_mnt, "--site", "acme", "--chroma-path", str(chroma)):
+    with mounted(old_mnt, "--site", "acme", "--chroma-path", str(chroma), "--refresh-interval", "0"):
         changed.write_bytes(old_bytes.replace(b"Quickstart", b"Quick start v2") + b"\nA new closing line.\n")
         (site / "changelog.md").unlink()
         (site / "guides" / "brand-new.md").write_text("---\npublic: true\n---\n# New page\n")
         second = ingest(site, "--site", "acme", "--chroma-path", str(chroma))
         assert "1 removed" in second.stdout and "unchanged" in second.stdout
-        # the old mount keeps its tree: the changed page is either the old bytes or EIO, never the new or a mix
-        try:
-            assert (old_mnt / "quickstart.mdx").read_bytes() == old_bytes
-        except OSError as exc:
-            assert exc.errno == 5
+        assert "old page versions: 2 kept for running mounts, 0 deleted" in second.stdout
+        # a mount still on the old tree reads the replaced versions within the grace period
+        assert (old_mnt / "quickstart.mdx").read_bytes() == old_bytes
+        assert (old_mnt / "changelog.md").read_bytes() == (SAMPLE_SITE / "changelog.md").read_bytes()
         with mounted(mnt, "--site", "acme", "--chroma-path", str(chroma)):
             visible = expected_visible(site, "public", None)
             copy = copy_subset(site, visible, tmp_path / "expected")
             diff = run(["diff", "-r", str(copy), str(mnt)])
             assert diff.returncode == 0, diff.stdout
             assert not (mnt / "changelog.md").exists()
+    # the next ingest after the grace period deletes the retired versions
+    third = ingest(site, "--site", "acme", "--chroma-path", str(chroma), "--grace-period", "0")
+    assert "pages: " in third.stdout and "old page versions: 0 kept for running mounts, 2 deleted" in third.stdout
     client = chromadb.PersistentClient(path=str(chroma), settings=Settings(anonymized_telemetry=False))
     records = client.get_collection("acme", embedding_function=None).get(include=["metadatas"])
     pages = {m.get("page_slug") for m in records["metadatas"] if m.get("page_slug")}

@@ -25,6 +25,7 @@ from chromafs_fuse.ingest.pipeline import (
     IngestSummary,
     ingest,
 )
+from chromafs_fuse.ingest.retention import DEFAULT_GRACE_PERIOD_S
 from chromafs_fuse.tree import tree_version
 
 log = logging.getLogger("chromafs.ingest")
@@ -60,6 +61,14 @@ def build_parser() -> argparse.ArgumentParser:
         default=DEFAULT_LARGE_FILE_THRESHOLD,
         help="files above this many bytes go to the blob store",
     )
+    parser.add_argument(
+        "--grace-period",
+        type=float,
+        default=DEFAULT_GRACE_PERIOD_S,
+        metavar="SECONDS",
+        help="keep replaced page versions this long for mounts still on the previous tree; a later "
+        "ingest deletes them (default: %(default)s)",
+    )
     parser.add_argument("--include-hidden", action="store_true", help="also ingest dot files and dot folders")
     parser.add_argument(
         "--redis-url",
@@ -91,6 +100,8 @@ def main(argv: list[str] | None = None) -> int:
                 f"collection name {location.collection!r} (from --site or --collection): Chroma needs 3-512 "
                 "characters from a-z A-Z 0-9 . _ -, starting and ending with a letter or digit"
             )
+        if not args.grace_period >= 0:
+            raise CliError(f"--grace-period must be 0 or more seconds, not {args.grace_period}")
         rules = []
         if args.acl:
             try:
@@ -113,6 +124,7 @@ def main(argv: list[str] | None = None) -> int:
             include_hidden=args.include_hidden,
             page_field=args.page_field,
             chunk_index_field=args.chunk_index_field,
+            grace_period_s=args.grace_period,
         )
         summary = ingest(options, show_progress=not args.quiet and sys.stderr.isatty())
         if args.report:

@@ -2,7 +2,9 @@
 
 Re-running updates the site in place and never lets a reader mix versions:
 new chunks are added under new ids (tagged with the page's sha256), the tree
-record is rewritten, and only then are the old chunks deleted.
+record is rewritten, and the old chunks are retired: deleted by a later ingest
+once the grace period has passed (retention.py), so mounts that still serve the
+old tree can read them meanwhile.
 """
 
 from __future__ import annotations
@@ -20,6 +22,13 @@ from chromafs_fuse.backends.chroma_store import ChromaLocation, connect_client
 from chromafs_fuse.chunks import DEFAULT_MAX_CHUNK_CHARS, split_page
 from chromafs_fuse.ingest.access_rules import AclRule
 from chromafs_fuse.ingest.embedding import make_embedder
+from chromafs_fuse.ingest.retention import (
+    DEFAULT_GRACE_PERIOD_S,
+    RetentionPlan,
+    decode_retired,
+    encode_retired,
+    plan_retention,
+)
 from chromafs_fuse.ingest.scan import Problem, ScanOptions, SourceFile, scan_site
 from chromafs_fuse.names import (
     DEFAULT_CHUNK_INDEX_FIELD,
@@ -28,6 +37,8 @@ from chromafs_fuse.names import (
     FORMAT_VERSION,
     PAGE_SHA_FIELD,
     RECORD_KIND_FIELD,
+    RETIRED_RECORD_ID,
+    RETIRED_RECORD_KIND,
     TREE_RECORD_ID,
     TREE_RECORD_KIND,
     TREE_VERSION_FIELD,
@@ -59,6 +70,7 @@ class IngestOptions:
     include_hidden: bool = False
     page_field: str = DEFAULT_PAGE_FIELD
     chunk_index_field: str = DEFAULT_CHUNK_INDEX_FIELD
+    grace_period_s: float = DEFAULT_GRACE_PERIOD_S
 
 
 @dataclass
@@ -70,6 +82,8 @@ class IngestSummary:
     unchanged: int = 0
     updated: int = 0
     removed: int = 0
+    retired_kept: int = 0  # old page versions kept for mounts still on the previous tree
+    retired_deleted: int = 0  # old page versions whose grace period had passed: deleted
     seconds: float = 0.0
     skipped: Counter[str] = field(default_factory=Counter)
     problems: list[Problem] = field(default_factory=list)
@@ -91,6 +105,7 @@ class IngestSummary:
             f"pages: {self.pages} ({self.updated} written, {self.unchanged} unchanged, {self.removed} removed)"
             f" in {self.seconds:.1f} s{rate}",
             f"chunks written: {self.chunks_written}",
+            f"old page versions: {self.retired_kept} kept for running mounts, {self.retired_deleted} deleted",
             f"bytes: {self.bytes}",
             f"lazy files (blob store): {self.lazy_files}",
             f"skipped: {sum(self.skipped.values())}",
@@ -114,6 +129,8 @@ class IngestSummary:
             "unchanged": self.unchanged,
             "removed": self.removed,
             "chunks_written": self.chunks_written,
+            "retired_kept": self.retired_kept,
+            "retired_deleted": self.retired_deleted,
             "bytes": self.bytes,
             "lazy_files": self.lazy_files,
             "seconds": round(self.seconds, 3),
@@ -223,6 +240,7 @@ def ingest(options: IngestOptions, show_progress: bool = False) -> IngestSummary
         flush()
 
     summary.tree_document = encode_tree_document(tree)
+    zero_vector = [0.0] * (dimensions or len(embed([""])[0]))
     collection.upsert(
         ids=[TREE_RECORD_ID],
         documents=[summary.tree_document],
@@ -234,15 +252,58 @@ def ingest(options: IngestOptions, show_progress: bool = False) -> IngestSummary
                 TREE_VERSION_FIELD: tree_version(summary.tree_document),
             }
         ],
-        embeddings=[[0.0] * (dimensions or len(embed([""])[0]))],
+        embeddings=[zero_vector],
     )
-    stale_pages = [
-        k for k, old in old_pages.items() if old.sha256 != tree.get(k, {}).get("sha256") or "blob" in tree.get(k, {})
-    ]
     summary.removed = sum(1 for k in old_pages if k not in tree)
-    _delete_stale_chunks(collection, options.page_field, stale_pages, tree, batch_size)
+    _retire_old_versions(collection, options, old_pages, tree, zero_vector, batch_size, summary)
     summary.seconds = time.monotonic() - started
     return summary
+
+
+def _retire_old_versions(
+    collection: Any,
+    options: IngestOptions,
+    old_pages: dict[str, PathEntry],
+    tree: dict[str, dict[str, Any]],
+    zero_vector: list[float],
+    batch_size: int,
+    summary: IngestSummary,
+) -> None:
+    """Record the page versions this ingest replaced, and delete the chunks of those retired
+    longer ago than the grace period. The record is written with every retired version before
+    anything is deleted, and again after, so a crash in between leaves nothing untracked."""
+    live = {k: e["sha256"] for k, e in tree.items() if "blob" not in e}
+    # A page of a tree written by another tool has no sha256: its chunks are retired as "".
+    replaced = {k: old.sha256 or "" for k, old in old_pages.items() if live.get(k) != old.sha256}
+    plan = plan_retention(_read_retired(collection), replaced, live, time.time(), options.grace_period_s)
+    summary.retired_kept = len(plan.keep)
+    summary.retired_deleted = len(plan.expired)
+    if not plan.keep and not plan.expired and not replaced:
+        return
+    _write_retired(collection, [*plan.keep, *plan.expired], zero_vector)
+    if plan.expired:
+        _delete_expired_chunks(collection, options.page_field, plan, live, batch_size)
+        _write_retired(collection, plan.keep, zero_vector)
+
+
+def _read_retired(collection: Any) -> list[Any]:
+    result = collection.get(ids=[RETIRED_RECORD_ID], include=["documents"])
+    if not result["ids"]:
+        return []
+    document = (result["documents"] or [None])[0]
+    versions = decode_retired(document if isinstance(document, str) else None)
+    if document and not versions and document != encode_retired([]):
+        log.warning("the record of retired page versions is unreadable; their chunks are left in place")
+    return versions
+
+
+def _write_retired(collection: Any, versions: Sequence[Any], zero_vector: list[float]) -> None:
+    collection.upsert(
+        ids=[RETIRED_RECORD_ID],
+        documents=[encode_retired(versions)],
+        metadatas=[{RECORD_KIND_FIELD: RETIRED_RECORD_KIND, FORMAT_FIELD: FORMAT_VERSION}],
+        embeddings=[zero_vector],
+    )
 
 
 def _existing_pages(collection: Any) -> dict[str, PathEntry]:
@@ -258,17 +319,23 @@ def _existing_pages(collection: Any) -> dict[str, PathEntry]:
     return {key: entry for key, entry in tree.entries.items() if entry.blob is None}
 
 
-def _delete_stale_chunks(
-    collection: Any, page_field: str, pages: Sequence[str], tree: dict[str, dict[str, Any]], batch_size: int
+def _delete_expired_chunks(
+    collection: Any, page_field: str, plan: RetentionPlan, live: dict[str, str], batch_size: int
 ) -> None:
-    for batch in _batches(list(pages), 200):
+    """Delete the chunks of the pages named by expired versions that belong neither to the
+    live tree nor to a version still within its grace period (leftovers of an ingest that
+    stopped half way go too)."""
+    kept = plan.kept_pairs()
+    keys = sorted({r.key for r in plan.expired})
+    for batch in _batches(keys, 200):
         found = collection.get(where={page_field: {"$in": list(batch)}}, include=["metadatas"])
         doomed = []
         for record_id, metadata in zip(found["ids"], found["metadatas"] or [], strict=False):
-            if record_id == TREE_RECORD_ID:
+            if record_id in (TREE_RECORD_ID, RETIRED_RECORD_ID):
                 continue
-            current = tree.get(str((metadata or {}).get(page_field)), {})
-            if "blob" in current or (metadata or {}).get(PAGE_SHA_FIELD) != current.get("sha256"):
+            key = str((metadata or {}).get(page_field))
+            sha = str((metadata or {}).get(PAGE_SHA_FIELD) or "")
+            if live.get(key) != sha and (key, sha) not in kept:
                 doomed.append(record_id)
         for ids in _batches(doomed, batch_size):
             collection.delete(ids=list(ids))

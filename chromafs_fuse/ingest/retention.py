@@ -1,0 +1,76 @@
+"""Which old page versions a re-ingest keeps, and for how long (pure: no I/O).
+
+A re-ingest writes the new version of a changed page under new chunk ids and switches the
+tree; mounts move to the new tree within their refresh interval. Until they have, a mount
+still serving the old tree may need the old chunks, so they are *retired*, not deleted:
+their (page, sha256) and the time the new tree was published are kept in a record of the
+collection, and a later ingest deletes them once the grace period has passed.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+DEFAULT_GRACE_PERIOD_S = 600.0
+
+
+@dataclass(frozen=True, slots=True)
+class RetiredVersion:
+    key: str
+    sha256: str
+    retired_at: float  # seconds since the epoch, by the clock of the ingest that retired it
+
+
+@dataclass(frozen=True, slots=True)
+class RetentionPlan:
+    keep: list[RetiredVersion]  # still within the grace period
+    expired: list[RetiredVersion]  # their chunks may be deleted now
+
+    def kept_pairs(self) -> set[tuple[str, str]]:
+        return {(r.key, r.sha256) for r in self.keep}
+
+
+def plan_retention(
+    previous: Iterable[RetiredVersion],
+    replaced: Mapping[str, str],
+    live: Mapping[str, str],
+    now: float,
+    grace_s: float,
+) -> RetentionPlan:
+    """`previous`: versions retired by earlier ingests; `replaced`: key -> sha256 of the page
+    versions this ingest replaced or removed; `live`: key -> sha256 of the pages stored as
+    chunks in the new tree. A version that is live again (a page reverted) is not retired; a
+    version retired twice keeps its first retirement time."""
+    first: dict[tuple[str, str], float] = {}
+    candidates = [*previous, *(RetiredVersion(k, sha, now) for k, sha in replaced.items())]
+    for version in candidates:
+        pair = (version.key, version.sha256)
+        if live.get(version.key) == version.sha256:
+            continue
+        first[pair] = min(first.get(pair, version.retired_at), version.retired_at)
+    keep, expired = [], []
+    for (key, sha), at in sorted(first.items()):
+        (expired if now - at >= grace_s else keep).append(RetiredVersion(key, sha, at))
+    return RetentionPlan(keep, expired)
+
+
+def encode_retired(versions: Iterable[RetiredVersion]) -> str:
+    return json.dumps(
+        {"retired": [[v.key, v.sha256, round(v.retired_at, 3)] for v in versions]},
+        separators=(",", ":"),
+        ensure_ascii=False,
+    )
+
+
+def decode_retired(document: str | None) -> list[RetiredVersion]:
+    """The retired versions in the record; an unreadable record counts as empty (its chunks
+    are then left in place: the safe side)."""
+    if not document:
+        return []
+    try:
+        rows = json.loads(document)["retired"]
+        return [RetiredVersion(str(key), str(sha), float(at)) for key, sha, at in rows]
+    except (ValueError, KeyError, TypeError):
+        return []
