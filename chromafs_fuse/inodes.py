@@ -227,6 +227,9 @@ class InodeTable:
         size = self._size[index]
         return None if size < 0 else size
 
+    def sha_at(self, index: int) -> str | None:
+        return self._sha[32 * index : 32 * index + 32].hex() if self._has_sha[index] else None
+
     def mtime_at(self, index: int) -> float | None:
         mtime = self._mtime[index]
         return None if math.isnan(mtime) else mtime
@@ -248,7 +251,7 @@ class InodeTable:
                 is_public=bool(self._public[index]),
                 groups=self._group_sets[self._group_id[index]],
                 size=None if size < 0 else size,
-                sha256=self._sha[32 * index : 32 * index + 32].hex() if self._has_sha[index] else None,
+                sha256=self.sha_at(index),
                 mtime=None if math.isnan(mtime) else mtime,
                 blob=self._blobs.get(index),
                 chunks=self._chunks[index] or None,

@@ -48,9 +48,9 @@ class PageLoader(Protocol):
         loop when the batch ends. False if no batch can run (the mount is not serving)."""
         ...
 
-    def peek(self, page_key: str) -> bytes | None: ...
+    def peek(self, page_key: str, sha256: str | None) -> bytes | None: ...
 
-    def release(self, page_key: str) -> None: ...
+    def release(self, page_key: str, sha256: str | None) -> None: ...
 
 
 class Pusher(Protocol):
@@ -73,7 +73,7 @@ class ReadScheduler:
         self._delivered = bytearray(files)  # by file order: the kernel holds the whole file
         self._listed = bytearray(len(table))  # by node index: the kernel has listed this directory
         self._swept = bytearray(len(table))  # by node index: its loaded pages were offered after a read
-        self._offered: dict[int, str] = {}  # file order -> page key, offered to the kernel
+        self._offered: dict[int, tuple[str, str | None]] = {}  # file order -> (key, sha256) offered
         self._frontier = 0  # file order where the batches requested so far end (push mode)
 
     # -- what the kernel holds ---------------------------------------------------
@@ -110,7 +110,7 @@ class ReadScheduler:
         if entry.size is not None and entry.blob is None and end >= entry.size:
             # The kernel caches every file of known size (keep_cache, or no-open mode): once it
             # has the last bytes, the copy in memory only costs memory.
-            self.pages.release(entry.key)
+            self.pages.release(entry.key, entry.sha256)
             self._delivered[node.order] = 1
         if self.pusher is not None:
             self._sweep(node.index)
@@ -122,10 +122,10 @@ class ReadScheduler:
         outcomes, offered = self.pusher.outcomes, self._offered
         while outcomes:
             order, stored = outcomes.popleft()
-            key = offered.pop(order, None)
-            if stored and key is not None:
+            page = offered.pop(order, None)
+            if stored and page is not None:
                 self._delivered[order] = 1
-                self.pages.release(key)
+                self.pages.release(*page)
 
     # -- read-ahead ------------------------------------------------------------------
 
@@ -203,11 +203,11 @@ class ReadScheduler:
         order = self.table.order_at(index)
         if self._delivered[order] or order in self._offered:
             return
-        key = self.table.key_at(index)
-        data = self.pages.peek(key)
+        page = (self.table.key_at(index), self.table.sha_at(index))
+        data = self.pages.peek(*page)
         if data is None:
             return
-        self._offered[order] = key
+        self._offered[order] = page
         self.pusher.offer(order, self.table.inode_at(index), data)
 
     def _offer_listed(self, indexes: list[int]) -> None:

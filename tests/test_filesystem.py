@@ -61,10 +61,10 @@ class FakePages:
     def start_batch(self, entries: Any, on_done: Any) -> bool:
         return False
 
-    def peek(self, page_key: str) -> bytes | None:
+    def peek(self, page_key: str, sha256: str | None) -> bytes | None:
         return None
 
-    def release(self, page_key: str) -> None:
+    def release(self, page_key: str, sha256: str | None) -> None:
         pass
 
 

@@ -51,10 +51,10 @@ class FakePages:
     def asked(self) -> list[tuple[str, int]]:
         return [(keys[0], len(keys)) for keys, _ in self.batches]
 
-    def peek(self, page_key: str) -> bytes | None:
+    def peek(self, page_key: str, sha256: str | None) -> bytes | None:
         return self.memory.get(page_key)
 
-    def release(self, page_key: str) -> None:
+    def release(self, page_key: str, sha256: str | None) -> None:
         self.released.append(page_key)
         self.memory.pop(page_key, None)
 

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import errno
+import shutil
 import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
+
+import pytest
 
 from helpers import SAMPLE_SITE, expected_visible, ingest, mounted, run
 from infra import ChromaServer, RedisServer
@@ -129,3 +133,31 @@ def test_wrong_bytes_in_redis_are_never_served(redis_server: RedisServer, mnt: P
     with mounted(mnt, *args):
         assert (mnt / page).read_bytes() == (SAMPLE_SITE / page).read_bytes()
     assert "ignoring the shared cache's copy of quickstart.mdx" in (mnt.parent / "mnt.log").read_text()
+
+
+def test_a_reingest_keeps_unchanged_pages_in_the_shared_cache(
+    redis_server: RedisServer, mnt: Path, tmp_path: Path
+) -> None:
+    """Pages are cached in Redis under their sha256, not the tree's version: after a re-ingest
+    that changes one page, every other page is still served from Redis (here with Chroma gone),
+    and only the changed one has to come from Chroma."""
+    site = tmp_path / "site"
+    shutil.copytree(SAMPLE_SITE, site)
+    chroma = tmp_path / "chroma"
+    backend = ["--site", "acme", "--chroma-path", str(chroma), "--redis-url", redis_server.url]
+    ingest(site, *backend, "--quiet")
+    visible = [rel for rel in expected_visible(site, "public", None) if rel.endswith((".md", ".mdx"))]
+    with mounted(mnt, *backend, "--prefetch", "off"):
+        for rel in visible:
+            assert (mnt / rel).read_bytes() == (site / rel).read_bytes(), rel
+    changed = "quickstart.mdx"
+    (site / changed).write_bytes((site / changed).read_bytes() + b"\nOne more line.\n")
+    ingest(site, *backend, "--quiet")
+    chroma.rename(tmp_path / "chroma-away")  # the new tree is in Redis; Chroma cannot answer
+    with mounted(mnt, *backend, "--prefetch", "off", "--readahead-pages", "0", "--backend-timeout", "3"):
+        for rel in visible:
+            if rel != changed:
+                assert (mnt / rel).read_bytes() == (site / rel).read_bytes(), rel
+        with pytest.raises(OSError) as info:
+            (mnt / changed).read_bytes()
+        assert info.value.errno == errno.EIO

@@ -42,7 +42,7 @@ class RedisCache:
         self.misses = 0
         self.errors = 0
 
-    # -- keys: namespaced by site and by the tree's content version --------
+    # -- keys: namespaced by site, pages by their content ---------------------
 
     def tree_key(self, site: str, collection: str) -> str:
         return f"{self.prefix}:{site}:{collection}:tree"
@@ -65,8 +65,9 @@ class RedisCache:
             return
         self._succeeded()
 
-    def page_key(self, site: str, tree_version: str, page: str) -> str:
-        return f"{self.prefix}:{site}:{tree_version}:page:{page}"
+    def page_key(self, site: str, content_version: str, page: str) -> str:
+        """A page's bytes, under its sha256 (a tree's pages without one: the tree version)."""
+        return f"{self.prefix}:{site}:{content_version}:page:{page}"
 
     # -- health ------------------------------------------------------------
 

@@ -65,8 +65,9 @@ class PageSource:
         self.backend_seconds: Counter[str] = Counter()
 
     def switch(self, tree_version: str) -> None:
-        """Serve pages of a new tree from now on: pages are kept by tree version, so no page of
-        the old tree is served for the new one; sizes learned by reading are learned again."""
+        """Serve pages of a new tree from now on. Pages are kept under their sha256, so an
+        unchanged page stays cached and a changed one is never served for the new tree; pages
+        of a tree without sha256s are kept under the tree version, and learned sizes dropped."""
         self.tree_version = tree_version
         self.learned_sizes.clear()
         self._timed_out.clear()
@@ -82,15 +83,15 @@ class PageSource:
         with self._chroma_lock:
             self._chroma = pages
 
-    def _memory_key(self, page_key: str) -> str:
-        return f"{self.tree_version}:{page_key}"
+    def _memory_key(self, page_key: str, sha256: str | None) -> str:
+        return f"{sha256 or self.tree_version}:{page_key}"
 
     def _cache_key(self, entry: PathEntry) -> str:
-        return self._memory_key(entry.key)
+        return self._memory_key(entry.key, entry.sha256)
 
     def _shared_key(self, entry: PathEntry) -> str:
         assert self.shared is not None
-        return self.shared.page_key(self.site, self.tree_version, entry.key)
+        return self.shared.page_key(self.site, entry.sha256 or self.tree_version, entry.key)
 
     async def _off_loop(self, fn: Callable[..., T], *args: object) -> T:
         with trio.fail_after(self.timeout_s):
@@ -205,14 +206,14 @@ class PageSource:
         if entry.size is None:
             self.learned_sizes[entry.key] = len(data)
 
-    def peek(self, page_key: str) -> bytes | None:
-        """The page at this key (a PathEntry's key) if it is in memory; counts nothing."""
-        return self.cache.peek(self._memory_key(page_key))
+    def peek(self, page_key: str, sha256: str | None) -> bytes | None:
+        """The page with this key (a PathEntry's) and sha256 if it is in memory; counts nothing."""
+        return self.cache.peek(self._memory_key(page_key, sha256))
 
-    def release(self, page_key: str) -> None:
+    def release(self, page_key: str, sha256: str | None) -> None:
         """Drop a page the kernel now holds in its own page cache: it asks again only if it
         evicts the page, and then the shared cache or Chroma serves it."""
-        self.cache.pop(self._memory_key(page_key))
+        self.cache.pop(self._memory_key(page_key, sha256))
 
     # -- worker-thread side --------------------------------------------------
 
