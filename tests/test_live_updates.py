@@ -107,3 +107,24 @@ def ingested_tree(chroma: Path) -> str:
     from chromafs_fuse.backends.chroma_store import ChromaLocation, ChromaPages
 
     return ChromaPages.open(ChromaLocation(path=str(chroma), collection=SITE)).load_tree_document()[0]
+
+
+def test_an_ingest_published_to_redis_reaches_mounts_at_once(
+    tmp_path: Path, mnt: Path, request: pytest.FixtureRequest
+) -> None:
+    """The ingest announces the new version on the site's Redis channel: a mount whose poll is a
+    minute away switches within two seconds."""
+    site = shutil.copytree(SAMPLE_SITE, tmp_path / "site")
+    backend = ["--site", SITE, "--chroma-path", str(tmp_path / "chroma")]
+    backend += ["--redis-url", request.getfixturevalue("redis_server").url]
+    ingest(site, *backend, "--quiet")
+    with mounted(mnt, *backend, "--refresh-interval", "60", "--prefetch", "off"):
+        page = "quickstart.mdx"
+        assert (mnt / page).read_bytes() == (site / page).read_bytes()
+        time.sleep(1)  # the mount has subscribed
+        (site / page).write_bytes((site / page).read_bytes() + b"\nAnnounced.\n")
+        ingest(site, *backend, "--quiet")
+        started = time.monotonic()
+        while (mnt / page).read_bytes() != (site / page).read_bytes():
+            assert time.monotonic() - started < 2.0, "not switched within 2 s of the ingest"
+            time.sleep(0.05)

@@ -7,6 +7,7 @@ per outage, and is skipped for a few seconds before it is tried again.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -50,20 +51,28 @@ class RedisCache:
     def tree_version_key(self, site: str, collection: str) -> str:
         return f"{self.prefix}:{site}:{collection}:tree-version"
 
+    def tree_channel(self, site: str, collection: str) -> str:
+        return f"{self.prefix}:{site}:{collection}:tree-updates"
+
     def publish_tree(self, site: str, collection: str, document: bytes, version: str, ttl_s: int) -> None:
         """The tree and its version in one MULTI/EXEC, so a reader never sees one without the
-        other, and a mount server checks freshness with a tiny GET of the version."""
+        other, and a mount server checks freshness with a tiny GET of the version; the version
+        is announced on the site's channel in the same step, so running mounts switch at once."""
         if not self._usable():
             return
         try:
             pipe = self.client.pipeline(transaction=True)
             pipe.set(self.tree_key(site, collection), document, ex=ttl_s)
             pipe.set(self.tree_version_key(site, collection), version.encode(), ex=ttl_s)
+            pipe.publish(self.tree_channel(site, collection), version.encode())
             pipe.execute()
         except redis.RedisError as exc:
             self._failed(exc)
             return
         self._succeeded()
+
+    def listen_for_trees(self, site: str, collection: str) -> TreeAnnouncements:
+        return TreeAnnouncements(self.client, self.tree_channel(site, collection))
 
     def page_key(self, site: str, content_version: str, page: str) -> str:
         """A page's bytes, under its sha256 (a tree's pages without one: the tree version)."""
@@ -135,3 +144,38 @@ class RedisCache:
             self._failed(exc)
             return
         self._succeeded()
+
+
+class TreeAnnouncements:
+    """New tree versions announced on a site's channel. One thread at a time calls `wait`; a
+    message sent while nobody waits is buffered on the subscription, so none is missed once
+    subscribed. Polling the version key stays the fallback for everything else."""
+
+    def __init__(self, client: redis.Redis, channel: str) -> None:
+        self.client = client
+        self.channel = channel
+        self._pubsub: redis.client.PubSub | None = None
+
+    def wait(self, timeout_s: float) -> bool:
+        """Blocking: True as soon as a new version is announced, False after `timeout_s`
+        without one (also when Redis is down: the caller then polls as before)."""
+        deadline = time.monotonic() + timeout_s
+        try:
+            if self._pubsub is None:
+                self._pubsub = self.client.pubsub(ignore_subscribe_messages=True)
+                self._pubsub.subscribe(self.channel)
+            while (left := deadline - time.monotonic()) > 0:
+                message = self._pubsub.get_message(timeout=left)
+                if message is not None and message.get("type") == "message":
+                    return True
+        except (redis.RedisError, OSError) as exc:
+            log.debug("tree announcements unavailable: %s", exc)
+            self.close()  # subscribe again on the next wait
+            time.sleep(max(0.0, deadline - time.monotonic()))
+        return False
+
+    def close(self) -> None:
+        pubsub, self._pubsub = self._pubsub, None
+        if pubsub is not None:
+            with contextlib.suppress(redis.RedisError, OSError):
+                pubsub.close()

@@ -1,5 +1,6 @@
-"""A running mount follows re-ingests: poll the published tree version, and on a change load
-the new tree, prune it for this mount's reader, switch to it and tell the kernel what to forget.
+"""A running mount follows re-ingests: wait for a new tree version to be announced (Redis
+pub/sub) or poll the published version; on a change, load the new tree, prune it for this
+mount's reader, switch to it and tell the kernel what to forget.
 
 Everything blocking (Redis, Chroma, building the table, the kernel notifications) runs in
 worker threads; the switch itself is one synchronous step on the trio loop, so a request sees
@@ -51,6 +52,8 @@ class TreeRefresher:
         self.applied_at = time.time()  # when the tree served now was applied
         self.last_switch_s = 0.0
         self.failures = 0
+        self.announcements = loader.announcements()
+        self.announced = 0  # switches checked because Redis announced a version
 
     def describe(self) -> dict[str, object]:
         return {
@@ -59,11 +62,19 @@ class TreeRefresher:
             "tree_switches": self.switches,
             "last_switch_s": round(self.last_switch_s, 4),
             "refresh_failures": self.failures,
+            "tree_announcements": self.announced,
         }
+
+    async def _next_check(self) -> None:
+        """Until a version is announced, or `interval_s` has passed (a poll)."""
+        if self.announcements is None:
+            await trio.sleep(self.interval_s)
+        elif await trio.to_thread.run_sync(self.announcements.wait, self.interval_s, abandon_on_cancel=True):
+            self.announced += 1
 
     async def run(self, token: trio.lowlevel.TrioToken) -> None:
         while True:
-            await trio.sleep(self.interval_s)
+            await self._next_check()
             try:
                 await self.check(token)
             except Exception as exc:  # a backend down: keep serving the tree we have, try again later

@@ -28,7 +28,7 @@ from chromafs_fuse.tokens import load_verification_key, principal_from_token
 from chromafs_fuse.tree import SiteTree, TreeError, parse_tree
 
 if TYPE_CHECKING:
-    from chromafs_fuse.backends.redis_cache import RedisCache  # imports redis: only when configured
+    from chromafs_fuse.backends.redis_cache import RedisCache, TreeAnnouncements  # imports redis: only when configured
 
 log = logging.getLogger("chromafs.site")
 T = TypeVar("T")
@@ -150,6 +150,12 @@ class SiteLoader:
             if version is not None:
                 return version.decode()
         return chroma().tree_marker()
+
+    def announcements(self) -> TreeAnnouncements | None:
+        """New versions announced through Redis (None without it): a refresher waits on them."""
+        if self.redis is None:
+            return None
+        return self.redis.listen_for_trees(self.config.site, self.config.chroma.collection)
 
     def reload_tree(self, chroma: Callable[[], ChromaPages]) -> SiteTree:
         """The tree published now, through an already open Chroma client. Blocking."""
