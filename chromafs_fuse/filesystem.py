@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import errno
 import os
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -61,11 +62,26 @@ class FsStats:
     name_max: int = 255
 
 
+MAX_REPLACED = 100_000  # old versions kept for readers holding them; the oldest go first
+
+
 class DocsFilesystem:
-    def __init__(self, table: InodeTable, pages: PageReader, scheduler: ReadScheduler, no_open: bool) -> None:
+    def __init__(
+        self,
+        table: InodeTable,
+        pages: PageReader,
+        scheduler: ReadScheduler,
+        no_open: bool,
+        replaced: Mapping[int, PathEntry] | None = None,
+    ) -> None:
         self.table = table
         self.pages = pages
         self.scheduler = scheduler
+        # Inodes of files a re-ingest replaced by a new version (under a new inode) -> the old
+        # version. A reader that opened the old inode keeps reading it whole; nobody can look
+        # it up any more, and the kernel's forget drops it. Only versions of paths this reader
+        # may still see are kept (see carry_replaced): a removed or hidden page is gone.
+        self.replaced: dict[int, PathEntry] = dict(replaced or {})
         # In no-open mode the kernel keeps pages across opens: only when every size is known.
         self.no_open = no_open and table.unknown_sizes == 0
 
@@ -108,32 +124,61 @@ class DocsFilesystem:
     # -- files ----------------------------------------------------------------------
 
     def open_file(self, inode: int, flags: int) -> OpenReply:
-        node = self._node(inode)
-        if node.entry is None:
+        entry = self.replaced.get(inode) or self._node(inode).entry
+        if entry is None:
             raise FsError(errno.EISDIR)
         if flags & os.O_ACCMODE != os.O_RDONLY or flags & (os.O_TRUNC | os.O_APPEND):
             raise FsError(errno.EROFS)
         if self.no_open:
             raise FsError(errno.ENOSYS)  # the kernel stops sending open and release
-        size_known = self.pages.size_of(node.entry) is not None
+        size_known = self.pages.size_of(entry) is not None
         return OpenReply(keep_cache=size_known, direct_io=not size_known)
 
     async def read(self, inode: int, offset: int, size: int) -> bytes:
         """`inode` is the file handle in both modes (open mode hands out the inode)."""
+        old_version = self.replaced.get(inode)
+        if old_version is not None:
+            return await self._read_entry(old_version, offset, size)
         node = self._node(inode)
         entry = node.entry
         if entry is None:
             raise FsError(errno.EISDIR)
         self.scheduler.reading(node, offset)
-        try:
-            data = await self.pages.read(entry, offset, size)
-        except PageUnavailable:
-            raise FsError(errno.EIO) from None
+        data = await self._read_entry(entry, offset, size)
         self.scheduler.answered(node, offset + len(data))
         return data
 
+    async def _read_entry(self, entry: PathEntry, offset: int, size: int) -> bytes:
+        try:
+            return await self.pages.read(entry, offset, size)
+        except PageUnavailable:
+            raise FsError(errno.EIO) from None
+
+    def replaced_entry(self, inode: int) -> PathEntry | None:
+        """The old version an inode replaced by a re-ingest still serves, if any."""
+        return self.replaced.get(inode)
+
+    def forget(self, inodes: Sequence[int]) -> None:
+        """The kernel dropped these inodes: replaced versions among them are not needed now."""
+        if self.replaced:
+            for inode in inodes:
+                self.replaced.pop(inode, None)
+
+    def carry_replaced(self, replaced_now: Mapping[int, PathEntry], new_table: InodeTable) -> dict[int, PathEntry]:
+        """The old versions the next tree's filesystem keeps serving: those held until now and
+        those this switch replaces, for paths the reader still sees as files in the new tree
+        (so a page removed or hidden from the reader is not readable through an old inode)."""
+        kept: dict[int, PathEntry] = {}
+        for inode, entry in [*self.replaced.items(), *replaced_now.items()]:
+            if entry.key in new_table.entries and new_table.index_of(inode) < 0:
+                kept[inode] = entry
+        while len(kept) > MAX_REPLACED:
+            del kept[next(iter(kept))]
+        return kept
+
     def may_access(self, inode: int, mode: int) -> bool:
-        self.index(inode)
+        if inode not in self.replaced:
+            self.index(inode)
         return not mode & os.W_OK
 
     def stats(self) -> FsStats:

@@ -1,7 +1,10 @@
 """The inode table of one mount: directories and files of the visible tree (pure).
 
-Inode numbers are derived from the path, so they are the same on every mount
-that shows the path and say nothing about which other paths exist.
+Inode numbers are derived from the path, and for a file from its sha256 too, so
+they are the same on every mount that shows the same version of the path and say
+nothing about which other paths exist. A re-ingest that changes a file's bytes
+gives it a new inode, as replacing a file by `rename` does: a reader holding the
+old inode keeps reading the old version, and a new open finds the new one.
 
 The table is flat arrays and byte strings, not an object per node: a mount
 forked from `chromafs-mountd` shares the table with the server, and reading
@@ -108,10 +111,11 @@ class InodeTable:
                 inode = ROOT_INODE
             else:
                 salt = 0
-                inode = _inode_for(path, salt)
+                identity = path if entry is None or entry.sha256 is None else f"{path}\0{entry.sha256}"
+                inode = _inode_for(identity, salt)
                 while inode <= ROOT_INODE or inode in used:
                     salt += 1
-                    inode = _inode_for(path, salt)
+                    inode = _inode_for(identity, salt)
             used.add(inode)
             self._inode.append(inode)
             self._parent.append(parent)

@@ -1,12 +1,16 @@
 """What the kernel must forget when a mount switches to a new tree (pure, no I/O).
 
 Two pruned inode tables of one reader, before and after a re-ingest, give:
-- the inodes whose cached data or attributes are wrong now: files whose bytes, size, mtime
-  or storage changed, and directories whose listing changed;
 - the (parent inode, name) pairs whose cached lookup is wrong now: names that appeared
-  (the kernel may hold a negative entry for them) or disappeared (removed, or hidden from
-  this reader by an access change).
-A path keeps its inode number across versions, so the kernel's other caches stay valid.
+  (the kernel may hold a negative entry for them), disappeared (removed, or hidden from this
+  reader by an access change), or now name a new version of a file (a file's inode follows
+  its sha256, so a changed file is a new inode under the same name);
+- the inodes whose cached data, attributes or listing are wrong now: directories whose
+  listing changed, files that changed without a new inode (a tree without sha256s), and
+  files removed or hidden from the reader (their cached bytes must not outlive them);
+- the files replaced by a new version, old inode -> old entry: a reader holding the old
+  inode keeps reading that version.
+Unchanged paths keep their inode numbers, so the kernel's other caches stay valid.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from chromafs_fuse.tree import PathEntry
 class TreeChange:
     stale_inodes: list[int] = field(default_factory=list)
     stale_names: list[tuple[int, bytes]] = field(default_factory=list)
+    replaced: dict[int, PathEntry] = field(default_factory=dict)  # old inode -> the version it serves
     added: int = 0
     removed: int = 0
     changed: int = 0
@@ -61,11 +66,16 @@ def diff_tables(old: InodeTable, new: InodeTable) -> TreeChange:
         if index == ROOT_INDEX:
             continue
         other = after.get(path)
+        old_entry, new_entry = old.entries.get(path), new.entries.get(path)
         if other is None or not same_node(index, other):
             forget_name(old, index)
-            change.removed += not old.is_dir_at(index)
+            if old_entry is not None and new_entry is not None:
+                change.replaced[old.inode_at(index)] = old_entry
+                change.changed += 1
+            elif not old.is_dir_at(index):
+                change.removed += 1
+                change.stale_inodes.append(old.inode_at(index))  # a reader holding it reads no more
             continue
-        old_entry, new_entry = old.entries.get(path), new.entries.get(path)
         if old_entry is not None and new_entry is not None and not _same_bytes(old_entry, new_entry):
             change.stale_inodes.append(new.inode_at(other))
             change.changed += 1
@@ -78,6 +88,7 @@ def diff_tables(old: InodeTable, new: InodeTable) -> TreeChange:
         ):
             continue
         forget_name(new, index)
-        change.added += not new.is_dir_at(index)
+        change.added += not new.is_dir_at(index) and (other is None or old.is_dir_at(other))
+    change.stale_names = list(dict.fromkeys(change.stale_names))  # a replaced file's name comes twice
     change.stale_inodes.extend(sorted(stale_dirs))
     return change

@@ -128,3 +128,40 @@ def test_an_ingest_published_to_redis_reaches_mounts_at_once(
         while (mnt / page).read_bytes() != (site / page).read_bytes():
             assert time.monotonic() - started < 2.0, "not switched within 2 s of the ingest"
             time.sleep(0.05)
+
+
+def test_a_file_open_across_a_switch_reads_one_version_and_a_hidden_one_stops(tmp_path: Path, mnt: Path) -> None:
+    """A re-ingest replaces a changed file as `rename` would: a descriptor opened before the
+    switch reads the old version whole (even a file the kernel reads in many requests), a new
+    open reads the new one, and a descriptor on a page locked away by the re-ingest reads no more."""
+    site = shutil.copytree(SAMPLE_SITE, tmp_path / "site")
+    big, locked = "guides/big.md", "guides/migration.mdx"
+    (site / big).write_text("".join(f"line {i:06d} of a long page that takes many reads\n" for i in range(12000)))
+    backend = ["--site", SITE, "--chroma-path", str(tmp_path / "chroma")]
+    ingest(site, *backend, "--quiet")
+    old = (site / big).read_bytes()
+    assert len(old) > 4 * 128 * 1024
+    with mounted(mnt, *backend, "--refresh-interval", "0.3", "--prefetch", "off", "--push-pages"):
+        held = os.open(mnt / big, os.O_RDONLY)
+        held_locked = os.open(mnt / locked, os.O_RDONLY)
+        try:
+            first = os.pread(held, 100_000, 0)
+            assert os.pread(held_locked, 4096, 0)  # its bytes are in the kernel's page cache now
+            (site / big).write_bytes(old.replace(b"line", b"LINE"))
+            text = (site / locked).read_text()
+            (site / locked).write_text("---\ngroups: [admin]\n" + text[4:] if text.startswith("---\n") else text)
+            ingest(site, *backend, "--quiet")
+            wait_for(
+                lambda: (mnt / big).read_bytes() == (site / big).read_bytes(), "a new open reading the new version"
+            )
+            assert errno_of(mnt / locked) == errno.ENOENT
+            rest = b"".join(os.pread(held, 65536, offset) for offset in range(100_000, len(old), 65536))
+            assert first + rest == old, "a descriptor opened before the switch must read the old version whole"
+            assert os.fstat(held).st_size == len(old)
+            with pytest.raises(OSError) as info:
+                os.pread(held_locked, 4096, 0)
+            assert info.value.errno == errno.ENOENT
+        finally:
+            os.close(held)
+            os.close(held_locked)
+        assert (mnt / big).read_bytes() == (site / big).read_bytes()

@@ -35,7 +35,7 @@ from chromafs_fuse.serving.service import StatusFile, limit_malloc_arenas, sd_no
 from chromafs_fuse.serving.site_loader import Preloaded, SiteLoader, verify_reader
 from chromafs_fuse.serving.watchdog import start_watchdog, stop_watchdog
 from chromafs_fuse.tokens import TokenError
-from chromafs_fuse.tree import TreeError
+from chromafs_fuse.tree import PathEntry, TreeError
 
 log = logging.getLogger("chromafs.mount")
 READY = b"READY\n"
@@ -57,8 +57,9 @@ def prepare(
     site = loader.load(principal, preloaded)
     no_open = pyfuse3_passes_inode()
 
-    def make_fs(table: InodeTable) -> DocsFilesystem:
-        return DocsFilesystem(table, site.source, ReadScheduler(table, site.source, config.readahead_pages), no_open)
+    def make_fs(table: InodeTable, replaced: dict[int, PathEntry] | None = None) -> DocsFilesystem:
+        scheduler = ReadScheduler(table, site.source, config.readahead_pages)
+        return DocsFilesystem(table, site.source, scheduler, no_open, replaced)
 
     ops = ChromaOperations(
         make_fs(site.table),

@@ -31,6 +31,7 @@ from chromafs_fuse.filesystem import BLOCK_SIZE, DocsFilesystem, FsError
 from chromafs_fuse.inodes import InodeTable
 from chromafs_fuse.serving.kernel_push import KernelPusher
 from chromafs_fuse.stats import LatencyHistogram
+from chromafs_fuse.tree import PathEntry
 
 log = logging.getLogger(__name__)
 DIR_MODE = stat.S_IFDIR | 0o555
@@ -77,6 +78,22 @@ def node_attributes(
     attrs.st_atime_ns = mtime_ns
     attrs.st_mtime_ns = mtime_ns
     attrs.st_ctime_ns = mtime_ns
+    return attrs
+
+
+def replaced_attributes(inode: int, entry: PathEntry, default_time_ns: int) -> pyfuse3.EntryAttributes:
+    """What fstat shows for a file's old version, held by a reader after a re-ingest replaced it."""
+    attrs = pyfuse3.EntryAttributes()
+    attrs.st_ino = inode
+    attrs.st_mode = FILE_MODE
+    attrs.st_nlink = 1
+    attrs.st_uid, attrs.st_gid = _OWNER
+    attrs.st_blksize = BLOCK_SIZE
+    attrs.st_size = entry.size or 0
+    attrs.st_blocks = (attrs.st_size + 511) // 512
+    attrs.attr_timeout = 0
+    mtime_ns = default_time_ns if entry.mtime is None else int(entry.mtime * 1e9)
+    attrs.st_atime_ns = attrs.st_mtime_ns = attrs.st_ctime_ns = mtime_ns
     return attrs
 
 
@@ -170,11 +187,14 @@ class ChromaOperations(pyfuse3.Operations):
 
     @_request("getattr")
     async def getattr(self, inode: int, ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
+        old_version = self.fs.replaced_entry(inode)
+        if old_version is not None:
+            return replaced_attributes(inode, old_version, self.mount_time_ns)
         return self._attributes(self.fs.index(inode))
 
     @_request("forget")
     async def forget(self, inode_list: list[tuple[int, int]]) -> None:
-        return None  # inodes live as long as the mount
+        self.fs.forget([inode for inode, _ in inode_list])  # inodes of the tree live as long as it
 
     @_request("statfs")
     async def statfs(self, ctx: pyfuse3.RequestContext) -> pyfuse3.StatvfsData:

@@ -26,6 +26,7 @@ from chromafs_fuse.serving.fuse_ops import ChromaOperations
 from chromafs_fuse.serving.kernel_push import KernelPusher
 from chromafs_fuse.serving.page_source import PageSource
 from chromafs_fuse.serving.site_loader import SiteLoader
+from chromafs_fuse.tree import PathEntry
 from chromafs_fuse.tree_diff import TreeChange, diff_tables
 
 log = logging.getLogger("chromafs.refresh")
@@ -39,7 +40,7 @@ class TreeRefresher:
         principal: Principal,
         ops: ChromaOperations,
         source: PageSource,
-        make_fs: Callable[[InodeTable], DocsFilesystem],
+        make_fs: Callable[[InodeTable, dict[int, PathEntry]], DocsFilesystem],
         interval_s: float,
     ) -> None:
         self.loader = loader
@@ -97,7 +98,14 @@ class TreeRefresher:
         table = await trio.to_thread.run_sync(SiteLoader.prune, tree, self.principal)
         change = await trio.to_thread.run_sync(diff_tables, self.ops.table, table)
         previous = self.source.tree_version
-        old_pusher = self.ops.switch(self.make_fs(table))
+        replaced = self.ops.fs.carry_replaced(change.replaced, table)
+        # old versions no longer served (their page removed or hidden): drop their cached bytes
+        change.stale_inodes += [
+            inode
+            for inode in [*self.ops.fs.replaced, *change.replaced]
+            if inode not in replaced and table.index_of(inode) < 0
+        ]
+        old_pusher = self.ops.switch(self.make_fs(table, replaced))
         self.source.switch(tree.version)
         await trio.to_thread.run_sync(tell_kernel, old_pusher, change)
         self.ops.start_pushing(token)
