@@ -9,15 +9,17 @@ import json
 import os
 import shutil
 import subprocess
+import threading
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from chromafs_fuse.tree import tree_version
-from helpers import SAMPLE_SITE, ingest, mounted
-from infra import BIN, free_port
+from helpers import SAMPLE_SITE, ingest, mounted, try_mount
+from infra import BIN, ChromaServer, MountServer, free_port, unmount
 
 SITE = "live"
 DEADLINE_S = 10.0
@@ -165,3 +167,63 @@ def test_a_file_open_across_a_switch_reads_one_version_and_a_hidden_one_stops(tm
             os.close(held)
             os.close(held_locked)
         assert (mnt / big).read_bytes() == (site / big).read_bytes()
+
+
+def test_a_reingest_under_four_grep_loops_reaches_a_mountd_mount_on_a_chroma_server(
+    tmp_path: Path,
+    chroma_server: ChromaServer,
+    token_file: Callable[..., Path],
+    secret_file: Path,
+) -> None:
+    """Production shape: a `chroma run` server, a mount forked by chromafs-mountd (from its cached
+    tree) for an anonymous reader and a direct mount for an admin, four `grep -r` loops over the
+    anonymous mount while the site is re-ingested. Every grep finishes cleanly; the edit reaches
+    both mounts; the page locked away disappears for the anonymous reader only."""
+    site = shutil.copytree(SAMPLE_SITE, tmp_path / "site")
+    backend = ["--site", "acme", "--collection", "live-grep", "--chroma-url", chroma_server.url]
+    ingest(site, *backend, "--quiet")
+    anonymous, admin = tmp_path / "anonymous", tmp_path / "admin"
+    anonymous.mkdir()
+    admin.mkdir()
+    edited, locked = "guides/troubleshooting.md", "guides/migration.mdx"
+    refresh = ["--refresh-interval", "0.5"]
+    admin_token = ["--token-file", str(token_file(["admin"])), "--jwt-secret-file", str(secret_file)]
+    with MountServer(tmp_path) as server:
+        done = try_mount(anonymous, *backend, *refresh, "--mountd", str(server.socket))
+        assert done.returncode == 0, done.stderr
+        try:
+            with mounted(admin, *backend, *refresh, *admin_token):
+                stop = threading.Event()
+                outcomes: list[tuple[int, str]] = []
+
+                def grep_loop() -> None:
+                    while not stop.is_set():
+                        run = subprocess.run(
+                            ["grep", "-r", "-c", "-e", "the", str(anonymous)], capture_output=True, text=True
+                        )
+                        outcomes.append((run.returncode, run.stderr))
+
+                loops = [threading.Thread(target=grep_loop) for _ in range(4)]
+                for loop in loops:
+                    loop.start()
+                try:
+                    time.sleep(1)
+                    with (site / edited).open("a") as f:
+                        f.write("\nEdited while four greps ran.\n")
+                    text = (site / locked).read_text()
+                    (site / locked).write_text("---\ngroups: [admin]\n" + text[4:])
+                    ingest(site, *backend, "--quiet")
+                    for mount in (anonymous, admin):
+                        wait_for(lambda m=mount: (m / edited).read_bytes() == (site / edited).read_bytes(), "the edit")
+                    wait_for(lambda: errno_of(anonymous / locked) == errno.ENOENT, "the locked page gone")
+                    assert (admin / locked).read_bytes() == (site / locked).read_bytes()
+                    time.sleep(1)
+                finally:
+                    stop.set()
+                    for loop in loops:
+                        loop.join(120)
+                # the locked page may vanish under a grep walking its folder: ENOENT, as on a local disk
+                gone = f"grep: {anonymous / locked}: No such file or directory\n"
+                assert outcomes and all((code == 0 and not err) or err == gone for code, err in outcomes), outcomes[:3]
+        finally:
+            unmount(anonymous)
