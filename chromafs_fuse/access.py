@@ -15,14 +15,19 @@ class Principal:
     authenticated: bool
     groups: frozenset[str] = frozenset()
     subject: str | None = None
+    expires_at: float | None = None  # the token's `exp` (seconds since the epoch): the session ends then
 
     @classmethod
     def anonymous(cls) -> Principal:
         return cls(authenticated=False)
 
     @classmethod
-    def of(cls, groups: Iterable[str], subject: str | None = None) -> Principal:
-        return cls(authenticated=True, groups=frozenset(groups), subject=subject)
+    def of(cls, groups: Iterable[str], subject: str | None = None, expires_at: float | None = None) -> Principal:
+        return cls(authenticated=True, groups=frozenset(groups), subject=subject, expires_at=expires_at)
+
+    def reader_class(self) -> Principal:
+        """The same visibility without a person or an expiry: what a shared class mount serves."""
+        return Principal(self.authenticated, self.groups if self.authenticated else frozenset())
 
     def describe(self) -> str:
         if not self.authenticated:

@@ -97,4 +97,5 @@ def principal_from_token(token: str | None, key: VerificationKey | None, site: s
     if not isinstance(groups, list) or not all(isinstance(g, str) for g in groups):
         raise TokenError("token 'groups' claim is not a list of strings")
     subject = claims.get("sub")
-    return Principal.of(groups, subject if isinstance(subject, str) else None)
+    expires_at = claims["exp"]  # required and checked by jwt.decode: a number
+    return Principal.of(groups, subject if isinstance(subject, str) else None, float(expires_at))

@@ -84,6 +84,10 @@ def _public_backend(config: MountConfig) -> str:
     return f"embedded:{chroma.path}"
 
 
+def _utc(seconds: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(seconds))
+
+
 def describe_mount(
     config: MountConfig, ops: ChromaOperations, principal: Principal, started: float, refresher: TreeRefresher | None
 ) -> dict:
@@ -95,6 +99,7 @@ def describe_mount(
         "site": config.site,
         "mountpoint": config.mountpoint,
         "reader": principal.describe(),
+        "expires_at": principal.expires_at,
         "backend": _public_backend(config),
         "redis": bool(shared),
         "started": started,
@@ -158,6 +163,14 @@ def serve(
             await trio.sleep(STATUS_EVERY_S)
             status.write()
 
+    async def end_at_expiry(expires_at: float) -> None:
+        await trio.sleep(max(0.0, expires_at - time.time()))
+        log.warning(
+            "the token expired (exp %s): unmounting", time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(expires_at))
+        )
+        sd_notify("STOPPING=1")
+        pyfuse3.terminate()
+
     async def watch_signals() -> None:
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
             async for signum in signals:
@@ -174,6 +187,8 @@ def serve(
             if refresher is not None:
                 nursery.start_soon(refresher.run, token)
             nursery.start_soon(watch_signals)
+            if principal.expires_at is not None:
+                nursery.start_soon(end_at_expiry, principal.expires_at)
             nursery.start_soon(announce_ready)
             nursery.start_soon(refresh_status)
             await pyfuse3.main()
