@@ -194,20 +194,43 @@ class S3Server(Server):
 
 
 class MountServer(Server):
-    """chromafs-mountd on the Unix socket `folder`/mountd.sock."""
+    """chromafs-mountd on the Unix socket `folder`/mountd.sock, its class mounts in
+    `folder`/classes (as root; `isolated`: a daemon per mount instead)."""
 
     name = "chromafs-mountd"
     wait_s = 60.0
 
-    def __init__(self, folder: Path) -> None:
+    def __init__(self, folder: Path, isolated: bool = False, class_idle_s: float = 300.0) -> None:
         super().__init__(folder / "mountd.log")
         self.socket = folder / "mountd.sock"
+        self.class_root = folder / "classes"
+        self.isolated = isolated
+        self.class_idle_s = class_idle_s
 
     def argv(self) -> list[str]:
-        return [str(BIN / "chromafs-mountd"), "--socket", str(self.socket), "--log-file", str(self.log)]
+        argv = [str(BIN / "chromafs-mountd"), "--socket", str(self.socket), "--log-file", str(self.log)]
+        argv += ["--class-root", str(self.class_root), "--class-idle", str(self.class_idle_s)]
+        return [*argv, "--isolated-only"] if self.isolated else argv
 
     def ready(self) -> bool:
-        return self.socket.exists()
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+            try:
+                probe.connect(str(self.socket))  # not just the file: a killed server leaves it
+            except OSError:
+                return False
+        return True
+
+    def kill(self) -> None:
+        """SIGKILL, as a crash would: class mounts and sessions stay."""
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait(10)
+            self.proc = None
+
+    def unmount_classes(self) -> None:
+        """Unmount what the server's class mounts left (sessions are the test's own)."""
+        for path in mounts_under(self.class_root):
+            unmount(path)
 
 
 def mounts_under(root: Path) -> list[Path]:

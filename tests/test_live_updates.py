@@ -175,8 +175,8 @@ def test_a_reingest_under_four_grep_loops_reaches_a_mountd_mount_on_a_chroma_ser
     token_file: Callable[..., Path],
     secret_file: Path,
 ) -> None:
-    """Production shape: a `chroma run` server, a mount forked by chromafs-mountd (from its cached
-    tree) for an anonymous reader and a direct mount for an admin, four `grep -r` loops over the
+    """Production shape: a `chroma run` server, a session of chromafs-mountd (a bind of its shared
+    class mount) for an anonymous reader and a direct mount for an admin, four `grep -r` loops over the
     anonymous mount while the site is re-ingested. Every grep finishes cleanly; the edit reaches
     both mounts; the page locked away disappears for the anonymous reader only."""
     site = shutil.copytree(SAMPLE_SITE, tmp_path / "site")
@@ -227,3 +227,4 @@ def test_a_reingest_under_four_grep_loops_reaches_a_mountd_mount_on_a_chroma_ser
                 assert outcomes and all((code == 0 and not err) or err == gone for code, err in outcomes), outcomes[:3]
         finally:
             unmount(anonymous)
+            server.unmount_classes()

@@ -19,7 +19,7 @@ from infra import BIN, MountServer, RedisServer, unmount
 
 @pytest.fixture
 def mountd(tmp_path: Path) -> Iterator[Path]:
-    with MountServer(tmp_path) as server:
+    with MountServer(tmp_path, isolated=True) as server:  # a daemon per mount (shared mounts: test_sessions)
         yield server.socket
     assert not server.socket.exists()
 

@@ -1,15 +1,20 @@
-"""Sessions end when their token does: a per-session daemon unmounts itself at the token's `exp`."""
+"""Sessions: binds of a shared mount per reader class (chromafs-mountd as root), or a daemon of
+their own; either way a session ends when its token expires, and only that session."""
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from helpers import is_mounted, mounted
-from infra import BIN
+import pytest
+
+from helpers import SAMPLE_SITE, copy_subset, expected_visible, is_mounted, mounted, run, try_mount
+from infra import BIN, MountServer, mounts_under, unmount
 
 EXPIRY_BOUND_S = 5.0
 
@@ -35,3 +40,145 @@ def test_a_session_mount_ends_when_its_token_expires(
             assert time.time() < expires_at + EXPIRY_BOUND_S, "still mounted 5 s after the token expired"
             time.sleep(0.1)
     assert "the token expired" in (mnt.parent / "mnt.log").read_text()
+
+
+# -- sessions of shared class mounts (chromafs-mountd as root) -------------------------------
+
+
+def session_args(chroma: Path, server: MountServer, token: Path | None, secret_file: Path) -> list[str]:
+    args = ["--site", "acme", "--chroma-path", str(chroma), "--mountd", str(server.socket), "--refresh-interval", "0"]
+    return [*args, "--token-file", str(token), "--jwt-secret-file", str(secret_file)] if token else args
+
+
+def open_session(mountpoint: Path, args: list[str]) -> None:
+    mountpoint.mkdir(exist_ok=True)
+    done = try_mount(mountpoint, *args)
+    assert done.returncode == 0, done.stderr
+
+
+def mount_options(mountpoint: Path) -> set[str]:
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        fields = line.split()
+        if fields[4] == str(mountpoint):
+            return set(fields[5].split(","))
+    raise AssertionError(f"{mountpoint} is not mounted")
+
+
+def class_mounts(server: MountServer) -> list[Path]:
+    return mounts_under(server.class_root)
+
+
+@pytest.fixture
+def shared_server(tmp_path: Path) -> Iterator[MountServer]:
+    server = MountServer(tmp_path, class_idle_s=1.0)
+    try:
+        with server:
+            yield server
+    finally:
+        for path in mounts_under(tmp_path):
+            unmount(path)
+
+
+def test_sessions_of_one_reader_class_share_a_mount_and_see_exactly_their_pages(
+    shared_server: MountServer,
+    sample_chroma: Callable[[str], Path],
+    token_file: Callable[..., Path],
+    secret_file: Path,
+    tmp_path: Path,
+) -> None:
+    chroma = sample_chroma("public")
+    readers: dict[str, tuple[Path | None, set[str] | None]] = {
+        "anon-1": (None, None),
+        "anon-2": (None, None),
+        "billing-1": (token_file(["billing"]), {"billing"}),
+        "billing-2": (token_file(["billing"], sub="someone-else"), {"billing"}),
+        "admin": (token_file(["admin", "billing"]), {"admin", "billing"}),
+    }
+    for name, (token, _) in readers.items():
+        open_session(tmp_path / name, session_args(chroma, shared_server, token, secret_file))
+    assert len(class_mounts(shared_server)) == 3  # anonymous, billing, admin+billing
+    for name, (_, groups) in readers.items():
+        copy = copy_subset(SAMPLE_SITE, expected_visible(SAMPLE_SITE, "public", groups), tmp_path / f"exp-{name}")
+        diff = run(["diff", "-r", str(copy), str(tmp_path / name)])
+        assert diff.returncode == 0, f"{name}: {diff.stdout[:1000]}"
+    same = os.stat(tmp_path / "anon-1").st_dev
+    assert os.stat(tmp_path / "anon-2").st_dev == same != os.stat(tmp_path / "billing-1").st_dev
+    assert {"ro", "nosuid", "nodev"} <= mount_options(tmp_path / "billing-2")
+    with pytest.raises(OSError) as info:
+        (tmp_path / "anon-1" / "new.md").write_text("x")
+    assert info.value.errno == errno.EROFS
+    sessions = {Path(s["mountpoint"]).name: s for s in statuses() if "session" in s}
+    assert set(sessions) == set(readers)
+    assert sessions["billing-2"]["session"]["subject"] == "someone-else"
+    assert sessions["billing-1"]["session"]["class"] == sessions["billing-2"]["session"]["class"]
+    assert sessions["anon-1"]["expires_at"] is None and sessions["admin"]["expires_at"] > time.time()
+
+
+def test_a_session_ends_at_its_expiry_or_unmount_and_the_others_go_on(
+    shared_server: MountServer,
+    sample_chroma: Callable[[str], Path],
+    token_file: Callable[..., Path],
+    secret_file: Path,
+    tmp_path: Path,
+) -> None:
+    chroma = sample_chroma("public")
+    expires_at = int(time.time()) + 6
+    short, long_ = tmp_path / "short", tmp_path / "long"
+    open_session(short, session_args(chroma, shared_server, token_file(["billing"], exp=expires_at), secret_file))
+    open_session(long_, session_args(chroma, shared_server, token_file(["billing"]), secret_file))
+    alone = tmp_path / "alone"
+    open_session(alone, session_args(chroma, shared_server, None, secret_file))
+    assert len(class_mounts(shared_server)) == 2
+    # the user unmounts one session: only its bind goes; its class, left without sessions, is
+    # unmounted after the idle time
+    assert run(["fusermount3", "-u", str(alone)]).returncode == 0
+    deadline = time.monotonic() + 10
+    while len(class_mounts(shared_server)) != 1:
+        assert time.monotonic() < deadline, "the idle class mount was not unmounted"
+        time.sleep(0.2)
+    page = long_ / "quickstart.mdx"
+    while time.time() < expires_at - 0.5:
+        assert (short / "quickstart.mdx").read_bytes() == page.read_bytes()
+        time.sleep(0.25)
+    while is_mounted(short):
+        assert time.time() < expires_at + EXPIRY_BOUND_S, "the expired session still mounted 5 s after exp"
+        time.sleep(0.1)
+    assert page.read_bytes() == (SAMPLE_SITE / "quickstart.mdx").read_bytes()  # the other session goes on
+    assert "expired" in shared_server.log.read_text()
+
+
+def test_the_server_restarts_without_harm(
+    shared_server: MountServer,
+    sample_chroma: Callable[[str], Path],
+    token_file: Callable[..., Path],
+    secret_file: Path,
+    tmp_path: Path,
+) -> None:
+    """Killed under 8 live sessions, the server comes back, finds its class mounts and
+    sessions, adds sessions to them without stacking anything, and still ends sessions whose
+    tokens expire."""
+    chroma = sample_chroma("public")
+    soon = int(time.time()) + 12
+    tokens = [None, token_file(["billing"]), token_file(["billing"], exp=soon), token_file(["admin"])]
+    sessions = [tmp_path / f"s{i}" for i in range(8)]
+    for i, mountpoint in enumerate(sessions):
+        open_session(mountpoint, session_args(chroma, shared_server, tokens[i % 4], secret_file))
+    classes = class_mounts(shared_server)
+    assert len(classes) == 3
+    shared_server.kill()
+    for mountpoint in sessions:
+        assert (mountpoint / "quickstart.mdx").read_bytes() == (SAMPLE_SITE / "quickstart.mdx").read_bytes()
+    shared_server.start()
+    late = [tmp_path / "late-anon", tmp_path / "late-billing"]
+    for mountpoint, token in zip(late, tokens[:2], strict=True):
+        open_session(mountpoint, session_args(chroma, shared_server, token, secret_file))
+    assert class_mounts(shared_server) == classes  # the new sessions joined the class mounts it left
+    table = [line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines()]
+    assert all(table.count(str(m)) == 1 for m in [*sessions, *late, *classes]), "something is stacked"
+    expiring = [sessions[2], sessions[6]]
+    while any(is_mounted(m) for m in expiring):
+        assert time.time() < soon + EXPIRY_BOUND_S, "the restarted server did not end the expired sessions"
+        time.sleep(0.2)
+    for mountpoint in [*sessions, *late]:
+        if mountpoint not in expiring:
+            assert (mountpoint / "quickstart.mdx").read_bytes() == (SAMPLE_SITE / "quickstart.mdx").read_bytes()

@@ -71,6 +71,11 @@ def build_parser() -> argparse.ArgumentParser:
         default=os.environ.get("CHROMAFS_MOUNTD_SOCKET"),
         help="ask this chromafs-mountd socket to serve the mount (env CHROMAFS_MOUNTD_SOCKET)",
     )
+    parser.add_argument(
+        "--isolated",
+        action="store_true",
+        help="with --mountd: a daemon of this session's own, not a bind of its reader class's shared mount",
+    )
     parser.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)
     return parser
 

@@ -243,7 +243,11 @@ def exit_now(status: int) -> None:
 
 
 def run_daemon(
-    args: argparse.Namespace, ready_fd: int | None, background: bool, preloaded: Preloaded | None = None
+    args: argparse.Namespace,
+    ready_fd: int | None,
+    background: bool,
+    preloaded: Preloaded | None = None,
+    principal: Principal | None = None,
 ) -> int:
     """Serve the mount chromafs-mount's flags describe; returns the exit status. The flags
     become a MountConfig here, once. A mount server that already verified the token hands in
@@ -252,8 +256,9 @@ def run_daemon(
     setup_logging(args.log_level, args.log_file, background=background, json_lines=args.log_format == "json")
     try:
         config = MountConfig.from_args(args)
-        token = None if preloaded is not None else resolve_token(args)
-        principal = preloaded.principal if preloaded is not None else verify_reader(token, config.session)
+        if principal is None:  # else a mount server verified the token (a class mount has none)
+            token = None if preloaded is not None else resolve_token(args)
+            principal = preloaded.principal if preloaded is not None else verify_reader(token, config.session)
         ops, refresher = prepare(config, principal, preloaded)
     except (CliError, TokenError, BackendError, SiteNotFound, TreeError) as exc:
         return report_failure(ready_fd, str(exc))

@@ -30,8 +30,12 @@ from typing import TYPE_CHECKING, Any
 
 import setproctitle
 
+from chromafs_fuse.config import MountConfig
+from chromafs_fuse.serving.class_mounts import DEFAULT_CLASS_ROOT, DEFAULT_IDLE_S
+
 if TYPE_CHECKING:
-    from chromafs_fuse.config import MountConfig
+    from chromafs_fuse.access import Principal
+    from chromafs_fuse.serving.class_mounts import SessionKeeper
     from chromafs_fuse.serving.site_loader import Preloaded
 
 log = logging.getLogger("chromafs.mountd")
@@ -130,6 +134,7 @@ def _serve_in_child(
     request: dict[str, object],
     parsed: argparse.Namespace | None,
     prepared: Preloaded | None,
+    principal: Principal | None = None,
 ) -> int:
     """In the forked child: become the mount's daemon."""
     from chromafs_fuse.serving.daemon import run_daemon
@@ -147,17 +152,19 @@ def _serve_in_child(
     # every mount down with the server.
     setproctitle.setproctitle(f"chromafs-mount {os.path.abspath(args.mountpoint)} --site {args.site}")
     conn.setblocking(True)
-    return run_daemon(args, conn.detach(), background=True, preloaded=prepared)
+    return run_daemon(args, conn.detach(), background=True, preloaded=prepared, principal=principal)
 
 
-def _prepare(cache: TreeCache, request: dict[str, object]) -> tuple[argparse.Namespace | None, Preloaded | None]:
-    """In the server: the parsed arguments and the cached tree and table for this request,
-    as far as they can be had. Any failure here just means the child does the work (and
-    reports errors) itself."""
+def _prepare(
+    cache: TreeCache, request: dict[str, object]
+) -> tuple[argparse.Namespace | None, MountConfig | None, Principal | None, Preloaded | None, str]:
+    """In the server: the parsed arguments, the configuration, the verified reader and the
+    cached tree and table for this request, as far as they can be had, and why not. For an
+    isolated mount any failure here just means the child does the work (and reports errors)."""
     from chromafs_fuse.config import MountConfig
     from chromafs_fuse.serving.site_loader import verify_reader
 
-    args = None
+    args = config = principal = None
     try:
         cwd = os.getcwd()
         os.chdir(str(request.get("cwd") or "/"))
@@ -165,14 +172,45 @@ def _prepare(cache: TreeCache, request: dict[str, object]) -> tuple[argparse.Nam
             args = _request_args(request)
             config = MountConfig.from_args(args)
             principal = verify_reader(args.token, config.session)
-            return args, cache.prepared(config, principal)
+            return args, config, principal, cache.prepared(config, principal), ""
         finally:
             os.chdir(cwd)
-    except (Exception, SystemExit):
-        return args, None
+    except SystemExit:
+        return args, config, principal, None, "bad arguments"
+    except Exception as exc:
+        return args, config, principal, None, str(exc) or exc.__class__.__name__
 
 
-def serve_forever(socket_path: str) -> None:
+def _fork_daemon(
+    server: socket.socket,
+    conn: socket.socket,
+    request: dict[str, object],
+    parsed: argparse.Namespace | None,
+    prepared: Preloaded | None,
+    principal: Principal | None = None,
+) -> int:
+    """Fork a child that serves the mount and reports to `conn`; returns its pid."""
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            server.close()
+            code = _serve_in_child(conn, request, parsed, prepared, principal)
+        finally:
+            logging.shutdown()
+            os._exit(code)
+    return pid
+
+
+HOUSEKEEPING_S = 0.5
+
+
+def serve_forever(socket_path: str, class_root: str | None = None, class_idle_s: float = 300.0) -> None:
+    """Serve mount requests until SIGTERM. With `class_root` (root only), sessions are binds of
+    shared class mounts kept there; without it, or for `--isolated`, each gets a daemon."""
+    from chromafs_fuse.cli.mount import wait_for_ready
+    from chromafs_fuse.serving.class_mounts import SessionError, SessionKeeper
+
     os.makedirs(os.path.dirname(socket_path) or ".", mode=0o755, exist_ok=True)
     with contextlib.suppress(FileNotFoundError):
         os.unlink(socket_path)
@@ -180,9 +218,29 @@ def serve_forever(socket_path: str) -> None:
     server.bind(socket_path)
     os.chmod(socket_path, 0o600)
     server.listen(128)
+    server.settimeout(HOUSEKEEPING_S)
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # children are reaped by the kernel
     cache = TreeCache()
     stopping = False
+
+    def start_class(args: object, principal: Principal, path: str) -> int:
+        class_args = argparse.Namespace(**vars(args))
+        class_args.mountpoint = path
+        class_args.log_file = f"{path}.log"
+        class_args.pid_file = None
+        class_args.metrics_addr = None
+        class_args.token = None
+        ours, theirs = socket.socketpair()
+        with ours:
+            config = MountConfig.from_args(class_args)
+            pid = _fork_daemon(server, theirs, {"cwd": "/"}, class_args, cache.prepared(config, principal), principal)
+            theirs.close()
+            ok, reason = wait_for_ready(ours.fileno(), class_args.backend_timeout * 3 + 60)
+        if not ok:
+            raise SessionError(reason or "the class mount's daemon exited")
+        return pid
+
+    keeper = SessionKeeper(class_root, class_idle_s, start_class) if class_root else None
 
     def stop(signum: int, _frame: object) -> None:
         nonlocal stopping
@@ -191,46 +249,67 @@ def serve_forever(socket_path: str) -> None:
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
-    log.info("listening on %s", socket_path)
+    log.info("listening on %s%s", socket_path, f"; class mounts in {class_root}" if class_root else "")
     try:
         while not stopping:
             try:
                 conn, _ = server.accept()
+            except TimeoutError:
+                conn = None
             except OSError:
                 if stopping:
                     break
                 raise
-            with conn:
-                uid = _peer_uid(conn)
-                if uid not in (0, os.getuid()):
-                    log.warning("refused a mount request from uid %d", uid)
-                    with contextlib.suppress(OSError):
-                        conn.sendall(b"permission denied: only root or the server's user may mount")
-                    continue
+            if conn is not None:
+                with conn:
+                    _handle(conn, server, cache, keeper)
+            if keeper is not None:
                 try:
-                    request = _read_request(conn)
-                except (OSError, ValueError) as exc:
-                    log.warning("bad mount request: %s", exc)
-                    with contextlib.suppress(OSError):
-                        conn.sendall(b"bad request")
-                    continue
-                parsed, prepared = _prepare(cache, request)
-                pid = os.fork()
-                if pid == 0:
-                    code = 1
-                    try:
-                        server.close()
-                        code = _serve_in_child(conn, request, parsed, prepared)
-                    finally:
-                        logging.shutdown()
-                        os._exit(code)
-                log.info("mount request from uid %d: daemon pid %d", uid, pid)
+                    keeper.housekeep()
+                except Exception:
+                    log.exception("housekeeping failed")
     finally:
         with contextlib.suppress(OSError):
             server.close()
         with contextlib.suppress(FileNotFoundError):
             os.unlink(socket_path)
         log.info("stopped")
+
+
+def _handle(conn: socket.socket, server: socket.socket, cache: TreeCache, keeper: SessionKeeper | None) -> None:
+    from chromafs_fuse.serving.class_mounts import SessionError
+
+    conn.settimeout(None)
+    uid = _peer_uid(conn)
+    if uid not in (0, os.getuid()):
+        log.warning("refused a mount request from uid %d", uid)
+        with contextlib.suppress(OSError):
+            conn.sendall(b"permission denied: only root or the server's user may mount")
+        return
+    try:
+        request = _read_request(conn)
+    except (OSError, ValueError) as exc:
+        log.warning("bad mount request: %s", exc)
+        with contextlib.suppress(OSError):
+            conn.sendall(b"bad request")
+        return
+    parsed, config, principal, prepared, problem = _prepare(cache, request)
+    if keeper is None or parsed is None or parsed.isolated:
+        pid = _fork_daemon(server, conn, request, parsed, prepared)
+        log.info("mount request from uid %d: daemon pid %d", uid, pid)
+        return
+    if config is None or principal is None:
+        with contextlib.suppress(OSError):
+            conn.sendall(problem.encode("utf-8", "replace"))
+        return
+    try:
+        keeper.open_session(parsed, config, principal, uid)
+    except SessionError as exc:
+        with contextlib.suppress(OSError):
+            conn.sendall(str(exc).encode("utf-8", "replace"))
+        return
+    with contextlib.suppress(OSError):
+        conn.sendall(b"READY\n")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -244,6 +323,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--log-file", help="log here (default: stderr)")
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     parser.add_argument("--no-preload-chroma", action="store_true", help="do not import chromadb up front")
+    parser.add_argument(
+        "--class-root",
+        default=os.environ.get("CHROMAFS_CLASS_ROOT", DEFAULT_CLASS_ROOT),
+        help="root-only directory of the shared class mounts (default: %(default)s); sessions are binds of them",
+    )
+    parser.add_argument(
+        "--class-idle",
+        type=float,
+        default=DEFAULT_IDLE_S,
+        metavar="S",
+        help="unmount a class mount S seconds after its last session ended (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--isolated-only", action="store_true", help="no class mounts: every session gets a daemon of its own"
+    )
     args = parser.parse_args(argv)
     setup_logging(args.log_level, args.log_file)
     # Imported once here, not in every child: the whole serving stack, the argument parser of
@@ -255,7 +349,8 @@ def main(argv: list[str] | None = None) -> int:
 
     if not args.no_preload_chroma:
         import chromadb  # noqa: F401  - no threads start at import, so forking stays safe
-    serve_forever(args.socket)
+    shared = os.geteuid() == 0 and not args.isolated_only  # binds need CAP_SYS_ADMIN
+    serve_forever(args.socket, args.class_root if shared else None, args.class_idle)
     return 0
 
 

@@ -1,0 +1,258 @@
+"""The mount server's shared mounts: one live mount per class, a read-only bind per session.
+
+`SessionKeeper` opens a session by binding its class mount (started first if the class has
+none) on the caller's mountpoint, and its `housekeep`, called every half second by the
+server, ends sessions whose token expired (the bind is detached), notices sessions their
+users unmounted, drops class mounts whose daemon died (detaching their binds) and stops
+class mounts idle for `idle_s`. Everything is saved in a state file in the root-only class
+directory, so a restarted server finds its class mounts and sessions and carries on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import json
+import logging
+import os
+import signal
+import time
+from collections.abc import Callable
+
+from chromafs_fuse.access import Principal
+from chromafs_fuse.config import MountConfig
+from chromafs_fuse.serving.binds import bind_read_only, detach, mounted_devices
+from chromafs_fuse.serving.service import process_start, runtime_dir
+from chromafs_fuse.serving.sessions import ClassMount, Session, SessionTable, class_key
+
+log = logging.getLogger("chromafs.mountd")
+DEFAULT_CLASS_ROOT = "/run/chromafs/classes"
+DEFAULT_IDLE_S = 300.0
+PER_SESSION_SETTINGS = ("mountpoint", "pid_file", "log_file", "log_level", "log_format", "metrics_addr")
+
+
+class SessionError(Exception):
+    """A session cannot be opened; the message goes back to the caller."""
+
+
+def mount_settings(config: MountConfig) -> dict[str, object]:
+    """Everything that shapes what a mount serves: sessions share a class mount only when all
+    of it is equal (the token's verification key is not: the reader is compared instead)."""
+    settings = dataclasses.asdict(config)
+    for name in PER_SESSION_SETTINGS:
+        settings.pop(name)
+    for name in ("jwt_secret_file", "jwt_public_key"):
+        settings["session"].pop(name)
+    return settings
+
+
+def _device(path: str) -> str:
+    dev = os.stat(path).st_dev
+    return f"{os.major(dev)}:{os.minor(dev)}"
+
+
+def _utc(seconds: float | None) -> str:
+    return "-" if seconds is None else time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(seconds))
+
+
+# (args of the session's request, the class's reader, the class mount's path) -> its daemon's pid
+StartClass = Callable[[object, Principal, str], int]
+
+
+class SessionKeeper:
+    def __init__(self, root: str, idle_s: float, start_class: StartClass) -> None:
+        self.root = root
+        self.idle_s = idle_s
+        self.start_class = start_class
+        os.makedirs(root, mode=0o700, exist_ok=True)
+        os.chmod(root, 0o700)  # class mounts are reached through session binds only
+        self.state_path = os.path.join(root, "state.json")
+        self.table = SessionTable.load(self.state_path)
+        self.recover()
+
+    # -- sessions ---------------------------------------------------------------------
+
+    def open_session(self, args: object, config: MountConfig, principal: Principal, uid: int) -> Session:
+        """Bind the reader's class mount on the session's mountpoint (blocking: the first
+        session of a class waits for its mount to be ready)."""
+        mountpoint = config.mountpoint
+        if mountpoint in mounted_devices():
+            raise SessionError(f"{mountpoint} is already mounted")
+        key = class_key(mount_settings(config), principal)
+        mount = self.table.classes.get(key)
+        if mount is None or not self._alive(mount):
+            if mount is not None:
+                self._drop_class(mount, "its daemon is gone")
+            mount = self._start(key, args, config, principal)
+        try:
+            bind_read_only(mount.path, mountpoint)
+        except OSError as exc:
+            raise SessionError(f"cannot bind the session on {mountpoint}: {exc.strerror}") from exc
+        reader = principal.describe()
+        session = Session(mountpoint, key, principal.subject, reader, time.time(), principal.expires_at, uid)
+        self.table.add(session)
+        self._write_status(session)
+        self._save()
+        log.info("session on %s: %s, class %s, expires %s", mountpoint, reader, key[:12], _utc(principal.expires_at))
+        return session
+
+    def _start(self, key: str, args: object, config: MountConfig, principal: Principal) -> ClassMount:
+        path = os.path.join(self.root, key)
+        if path in mounted_devices():
+            detach(path)  # a class mount no state names (the state was lost): it drains
+        os.makedirs(path, mode=0o755, exist_ok=True)
+        started = time.perf_counter()
+        pid = self.start_class(args, principal.reader_class(), path)
+        mount = ClassMount(
+            key,
+            path,
+            pid,
+            process_start(pid),
+            config.site,
+            principal.reader_class().describe(),
+            _device(path),
+            time.time(),
+        )
+        self.table.classes[key] = mount
+        log.info(
+            "class mount %s for %s (%s) ready in %.3fs",
+            key[:12],
+            mount.reader,
+            config.site,
+            time.perf_counter() - started,
+        )
+        return mount
+
+    # -- housekeeping -----------------------------------------------------------------
+
+    def housekeep(self, now: float | None = None) -> None:
+        now = time.time() if now is None else now
+        changed = False
+        for session in self.table.expired(now):
+            detach(session.mountpoint)
+            self._end(session, now)
+            self.table.expiries += 1
+            log.warning("session on %s expired (%s): detached", session.mountpoint, session.reader)
+            changed = True
+        devices = mounted_devices()
+        for mount in list(self.table.classes.values()):
+            if not self._alive(mount, devices):
+                self._drop_class(mount, "its daemon is gone")
+                changed = True
+        for session in list(self.table.sessions.values()):
+            mount = self.table.classes[session.class_key]
+            if devices.get(session.mountpoint) != mount.device:
+                self._end(session, now)
+                self.table.ended += 1
+                log.info("session on %s ended: unmounted", session.mountpoint)
+                changed = True
+        for mount in self.table.idle(now, self.idle_s):
+            log.info("class mount %s idle for %.0fs: stopping it", mount.key[:12], now - (mount.idle_since or now))
+            self._stop(mount)
+            self.table.drop_class(mount.key)
+            changed = True
+        if changed:
+            self._save()
+
+    def recover(self) -> None:
+        """After a restart: keep what still stands, drop the rest, and let class mounts no
+        state names drain (detached once no bind uses them)."""
+        now = time.time()
+        devices = mounted_devices()
+        for mount in list(self.table.classes.values()):
+            if not self._alive(mount, devices):
+                self._drop_class(mount, "gone while the server was down")
+        for session in list(self.table.sessions.values()):
+            if devices.get(session.mountpoint) != self.table.classes[session.class_key].device:
+                self.table.remove(session.mountpoint, now)
+                self._remove_status(session)
+        for mount in self.table.classes.values():
+            if not self.table.sessions_of(mount.key) and mount.idle_since is None:
+                mount.idle_since = now
+        known = {m.path for m in self.table.classes.values()}
+        for path, device in devices.items():
+            if os.path.dirname(path) == self.root and path not in known:
+                users = [p for p, d in devices.items() if d == device and p != path]
+                if not users:
+                    log.info("unmounting %s: a class mount no state names, with no session", path)
+                    detach(path)
+        for session in self.table.sessions.values():
+            self._write_status(session)
+        self._save()
+        if self.table.classes:
+            log.info("carried on %d class mounts and %d sessions", len(self.table.classes), len(self.table.sessions))
+
+    def stop_all(self) -> None:
+        """For tests and `chromafs-mountd --stop-sessions`: end every session and class mount."""
+        for session in list(self.table.sessions.values()):
+            detach(session.mountpoint)
+            self._end(session, time.time())
+        for mount in list(self.table.classes.values()):
+            self._stop(mount)
+            self.table.drop_class(mount.key)
+        self._save()
+
+    # -- helpers ------------------------------------------------------------------------
+
+    def _alive(self, mount: ClassMount, devices: dict[str, str] | None = None) -> bool:
+        devices = mounted_devices() if devices is None else devices
+        return process_start(mount.pid) == mount.pid_start and devices.get(mount.path) == mount.device
+
+    def _end(self, session: Session, now: float) -> None:
+        self.table.remove(session.mountpoint, now)
+        self._remove_status(session)
+
+    def _drop_class(self, mount: ClassMount, why: str) -> None:
+        log.error("class mount %s dropped: %s; detaching its sessions", mount.key[:12], why)
+        for session in self.table.drop_class(mount.key):
+            detach(session.mountpoint)
+            self._remove_status(session)
+        detach(mount.path)
+
+    def _stop(self, mount: ClassMount) -> None:
+        if process_start(mount.pid) == mount.pid_start:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(mount.pid, signal.SIGTERM)  # it unmounts itself
+        else:
+            detach(mount.path)
+
+    def _save(self) -> None:
+        try:
+            self.table.save(self.state_path)
+        except OSError as exc:
+            log.error("cannot save the session state %s: %s", self.state_path, exc)
+
+    # -- status (chromafs status) --------------------------------------------------------
+
+    def _status_path(self, session: Session) -> str:
+        directory = runtime_dir()
+        digest = hashlib.sha256(session.mountpoint.encode()).hexdigest()[:16]
+        return os.path.join(directory, f"session-{digest}.json") if directory else ""
+
+    def _write_status(self, session: Session) -> None:
+        path = self._status_path(session)
+        mount = self.table.classes[session.class_key]
+        if not path:
+            return
+        status = {
+            "mountpoint": session.mountpoint,
+            "site": mount.site,
+            "reader": session.reader,
+            "pid": mount.pid,  # the class mount's daemon serves the session
+            "pid_start": mount.pid_start,
+            "started": session.started,
+            "expires_at": session.expires_at,
+            "session": {"subject": session.subject, "class": mount.key, "class_mount": mount.path},
+        }
+        with contextlib.suppress(OSError):
+            tmp = f"{path}.tmp"
+            with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
+                json.dump(status, f)
+            os.replace(tmp, path)
+
+    def _remove_status(self, session: Session) -> None:
+        path = self._status_path(session)
+        if path:
+            with contextlib.suppress(OSError):
+                os.unlink(path)

@@ -1,0 +1,119 @@
+"""The mount server's sessions and class mounts: who is bound to what, and until when (no I/O
+except saving and loading the state file, so a restarted server carries on).
+
+A *class mount* serves one (site, backend, mount options, visibility key): every reader with
+that key may read exactly the same pages, so their sessions share it. A *session* is one
+read-only bind of a class mount on the caller's mountpoint, with the token's subject and
+expiry. A class with no session left is unmounted once it has been idle for a while.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+
+from chromafs_fuse.access import Principal, visibility_key
+
+
+def class_key(mount_settings: Mapping[str, object], principal: Principal) -> str:
+    """The class a session belongs to: equal keys, equal mounts. Every setting that shapes
+    what a mount serves is in `mount_settings`; the reader counts only by what it may see."""
+    authenticated, groups = visibility_key(principal)
+    material = json.dumps(
+        {"settings": mount_settings, "authenticated": authenticated, "groups": sorted(groups)},
+        sort_keys=True,
+        default=str,
+    )
+    return hashlib.sha256(material.encode()).hexdigest()[:24]
+
+
+@dataclass
+class ClassMount:
+    key: str
+    path: str  # the class mount's mountpoint, in the server's root-only directory
+    pid: int  # its daemon
+    pid_start: int | None  # with the pid, names the daemon for good
+    site: str
+    reader: str  # what its readers may see ("anonymous", "groups=a,b")
+    device: str  # major:minor of the FUSE mount: a session's bind shows the same
+    created: float
+    idle_since: float | None = None  # when its last session ended (None: in use)
+
+
+@dataclass
+class Session:
+    mountpoint: str
+    class_key: str
+    subject: str | None
+    reader: str
+    started: float
+    expires_at: float | None
+    uid: int
+
+
+@dataclass
+class SessionTable:
+    classes: dict[str, ClassMount] = field(default_factory=dict)
+    sessions: dict[str, Session] = field(default_factory=dict)  # by mountpoint
+    binds: int = 0  # sessions opened since the server started
+    expiries: int = 0  # sessions ended by their token's expiry
+    ended: int = 0  # sessions ended by an unmount
+
+    def add(self, session: Session) -> None:
+        self.sessions[session.mountpoint] = session
+        self.classes[session.class_key].idle_since = None
+        self.binds += 1
+
+    def remove(self, mountpoint: str, now: float) -> Session | None:
+        session = self.sessions.pop(mountpoint, None)
+        if session is not None and not self.sessions_of(session.class_key):
+            mount = self.classes.get(session.class_key)
+            if mount is not None:
+                mount.idle_since = now
+        return session
+
+    def sessions_of(self, key: str) -> list[Session]:
+        return [s for s in self.sessions.values() if s.class_key == key]
+
+    def expired(self, now: float) -> list[Session]:
+        return [s for s in self.sessions.values() if s.expires_at is not None and s.expires_at <= now]
+
+    def idle(self, now: float, idle_s: float) -> list[ClassMount]:
+        return [c for c in self.classes.values() if c.idle_since is not None and now - c.idle_since >= idle_s]
+
+    def drop_class(self, key: str) -> list[Session]:
+        """Forget a class mount; returns its sessions, which the caller must detach."""
+        self.classes.pop(key, None)
+        orphans = self.sessions_of(key)
+        for session in orphans:
+            del self.sessions[session.mountpoint]
+        return orphans
+
+    # -- persistence ------------------------------------------------------------------
+
+    def save(self, path: str) -> None:
+        data = {
+            "classes": [asdict(c) for c in self.classes.values()],
+            "sessions": [asdict(s) for s in self.sessions.values()],
+        }
+        tmp = f"{path}.tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f)
+        os.replace(tmp, path)
+
+    @classmethod
+    def load(cls, path: str) -> SessionTable:
+        """The state a previous server left; empty when there is none or it cannot be read."""
+        table = cls()
+        with contextlib.suppress(OSError, ValueError, TypeError, KeyError):
+            with open(path) as f:
+                data = json.load(f)
+            classes = {c["key"]: ClassMount(**c) for c in data["classes"]}
+            sessions = {s["mountpoint"]: Session(**s) for s in data["sessions"] if s["class_key"] in classes}
+            table.classes, table.sessions = classes, sessions
+        return table
