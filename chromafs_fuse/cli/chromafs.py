@@ -47,7 +47,9 @@ def run_status(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(statuses, indent=2, sort_keys=True))
         return 0
-    header = ("MOUNTPOINT", "SITE", "READER", "BACKEND", "PID", "UPTIME", "FILES", "CACHED", "HIT%")
+    import time
+
+    header = ("MOUNTPOINT", "SITE", "READER", "BACKEND", "PID", "UPTIME", "FILES", "CACHED", "HIT%", "EXPIRES")
     rows = [header]
     for s in statuses:
         memory = (s.get("caches") or {}).get("memory", [0, 0])
@@ -57,12 +59,15 @@ def run_status(args: argparse.Namespace) -> int:
                 s["mountpoint"],
                 str(s.get("site", "")),
                 str(s.get("reader", "?")),
-                str(s.get("backend", "?")) + (" +redis" if s.get("redis") else ""),
+                ("session of " + s["session"]["class"][:12])
+                if s.get("session")
+                else str(s.get("backend", "?")) + (" +redis" if s.get("redis") else ""),
                 str(s.get("pid") or "?"),
                 f"{s['uptime_s']:.0f}s" if "uptime_s" in s else "?",
                 str(s.get("visible_files", "?")),
                 str(s.get("pages_cached", "?")),
                 f"{100 * memory[0] / lookups:.0f}" if lookups else "-",
+                f"in {s['expires_at'] - time.time():.0f}s" if s.get("expires_at") else "-",
             )
         )
     widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
