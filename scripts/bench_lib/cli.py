@@ -21,7 +21,7 @@ from bench_lib.procs import become_subreaper
 from bench_lib.runner import Run, run_corpus
 
 ALL_SYSTEMS = ["tmpfs", "sandbox", "chromafs-embedded", "chromafs-server-redis", "chromafs-mountd"]
-ALL_FIGURES = ["boot", "tools", "memory", "ingest"]
+ALL_FIGURES = ["boot", "tools", "memory", "ingest", "sessions"]
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from bench_lib import corpus as corpora
-from bench_lib import ingest_speed, measure, report
+from bench_lib import ingest_speed, measure, report, sessions
 from bench_lib.mounts import Mounter
 from bench_lib.procs import run_timed
 from bench_lib.systems import Chromafs, Sandbox, System, Tmpfs
@@ -45,7 +45,7 @@ class Run:
         self.redis = RedisServer(self.tmp)
         self.redis.start()
         if "chromafs-mountd" in self.args.systems:
-            self.mountd = MountServer(self.tmp)
+            self.mountd = MountServer(self.tmp, isolated=True)  # a daemon per mount: the "sessions" figure shares
             self.mountd.start()
         self.say(
             f"chroma run on {self.chroma.url} (pid {self.chroma.proc and self.chroma.proc.pid}), "
@@ -186,6 +186,11 @@ def run_corpus(run: Run, spec: str, index: int) -> dict[str, Any]:
             if "memory" in results["tmpfs"]:
                 results[name]["memory"] = dict(results["tmpfs"]["memory"])
     out = {"name": spec, "site": corpus.site, "facts": corpus.facts, "systems": results}
+    if "sessions" in args.figures and run.chroma is not None and run.redis is not None:
+        backend = ["--chroma-url", run.chroma.url, "--redis-url", run.redis.url]
+        out["sessions"] = sessions.measure_sessions(run, corpus, backend, chroma_dir)
+        for line in sessions.text_lines(out["sessions"]):
+            run.say(f"{spec} sessions:{line}")
     if speed is not None:
         out["ingest"] = speed
     return out

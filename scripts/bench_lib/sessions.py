@@ -1,0 +1,188 @@
+"""The "sessions" figure: sessions of shared class mounts in production shape (chroma run, Redis,
+chromafs-mountd as root), side by side with tmpfs.
+
+For one corpus: how long a new session of an existing class takes (chromafs-mount --mountd, then
+`ls`, p50/p90); the PSS every serving process adds per extra session; a new session's first
+`grep -rl` once another session of its class grepped, and a class's first cold `grep -rl` with a
+warm Redis, each as a ratio to tmpfs; that sessions of four classes (anonymous, signed in, admin,
+billing) see exactly their pages; that an expired session stops within 5 s while the others go
+on; and that unmounting one session leaves the rest.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import jwt
+
+from bench_lib import corpus as corpora
+from bench_lib import measure
+from bench_lib.mounts import _smaps_rollup
+from bench_lib.procs import run_timed
+from infra import BIN, MountServer, mounts_under, unmount
+
+SECRET = "bench-secret-0123456789abcdef0123456789"
+SESSIONS_FOR_MEMORY = 16
+BOOT_RUNS = 20
+EXPIRY_BOUND_S = 5.0
+
+
+def _token(site: str, groups: list[str] | None, exp: float) -> str:
+    claims: dict[str, Any] = {"sub": "bench", "site": site, "exp": int(exp)}
+    if groups is not None:
+        claims["groups"] = groups
+    return jwt.encode(claims, SECRET, algorithm="HS256")
+
+
+class Sessions:
+    def __init__(self, workdir: Path, site: str, backend: list[str]) -> None:
+        self.workdir = workdir
+        self.site = site
+        self.server = MountServer(workdir, class_idle_s=600)
+        self.secret = workdir / "secret"
+        self.secret.write_text(SECRET)
+        self.backend = backend
+        self.count = 0
+
+    def open(self, groups: list[str] | None = None, exp: float | None = None) -> tuple[Path, float]:
+        """A new session; (mountpoint, seconds from starting chromafs-mount until `ls` is done)."""
+        self.count += 1
+        mountpoint = self.workdir / f"session-{self.count}"
+        mountpoint.mkdir()
+        argv = [str(BIN / "chromafs-mount"), str(mountpoint), "--site", self.site, *self.backend]
+        argv += ["--mountd", str(self.server.socket), "--jwt-secret-file", str(self.secret)]
+        if groups is not None or exp is not None:
+            token = self.workdir / f"token-{self.count}"
+            token.write_text(_token(self.site, groups, exp or time.time() + 3600))
+            argv += ["--token-file", str(token)]
+        started = time.perf_counter()
+        done = run_timed(argv)
+        if done.returncode != 0:
+            raise RuntimeError(f"session mount failed: {done.stderr.decode().strip()}")
+        listed = run_timed(["ls", str(mountpoint)])
+        took = time.perf_counter() - started
+        if listed.returncode != 0:
+            raise RuntimeError(f"ls of a new session failed: {listed.stderr.decode().strip()}")
+        return mountpoint, took
+
+    def serving_pss_kb(self) -> int:
+        """PSS of every process serving mounts: the server and its class mounts' daemons."""
+        total = 0
+        assert self.server.proc is not None
+        pids = [self.server.proc.pid]
+        for line in run_timed(["pgrep", "-f", f"chromafs-mount {self.server.class_root}"]).stdout.split():
+            pids.append(int(line))
+        for pid in pids:
+            try:
+                total += _smaps_rollup(pid)["pss"]
+            except OSError:
+                continue
+        return total
+
+
+def _visible_sets(chroma_dir: Path, site: str) -> dict[str, set[str]]:
+    from chromafs_fuse.access import Principal, visible_entries
+    from chromafs_fuse.tree import parse_tree
+
+    document = corpora_tree(chroma_dir, site)
+    entries = parse_tree(document).entries
+    readers = {
+        "anonymous": Principal.anonymous(),
+        "signed-in": Principal.of([]),
+        "admin": Principal.of(["admin"]),
+        "billing": Principal.of(["billing"]),
+    }
+    return {name: set(visible_entries(entries, p)) for name, p in readers.items()}
+
+
+def corpora_tree(chroma_dir: Path, site: str) -> str:
+    from chromafs_fuse.backends.chroma_store import ChromaLocation, ChromaPages
+
+    return ChromaPages.open(ChromaLocation(path=str(chroma_dir), collection=site)).load_tree_document()[0]
+
+
+def measure_sessions(run: Any, corpus: corpora.Corpus, backend: list[str], chroma_dir: Path) -> dict[str, Any]:
+    workdir = run.tmp / f"{corpus.site}-sessions"
+    workdir.mkdir()
+    sessions = Sessions(workdir, corpus.site, backend)
+    grep = measure.command_of("grep -rl")
+    out: dict[str, Any] = {}
+    assert corpus.tmpfs_copy is not None
+    tmpfs_grep = min(measure.run_tool(grep, corpus.tmpfs_copy)[0] for _ in range(3))
+    out["tmpfs_grep_s"] = tmpfs_grep
+    try:
+        sessions.server.start()
+        # a class's first cold grep, Redis warm (primed by the other figures, else by this read)
+        first, out["first_session_s"] = sessions.open()
+        out["class_first_grep_s"] = measure.run_tool(grep, first)[0]
+        second, _ = sessions.open()
+        out["second_session_first_grep_s"] = measure.run_tool(grep, second)[0]
+        out["class_first_grep_ratio"] = out["class_first_grep_s"] / tmpfs_grep
+        out["second_session_grep_ratio"] = out["second_session_first_grep_s"] / tmpfs_grep
+        boots = [sessions.open()[1] for _ in range(BOOT_RUNS)]
+        out["new_session_p50_s"] = measure.percentile(boots, 50)
+        out["new_session_p90_s"] = measure.percentile(boots, 90)
+        before = sessions.serving_pss_kb()
+        for _ in range(SESSIONS_FOR_MEMORY):
+            mountpoint, _ = sessions.open()
+            run_timed(["ls", "-R", str(mountpoint)])
+        after = sessions.serving_pss_kb()
+        out["pss_per_extra_session_kb"] = (after - before) / SESSIONS_FOR_MEMORY
+        # 0 leaks: sessions of four classes each show exactly their pages
+        expected = _visible_sets(chroma_dir, corpus.site)
+        groups = {"anonymous": None, "signed-in": [], "admin": ["admin"], "billing": ["billing"]}
+        leaks = 0
+        for name, wanted in expected.items():
+            mountpoint, _ = sessions.open(groups[name])
+            shown = run_timed(["find", str(mountpoint), "-type", "f"]).stdout.decode().split("\n")
+            got = {line[len(str(mountpoint)) + 1 :] for line in shown if line}
+            leaks += len(got - wanted)
+            if got != wanted:
+                run.problems.append(f"sessions: {name} shows {len(got)} files, expected {len(wanted)}")
+        out["leaks"] = leaks
+        out["classes"] = len(mounts_under(sessions.server.class_root))
+        # expiry: one session of the anonymous class expires; the others go on
+        exp = time.time() + 3
+        expiring, _ = sessions.open([], exp=exp)
+        keeper, _ = sessions.open([])
+        while expiring in mounts_under(workdir):
+            if time.time() > exp + 30:
+                break
+            time.sleep(0.05)
+        out["expiry_stop_after_exp_s"] = round(time.time() - exp, 2)
+        out["others_after_expiry_ok"] = run_timed(["ls", str(keeper)]).returncode == 0
+        unmount(second)
+        out["others_after_unmount_ok"] = run_timed(["ls", str(first)]).returncode == 0
+        out["sessions_opened"] = sessions.count
+    finally:
+        for path in mounts_under(workdir):
+            if path.parent == workdir:
+                unmount(path)
+        sessions.server.stop()
+        sessions.server.unmount_classes()
+    out["bars"] = {
+        "new_session_p90_le_50ms": out.get("new_session_p90_s", 1) <= 0.05,
+        "pss_per_session_le_2MiB": out.get("pss_per_extra_session_kb", 1e9) <= 2048,
+        "second_session_grep_le_2x_tmpfs": out.get("second_session_grep_ratio", 1e9) <= 2,
+        "class_first_grep_le_10x_tmpfs": out.get("class_first_grep_ratio", 1e9) <= 10,
+        "no_leaks": out.get("leaks", 1) == 0,
+        "expiry_le_5s": out.get("expiry_stop_after_exp_s", 1e9) <= EXPIRY_BOUND_S,
+    }
+    return out
+
+
+def text_lines(result: dict[str, Any]) -> list[str]:
+    if not result:
+        return []
+    return [
+        f"  new session (mount + ls): p50 {result['new_session_p50_s'] * 1000:.1f} ms, "
+        f"p90 {result['new_session_p90_s'] * 1000:.1f} ms",
+        f"  PSS per extra session: {result['pss_per_extra_session_kb']:.0f} kB",
+        f"  class's first cold grep -rl (warm Redis): {result['class_first_grep_ratio']:.1f}x tmpfs; "
+        f"a new session's first grep -rl after another grepped: {result['second_session_grep_ratio']:.1f}x tmpfs",
+        f"  leaks: {result['leaks']}; expired session gone {result['expiry_stop_after_exp_s']:.2f} s after exp; "
+        f"others fine after expiry/unmount: {result['others_after_expiry_ok']}/{result['others_after_unmount_ok']}",
+        "  bars: " + ", ".join(f"{k}={'PASS' if v else 'FAIL'}" for k, v in result["bars"].items()),
+    ]
