@@ -144,7 +144,7 @@ def measure_sessions(run: Any, corpus: corpora.Corpus, backend: list[str], chrom
         out["leaks"] = leaks
         out["classes"] = len(mounts_under(sessions.server.class_root))
         # expiry: one session of the anonymous class expires; the others go on
-        exp = time.time() + 3
+        exp = int(time.time()) + 3
         expiring, _ = sessions.open([], exp=exp)
         keeper, _ = sessions.open([])
         while expiring in mounts_under(workdir):
