@@ -164,17 +164,26 @@ class DocsFilesystem:
             for inode in inodes:
                 self.replaced.pop(inode, None)
 
-    def carry_replaced(self, replaced_now: Mapping[int, PathEntry], new_table: InodeTable) -> dict[int, PathEntry]:
+    def carry_replaced(
+        self, replaced_now: Mapping[int, PathEntry], new_table: InodeTable
+    ) -> tuple[dict[int, PathEntry], list[int]]:
         """The old versions the next tree's filesystem keeps serving: those held until now and
         those this switch replaces, for paths the reader still sees as files in the new tree
-        (so a page removed or hidden from the reader is not readable through an old inode)."""
+        (so a page removed or hidden from the reader is not readable through an old inode);
+        and the old inodes no longer served, whose cached bytes the kernel must drop."""
         kept: dict[int, PathEntry] = {}
+        dropped: list[int] = []
         for inode, entry in [*self.replaced.items(), *replaced_now.items()]:
-            if entry.key in new_table.entries and new_table.index_of(inode) < 0:
+            if new_table.index_of(inode) >= 0:
+                continue  # the version is the tree's own again
+            if entry.key in new_table.entries:
                 kept[inode] = entry
+            else:
+                dropped.append(inode)
         while len(kept) > MAX_REPLACED:
-            del kept[next(iter(kept))]
-        return kept
+            dropped.append(next(iter(kept)))
+            del kept[dropped[-1]]
+        return kept, dropped
 
     def may_access(self, inode: int, mode: int) -> bool:
         if inode not in self.replaced:

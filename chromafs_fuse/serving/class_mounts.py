@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import hashlib
-import json
 import logging
 import os
 import signal
@@ -23,7 +22,7 @@ from collections.abc import Callable
 from chromafs_fuse.access import Principal
 from chromafs_fuse.config import MountConfig
 from chromafs_fuse.serving.binds import bind_read_only, detach, mounted_devices
-from chromafs_fuse.serving.service import process_start, runtime_dir
+from chromafs_fuse.serving.service import process_start, runtime_dir, utc_text, write_private_json
 from chromafs_fuse.serving.sessions import ClassMount, Session, SessionTable, class_key
 
 log = logging.getLogger("chromafs.mountd")
@@ -52,10 +51,6 @@ def _device(path: str) -> str:
     return f"{os.major(dev)}:{os.minor(dev)}"
 
 
-def _utc(seconds: float | None) -> str:
-    return "-" if seconds is None else time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(seconds))
-
-
 # (args of the session's request, the class's reader, the class mount's path) -> its daemon's pid
 StartClass = Callable[[object, Principal, str], int]
 
@@ -77,14 +72,15 @@ class SessionKeeper:
         """Bind the reader's class mount on the session's mountpoint (blocking: the first
         session of a class waits for its mount to be ready)."""
         mountpoint = config.mountpoint
-        if mountpoint in mounted_devices():
+        devices = mounted_devices()
+        if mountpoint in devices:
             raise SessionError(f"{mountpoint} is already mounted")
         key = class_key(mount_settings(config), principal)
         mount = self.table.classes.get(key)
-        if mount is None or not self._alive(mount):
+        if mount is None or not self._alive(mount, devices):
             if mount is not None:
                 self._drop_class(mount, "its daemon is gone")
-            mount = self._start(key, args, config, principal)
+            mount = self._start(key, args, config, principal, devices)
         try:
             bind_read_only(mount.path, mountpoint)
         except OSError as exc:
@@ -94,12 +90,16 @@ class SessionKeeper:
         self.table.add(session)
         self._write_status(session)
         self._save()
-        log.info("session on %s: %s, class %s, expires %s", mountpoint, reader, key[:12], _utc(principal.expires_at))
+        log.info(
+            "session on %s: %s, class %s, expires %s", mountpoint, reader, key[:12], utc_text(principal.expires_at)
+        )
         return session
 
-    def _start(self, key: str, args: object, config: MountConfig, principal: Principal) -> ClassMount:
+    def _start(
+        self, key: str, args: object, config: MountConfig, principal: Principal, devices: dict[str, str]
+    ) -> ClassMount:
         path = os.path.join(self.root, key)
-        if path in mounted_devices():
+        if path in devices:
             detach(path)  # a class mount no state names (the state was lost): it drains
         os.makedirs(path, mode=0o755, exist_ok=True)
         started = time.perf_counter()
@@ -183,20 +183,9 @@ class SessionKeeper:
         if self.table.classes:
             log.info("carried on %d class mounts and %d sessions", len(self.table.classes), len(self.table.sessions))
 
-    def stop_all(self) -> None:
-        """For tests and `chromafs-mountd --stop-sessions`: end every session and class mount."""
-        for session in list(self.table.sessions.values()):
-            detach(session.mountpoint)
-            self._end(session, time.time())
-        for mount in list(self.table.classes.values()):
-            self._stop(mount)
-            self.table.drop_class(mount.key)
-        self._save()
-
     # -- helpers ------------------------------------------------------------------------
 
-    def _alive(self, mount: ClassMount, devices: dict[str, str] | None = None) -> bool:
-        devices = mounted_devices() if devices is None else devices
+    def _alive(self, mount: ClassMount, devices: dict[str, str]) -> bool:
         return process_start(mount.pid) == mount.pid_start and devices.get(mount.path) == mount.device
 
     def _end(self, session: Session, now: float) -> None:
@@ -246,10 +235,7 @@ class SessionKeeper:
             "session": {"subject": session.subject, "class": mount.key, "class_mount": mount.path},
         }
         with contextlib.suppress(OSError):
-            tmp = f"{path}.tmp"
-            with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
-                json.dump(status, f)
-            os.replace(tmp, path)
+            write_private_json(path, status)
 
     def _remove_status(self, session: Session) -> None:
         path = self._status_path(session)

@@ -31,7 +31,14 @@ from chromafs_fuse.readahead import ReadScheduler
 from chromafs_fuse.serving.fuse_ops import ChromaOperations, pyfuse3_passes_inode
 from chromafs_fuse.serving.page_source import PageSource
 from chromafs_fuse.serving.refresh import TreeRefresher
-from chromafs_fuse.serving.service import StatusFile, limit_malloc_arenas, sd_notify, start_metrics_server, uptime_since
+from chromafs_fuse.serving.service import (
+    StatusFile,
+    limit_malloc_arenas,
+    sd_notify,
+    start_metrics_server,
+    uptime_since,
+    utc_text,
+)
 from chromafs_fuse.serving.site_loader import Preloaded, SiteLoader, verify_reader
 from chromafs_fuse.serving.watchdog import start_watchdog, stop_watchdog
 from chromafs_fuse.tokens import TokenError
@@ -82,10 +89,6 @@ def _public_backend(config: MountConfig) -> str:
             f":{parts.port}" if parts.port else ""
         )
     return f"embedded:{chroma.path}"
-
-
-def _utc(seconds: float) -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(seconds))
 
 
 def describe_mount(
@@ -165,9 +168,7 @@ def serve(
 
     async def end_at_expiry(expires_at: float) -> None:
         await trio.sleep(max(0.0, expires_at - time.time()))
-        log.warning(
-            "the token expired (exp %s): unmounting", time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(expires_at))
-        )
+        log.warning("the token expired (exp %s): unmounting", utc_text(expires_at))
         sd_notify("STOPPING=1")
         pyfuse3.terminate()
 

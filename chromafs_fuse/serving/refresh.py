@@ -98,13 +98,8 @@ class TreeRefresher:
         table = await trio.to_thread.run_sync(SiteLoader.prune, tree, self.principal)
         change = await trio.to_thread.run_sync(diff_tables, self.ops.table, table)
         previous = self.source.tree_version
-        replaced = self.ops.fs.carry_replaced(change.replaced, table)
-        # old versions no longer served (their page removed or hidden): drop their cached bytes
-        change.stale_inodes += [
-            inode
-            for inode in [*self.ops.fs.replaced, *change.replaced]
-            if inode not in replaced and table.index_of(inode) < 0
-        ]
+        replaced, dropped = self.ops.fs.carry_replaced(change.replaced, table)
+        change.stale_inodes += dropped
         old_pusher = self.ops.switch(self.make_fs(table, replaced))
         self.source.switch(tree.version)
         await trio.to_thread.run_sync(tell_kernel, old_pusher, change)

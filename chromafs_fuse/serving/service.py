@@ -67,6 +67,20 @@ def process_start(pid: int) -> int | None:
         return None
 
 
+def write_private_json(path: str, data: object) -> None:
+    """Replace `path` with `data` as JSON in one step, readable by its owner only."""
+    tmp = f"{path}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump(data, f, sort_keys=True)
+    os.replace(tmp, path)
+
+
+def utc_text(seconds: float | None) -> str:
+    """A time for a log line: ISO 8601 in UTC, "-" for none."""
+    return "-" if seconds is None else time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(seconds))
+
+
 class StatusFile:
     """A small JSON file describing this mount, rewritten every few seconds."""
 
@@ -79,13 +93,8 @@ class StatusFile:
     def write(self) -> None:
         if not self.path:
             return
-        data = json.dumps({**self.describe(), "pid_start": self.pid_start}, sort_keys=True)
-        tmp = f"{self.path}.tmp"
         try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-            with os.fdopen(fd, "w") as f:
-                f.write(data)
-            os.replace(tmp, self.path)
+            write_private_json(self.path, {**self.describe(), "pid_start": self.pid_start})
         except OSError as exc:
             log.debug("cannot write status file %s: %s", self.path, exc)
 

@@ -12,11 +12,11 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import os
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 
 from chromafs_fuse.access import Principal, visibility_key
+from chromafs_fuse.serving.service import write_private_json
 
 
 def class_key(mount_settings: Mapping[str, object], principal: Principal) -> str:
@@ -100,11 +100,7 @@ class SessionTable:
             "classes": [asdict(c) for c in self.classes.values()],
             "sessions": [asdict(s) for s in self.sessions.values()],
         }
-        tmp = f"{path}.tmp"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f)
-        os.replace(tmp, path)
+        write_private_json(path, data)
 
     @classmethod
     def load(cls, path: str) -> SessionTable:

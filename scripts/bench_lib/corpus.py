@@ -59,14 +59,19 @@ def ingest(corpus: Corpus, backend_args: list[str]) -> float:
     return run_checked(argv, f"chromafs-ingest {corpus.name}").seconds
 
 
+def tree_document(chroma_path: Path, site: str) -> str:
+    """The site's tree record, as stored in the embedded Chroma."""
+    from chromafs_fuse.backends.chroma_store import ChromaLocation, ChromaPages
+
+    return ChromaPages.open(ChromaLocation(path=str(chroma_path), collection=site)).load_tree_document()[0]
+
+
 def load_visible(corpus: Corpus, chroma_path: Path) -> None:
     """Read the tree record from the embedded Chroma and keep what an anonymous reader sees."""
     from chromafs_fuse.access import Principal, visible_entries
-    from chromafs_fuse.backends.chroma_store import ChromaLocation, ChromaPages
     from chromafs_fuse.tree import parse_tree
 
-    pages = ChromaPages.open(ChromaLocation(path=str(chroma_path), collection=corpus.site))
-    document = pages.load_tree_document()[0]
+    document = tree_document(chroma_path, corpus.site)
     tree = parse_tree(document)
     corpus.facts["tree_record_bytes"] = len(document)
     corpus.visible = visible_entries(tree.entries, Principal.anonymous())

@@ -155,7 +155,7 @@ def run_corpus(run: Run, spec: str, index: int) -> dict[str, Any]:
         backend = ["--chroma-url", run.chroma.url, "--redis-url", run.redis.url]
         corpus.facts["ingest_server_s"] = corpora.ingest(corpus, [*backend, "--blob-store", blobs])
         run.say(f"{spec}: ingested (server) in {corpus.facts['ingest_server_s']:.1f}s")
-        tree_doc = _tree_document(chroma_dir, corpus.site)
+        tree_doc = corpora.tree_document(chroma_dir, corpus.site)
         for shared in ("cold", "warm"):
             mounter = run.mounter(corpus.site, backend, f"{corpus.site}-server-{shared}")
             name = f"chromafs-server-redis/shared-{shared}"
@@ -194,12 +194,6 @@ def run_corpus(run: Run, spec: str, index: int) -> dict[str, Any]:
     if speed is not None:
         out["ingest"] = speed
     return out
-
-
-def _tree_document(chroma_dir: Path, site: str) -> str:
-    from chromafs_fuse.backends.chroma_store import ChromaLocation, ChromaPages
-
-    return ChromaPages.open(ChromaLocation(path=str(chroma_dir), collection=site)).load_tree_document()[0]
 
 
 def _prime(run: Run, system: Chromafs, corpus: corpora.Corpus) -> None:

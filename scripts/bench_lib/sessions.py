@@ -86,8 +86,7 @@ def _visible_sets(chroma_dir: Path, site: str) -> dict[str, set[str]]:
     from chromafs_fuse.access import Principal, visible_entries
     from chromafs_fuse.tree import parse_tree
 
-    document = corpora_tree(chroma_dir, site)
-    entries = parse_tree(document).entries
+    entries = parse_tree(corpora.tree_document(chroma_dir, site)).entries
     readers = {
         "anonymous": Principal.anonymous(),
         "signed-in": Principal.of([]),
@@ -95,12 +94,6 @@ def _visible_sets(chroma_dir: Path, site: str) -> dict[str, set[str]]:
         "billing": Principal.of(["billing"]),
     }
     return {name: set(visible_entries(entries, p)) for name, p in readers.items()}
-
-
-def corpora_tree(chroma_dir: Path, site: str) -> str:
-    from chromafs_fuse.backends.chroma_store import ChromaLocation, ChromaPages
-
-    return ChromaPages.open(ChromaLocation(path=str(chroma_dir), collection=site)).load_tree_document()[0]
 
 
 def measure_sessions(run: Any, corpus: corpora.Corpus, backend: list[str], chroma_dir: Path) -> dict[str, Any]:
