@@ -77,6 +77,7 @@ class MountConfig:
     prefetch_max_bytes: int = 64 * 1024 * 1024
     readahead_pages: int = 32
     push_pages: bool = True
+    warm_kernel: bool = False  # after mounting: list every directory, push every prefetched page
     pid_file: str | None = None
     log_file: str | None = None
     log_level: str = "info"
@@ -111,6 +112,7 @@ class MountConfig:
             prefetch_max_bytes=args.prefetch_max_bytes,
             readahead_pages=args.readahead_pages,
             push_pages=args.push_pages,
+            warm_kernel=args.warm_kernel,
             pid_file=args.pid_file,
             log_file=args.log_file,
             log_level=args.log_level,

@@ -234,9 +234,24 @@ class InodeTable:
     def sha_at(self, index: int) -> str | None:
         return self._sha[32 * index : 32 * index + 32].hex() if self._has_sha[index] else None
 
+    def is_blob_at(self, index: int) -> bool:
+        """A lazy file (its bytes in the blob store, not in Chroma)."""
+        return index in self._blobs
+
     def mtime_at(self, index: int) -> float | None:
         mtime = self._mtime[index]
         return None if math.isnan(mtime) else mtime
+
+    def directories_depth_first(self) -> list[int]:
+        """Directory indices in the order `grep -r` enters them: the root, then each
+        subdirectory's whole subtree in name order."""
+        out: list[int] = []
+        stack = [ROOT_INDEX]
+        while stack:
+            index = stack.pop()
+            out.append(index)
+            stack.extend(reversed([c for c in self.children_at(index) if self._count[c]]))
+        return out
 
     def subdir_count(self, index: int) -> int:
         return sum(1 for child in self.children_at(index) if self._count[child])

@@ -41,7 +41,7 @@ class PageLoader(Protocol):
 
     def is_cached(self, entry: PathEntry) -> bool: ...
 
-    def is_cached_or_loading(self, entry: PathEntry) -> bool: ...
+    def is_cached_or_loading(self, page_key: str, sha256: str | None) -> bool: ...
 
     def start_batch(self, entries: Sequence[PathEntry], on_done: Callable[[bool], None]) -> bool:
         """Load these pages in the background, one round trip; `on_done(loaded)` runs on the
@@ -72,7 +72,8 @@ class ReadScheduler:
         files = len(table.file_order)
         self._delivered = bytearray(files)  # by file order: the kernel holds the whole file
         self._listed = bytearray(len(table))  # by node index: the kernel has listed this directory
-        self._swept = bytearray(len(table))  # by node index: its loaded pages were offered after a read
+        self._swept = bytearray(len(table))  # by node index: the kernel holds its entries; loaded pages offered
+        self._held_dirs: list[int] = []  # the directories marked in _swept
         self._offered: dict[int, tuple[str, str | None]] = {}  # file order -> (key, sha256) offered
         self._frontier = 0  # file order where the batches requested so far end (push mode)
 
@@ -148,7 +149,7 @@ class ReadScheduler:
             ahead is not None
             and ahead.entry is not None
             and not self._delivered[ahead.order]
-            and not self.pages.is_cached_or_loading(ahead.entry)
+            and not self.pages.is_cached_or_loading(ahead.entry.key, ahead.entry.sha256)
         ):
             self._load(ahead.order, window * 4)
 
@@ -172,18 +173,18 @@ class ReadScheduler:
         False if the batch was dropped (speculative while the backend is busy) or cannot run."""
         if self.batches_in_flight >= MAX_BATCHES_IN_FLIGHT and not reader_waits:
             return False
-        delivered, pages = self._delivered, self.pages
-        nodes = [
-            n
-            for n in self.table.files_from(order, count)
-            if n.entry is not None
-            and n.entry.blob is None
-            and not delivered[n.order]
-            and not pages.is_cached_or_loading(n.entry)
+        # By index: this runs for many reads, and making nodes would cost more than the batch
+        delivered, pages, table = self._delivered, self.pages, self.table
+        first = max(order, 0)
+        indexes = [
+            index
+            for at, index in enumerate(table.file_order[first : first + count], first)
+            if not delivered[at]
+            and not table.is_blob_at(index)
+            and not pages.is_cached_or_loading(table.key_at(index), table.sha_at(index))
         ]
-        if not nodes:
+        if not indexes:
             return True
-        indexes = [n.index for n in nodes]
 
         def on_done(loaded: bool) -> None:
             self.batches_in_flight -= 1
@@ -191,12 +192,37 @@ class ReadScheduler:
                 self._offer_listed(indexes)
 
         self.batches_in_flight += 1
-        if pages.start_batch([n.entry for n in nodes if n.entry is not None], on_done):
+        entries = [table.node(index).entry for index in indexes]
+        if pages.start_batch([e for e in entries if e is not None], on_done):
             return True
         self.batches_in_flight -= 1
         return False
 
     # -- pushing into the kernel's cache ------------------------------------------------
+
+    def holds_directory(self, index: int) -> None:
+        """The kernel holds every entry of this directory (a read in it, or a finished walk of
+        its listing, shows it): offer every loaded file of it now, and later loads as they come."""
+        self.take_outcomes()
+        if self.pusher is None or self._swept[index]:
+            return
+        self._swept[index] = self._listed[index] = 1
+        self._held_dirs.append(index)
+        self._offer_files_of(index)
+
+    def offer_held(self) -> None:
+        """Offer every loaded page whose directory the kernel holds (after a warm-up batch)."""
+        if self.pusher is None:
+            return
+        self.take_outcomes()
+        for index in self._held_dirs:
+            self._offer_files_of(index)
+
+    def _offer_files_of(self, directory: int) -> None:
+        table = self.table
+        for child in table.children_at(directory):
+            if not table.is_dir_at(child):
+                self._offer(child)
 
     def _offer(self, index: int) -> None:
         assert self.pusher is not None
@@ -218,12 +244,4 @@ class ReadScheduler:
 
     def _sweep(self, index: int) -> None:
         """A read shows the kernel holds this file's directory: offer every loaded sibling."""
-        self.take_outcomes()
-        table = self.table
-        parent = table.parent_at(index)
-        if self._swept[parent]:
-            return
-        self._swept[parent] = self._listed[parent] = 1
-        for child in table.children_at(parent):
-            if not table.is_dir_at(child):
-                self._offer(child)
+        self.holds_directory(self.table.parent_at(index))

@@ -55,7 +55,7 @@ class FakePages:
     def is_cached(self, entry: PathEntry) -> bool:
         return False
 
-    def is_cached_or_loading(self, entry: PathEntry) -> bool:
+    def is_cached_or_loading(self, page_key: str, sha256: str | None) -> bool:
         return False
 
     def start_batch(self, entries: Any, on_done: Any) -> bool:

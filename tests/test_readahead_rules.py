@@ -29,8 +29,8 @@ class FakePages:
     def is_cached(self, entry: PathEntry) -> bool:
         return entry.key in self.memory
 
-    def is_cached_or_loading(self, entry: PathEntry) -> bool:
-        return entry.key in self.memory or entry.key in self.loading
+    def is_cached_or_loading(self, page_key: str, sha256: str | None) -> bool:
+        return page_key in self.memory or page_key in self.loading
 
     def start_batch(self, entries: Sequence[PathEntry], on_done: Callable[[bool], None]) -> bool:
         if not self.serving:

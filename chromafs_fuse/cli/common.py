@@ -6,16 +6,13 @@ import argparse
 import os
 import sys
 
-from chromafs_fuse.names import DEFAULT_CHUNK_INDEX_FIELD, DEFAULT_PAGE_FIELD, MAX_TOKEN_BYTES
+from chromafs_fuse.cli.mount_client import CliError, token_of
+from chromafs_fuse.names import DEFAULT_CHUNK_INDEX_FIELD, DEFAULT_PAGE_FIELD
 
 TYPE_CHECKING = False  # not `from typing import ...`: typing costs the mount client ~3 ms of start-up
 
 if TYPE_CHECKING:
     from chromafs_fuse.backends.chroma_store import ChromaLocation
-
-
-class CliError(Exception):
-    """A user-facing failure: printed as one line, exit status 1."""
 
 
 def add_chroma_arguments(parser: argparse.ArgumentParser) -> None:
@@ -36,17 +33,6 @@ def add_chroma_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--chunk-index-field", default=DEFAULT_CHUNK_INDEX_FIELD, help="chunk metadata field with its position"
     )
-
-
-def require_chroma_location(args: argparse.Namespace) -> None:
-    """Fail fast, without importing the Chroma adapter, when no Chroma is given."""
-    if not (
-        args.chroma_path
-        or args.chroma_url
-        or os.environ.get("CHROMAFS_CHROMA_URL")
-        or os.environ.get("CHROMAFS_CHROMA_PATH")
-    ):
-        raise CliError("no Chroma given: use --chroma-path DIR or --chroma-url URL")
 
 
 def chroma_location(args: argparse.Namespace) -> ChromaLocation:
@@ -155,32 +141,7 @@ def add_session_arguments(parser: argparse.ArgumentParser) -> None:
 def resolve_token(args: argparse.Namespace) -> str | None:
     if args.token_stdin:
         return sys.stdin.read().strip() or None
-    if args.token and args.token_file:
-        raise CliError("give --token or --token-file, not both")
-    if args.token:
-        return str(args.token)
-    if args.token_file:
-        return read_token_file(args.token_file)
-    if os.environ.get("CHROMAFS_TOKEN_FILE"):
-        return read_token_file(os.environ["CHROMAFS_TOKEN_FILE"])
-    return os.environ.get("CHROMAFS_TOKEN") or None
-
-
-def read_token_file(path: str) -> str:
-    try:
-        with open(path, "rb") as f:
-            raw = f.read(MAX_TOKEN_BYTES + 1)
-    except OSError as exc:
-        raise CliError(f"cannot read token file {path}: {exc.strerror}") from exc
-    if len(raw) > MAX_TOKEN_BYTES:
-        raise CliError(f"token file {path} is larger than {MAX_TOKEN_BYTES} bytes")
-    try:
-        token = raw.decode("ascii").strip()
-    except UnicodeDecodeError as exc:
-        raise CliError(f"token file {path} does not hold a JWT") from exc
-    if not token:
-        raise CliError(f"token file {path} is empty")
-    return token
+    return token_of(args.token, args.token_file)
 
 
 def _json_formatter_class() -> type:

@@ -10,17 +10,20 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import errno
-import json
 import os
-import select
-import socket
 import sys
-import time
 
-from chromafs_fuse.cli.common import CliError, add_session_arguments, require_chroma_location, resolve_token
-
-READY = b"READY\n"
+from chromafs_fuse.cli.common import add_session_arguments, resolve_token
+from chromafs_fuse.cli.mount_client import (
+    CliError,
+    check_mountpoint,
+    encode_request,
+    request_mount,
+    require_chroma_location,
+    server_argv,
+    unmount_lazily,
+    wait_for_ready,
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -57,6 +60,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="hand read-ahead pages to the kernel's page cache before they are read (no-open mode only)",
     )
     parser.add_argument(
+        "--warm-kernel",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="after mounting, list every directory and hand every prefetched page to the kernel's page cache "
+        "(the mount server's class mounts do this)",
+    )
+    parser.add_argument(
         "--refresh-interval",
         type=float,
         metavar="S",
@@ -80,80 +90,12 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def check_mountpoint(path: str) -> None:
-    """The mountpoint must be a directory; a stale chromafs mount is cleaned first."""
-    import subprocess
-
-    try:
-        os.stat(path)
-        if os.path.ismount(path):
-            os.statvfs(path)  # never answered from the kernel's caches: detects a dead daemon
-    except OSError as exc:
-        if exc.errno in (errno.ENOTCONN, errno.ECONNABORTED):  # daemon gone; aborted by its watchdog
-            subprocess.run(["fusermount3", "-u", "-z", path], capture_output=True, check=False)
-            try:
-                os.stat(path)
-            except OSError as again:
-                raise CliError(f"{path}: stale mount could not be cleaned: {again.strerror}") from again
-        else:
-            raise CliError(f"{path}: {exc.strerror}") from exc
-    if not os.path.isdir(path):
-        raise CliError(f"{path}: not a directory")
-    if os.path.ismount(path):
-        raise CliError(f"{path}: something is already mounted there")
-
-
-def _child_argv(argv: list[str]) -> list[str]:
-    """The daemon's arguments: the parent's minus the token, plus the hand-off flags."""
-    out: list[str] = []
-    skip = False
-    for arg in argv:
-        if skip:
-            skip = False
-            continue
-        if arg in ("--token", "--token-file"):
-            skip = True
-            continue
-        if arg.startswith(("--token=", "--token-file=")):
-            continue
-        out.append(arg)
-    return out
-
-
-def wait_for_ready(fd: int, wait_s: float) -> tuple[bool, str]:
-    """Read the daemon's report from `fd`: (True, "") once it says READY, or
-    (False, reason) when it reports a failure, closes, or the deadline passes."""
-    message = b""
-    deadline = time.monotonic() + wait_s
-    while not message.startswith(READY):
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            return False, "the daemon did not become ready in time"
-        ready, _, _ = select.select([fd], [], [], remaining)
-        if not ready:
-            continue
-        chunk = os.read(fd, 4096)
-        if not chunk:
-            break
-        message += chunk
-    if message.startswith(READY):
-        return True, ""
-    return False, message.decode("utf-8", "replace").strip()
-
-
-def clean_up_failed_mount(mountpoint: str) -> None:
-    import subprocess
-
-    if os.path.ismount(mountpoint):
-        subprocess.run(["fusermount3", "-u", "-z", mountpoint], capture_output=True, check=False)
-
-
 def start_daemon(argv: list[str], token: str | None, mountpoint: str, wait_s: float) -> int:
     """Start the serving process and return once it answers (0) or fails (1)."""
     import subprocess
 
     read_fd, write_fd = os.pipe()
-    cmd = [sys.executable, "-m", "chromafs_fuse.cli.mount", *_child_argv(argv)]
+    cmd = [sys.executable, "-m", "chromafs_fuse.cli.mount", *server_argv(argv)]
     cmd += ["--token-stdin", "--ready-fd", str(write_fd)]
     env = {k: v for k, v in os.environ.items() if k not in ("CHROMAFS_TOKEN", "CHROMAFS_TOKEN_FILE")}
     child = subprocess.Popen(
@@ -180,28 +122,9 @@ def start_daemon(argv: list[str], token: str | None, mountpoint: str, wait_s: fl
         child.kill()
         with contextlib.suppress(subprocess.TimeoutExpired):
             child.wait(5)
-    clean_up_failed_mount(mountpoint)
+    if os.path.ismount(mountpoint):
+        unmount_lazily(mountpoint)
     print(f"chromafs-mount: {reason or f'the daemon exited with status {child.returncode}'}", file=sys.stderr)
-    return 1
-
-
-def request_mount(socket_path: str, argv: list[str], token: str | None, mountpoint: str, wait_s: float) -> int:
-    """Client side: ask the server for a mount; 0 once it answers, 1 with one line otherwise."""
-    request = json.dumps({"argv": argv, "token": token, "cwd": os.getcwd()}).encode("utf-8") + b"\n"
-    try:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
-            conn.settimeout(5)
-            conn.connect(socket_path)
-            conn.sendall(request)
-            conn.shutdown(socket.SHUT_WR)
-            ok, reason = wait_for_ready(conn.fileno(), wait_s)
-    except OSError as exc:
-        print(f"chromafs-mount: cannot reach chromafs-mountd at {socket_path}: {exc.strerror or exc}", file=sys.stderr)
-        return 1
-    if ok:
-        return 0
-    clean_up_failed_mount(mountpoint)
-    print(f"chromafs-mount: {reason or 'the mount server closed the connection'}", file=sys.stderr)
     return 1
 
 
@@ -215,13 +138,15 @@ def main(argv: list[str] | None = None) -> int:
     try:
         token = resolve_token(args)
         check_mountpoint(args.mountpoint)
-        require_chroma_location(args)
+        require_chroma_location(args.chroma_path, args.chroma_url)
+        wait_s = args.backend_timeout * 3 + 60
+        if args.mountd:
+            request = encode_request(server_argv(argv), token, os.getcwd())
     except CliError as exc:
         print(f"chromafs-mount: {exc}", file=sys.stderr)
         return 1
-    wait_s = args.backend_timeout * 3 + 60
     if args.mountd:
-        return request_mount(args.mountd, _child_argv(argv), token, args.mountpoint, wait_s)
+        return request_mount(args.mountd, request, args.mountpoint, wait_s)
     return start_daemon(argv, token, args.mountpoint, wait_s)
 
 

@@ -16,6 +16,7 @@ import os
 import signal
 import sys
 import time
+from functools import partial
 from urllib.parse import urlsplit, urlunsplit
 
 import pyfuse3
@@ -24,11 +25,13 @@ import trio
 from chromafs_fuse.access import Principal
 from chromafs_fuse.backends.chroma_store import BackendError, SiteNotFound
 from chromafs_fuse.cli.common import CliError, resolve_token, setup_logging
+from chromafs_fuse.cli.mount_client import READY
 from chromafs_fuse.config import MountConfig
 from chromafs_fuse.filesystem import DocsFilesystem
 from chromafs_fuse.inodes import InodeTable
 from chromafs_fuse.readahead import ReadScheduler
 from chromafs_fuse.serving.fuse_ops import ChromaOperations, pyfuse3_passes_inode
+from chromafs_fuse.serving.kernel_push import walk_directories
 from chromafs_fuse.serving.page_source import PageSource
 from chromafs_fuse.serving.refresh import TreeRefresher
 from chromafs_fuse.serving.service import (
@@ -45,7 +48,6 @@ from chromafs_fuse.tokens import TokenError
 from chromafs_fuse.tree import PathEntry, TreeError
 
 log = logging.getLogger("chromafs.mount")
-READY = b"READY\n"
 STATUS_EVERY_S = 2.0
 UNKNOWN_SIZE_ESTIMATE = 16 * 1024  # for deciding on auto prefetch when the tree has no sizes
 
@@ -127,6 +129,31 @@ def describe_mount(
     }
 
 
+async def warm_up(config: MountConfig, ops: ChromaOperations, source: PageSource) -> None:
+    """After READY: load every visible page into memory; with --warm-kernel also walk every
+    directory (so the kernel holds every inode) and hand each page to the kernel's page cache
+    as soon as it is loaded and its directory walked, in the order `grep -r` reads them."""
+    started = time.monotonic()
+    table, scheduler = ops.table, ops.fs.scheduler
+    warm = config.warm_kernel and ops.push_pages
+    if not warm:
+        count = await source.prefetch(sorted(table.entries.values(), key=lambda e: e.key))
+        log.info("prefetched %d pages in %.2fs", count, time.monotonic() - started)
+        return
+    entries = [node.entry for node in table.files_from(0, len(table.file_order)) if node.entry is not None][::-1]
+    token = trio.lowlevel.current_trio_token()
+
+    def listed(index: int) -> None:
+        token.run_sync_soon(scheduler.holds_directory, index)
+
+    async with trio.open_nursery() as nursery:
+        walk = partial(trio.to_thread.run_sync, abandon_on_cancel=True)
+        nursery.start_soon(walk, walk_directories, config.mountpoint, table, listed)
+        count = await source.prefetch(entries, after_batch=scheduler.offer_held)
+    scheduler.offer_held()
+    log.info("prefetched %d pages in %.2fs, handing them to the kernel's page cache", count, time.monotonic() - started)
+
+
 def serve(
     config: MountConfig,
     ops: ChromaOperations,
@@ -156,10 +183,7 @@ def serve(
                 os.close(ready_fd)
         sd_notify(f"READY=1\nSTATUS=serving {config.site} on {mountpoint}")
         if prefetch:
-            entries = sorted(ops.table.entries.values(), key=lambda e: e.key)
-            started = time.monotonic()
-            count = await source.prefetch(entries)
-            log.info("prefetched %d pages in %.2fs", count, time.monotonic() - started)
+            await warm_up(config, ops, source)
 
     async def refresh_status() -> None:
         while True:

@@ -16,10 +16,13 @@ from __future__ import annotations
 
 import errno
 import logging
+import os
 import threading
 from collections import deque
 from collections.abc import Callable, Sequence
 from queue import Empty, SimpleQueue
+
+from chromafs_fuse.inodes import InodeTable
 
 log = logging.getLogger(__name__)
 
@@ -96,3 +99,21 @@ class KernelPusher:
                     self._on_outcomes()
                 except Exception:  # the loop has finished: nobody is left to drain
                     return
+
+
+def walk_directories(root: str, table: InodeTable, listed: Callable[[int], None]) -> int:
+    """List each directory of `table` under `root` (a mount of this daemon: call it off the
+    loop) in the order `grep -r` does, and call `listed(index)` once the kernel holds its
+    entries, so that a store for any file of it is accepted. Returns how many were listed;
+    a directory that cannot be listed (gone after a re-ingest) is skipped."""
+    count = 0
+    for index in reversed(table.directories_depth_first()):
+        try:
+            with os.scandir(os.path.join(root, table.key_at(index))) as entries:
+                for _entry in entries:
+                    pass
+        except OSError:
+            continue
+        listed(index)
+        count += 1
+    return count

@@ -208,7 +208,7 @@ HOUSEKEEPING_S = 0.5
 def serve_forever(socket_path: str, class_root: str | None = None, class_idle_s: float = 300.0) -> None:
     """Serve mount requests until SIGTERM. With `class_root` (root only), sessions are binds of
     shared class mounts kept there; without it, or for `--isolated`, each gets a daemon."""
-    from chromafs_fuse.cli.mount import wait_for_ready
+    from chromafs_fuse.cli.mount_client import wait_for_ready
     from chromafs_fuse.serving.class_mounts import SessionError, SessionKeeper
 
     os.makedirs(os.path.dirname(socket_path) or ".", mode=0o755, exist_ok=True)
@@ -230,6 +230,9 @@ def serve_forever(socket_path: str, class_root: str | None = None, class_idle_s:
         class_args.pid_file = None
         class_args.metrics_addr = None
         class_args.token = None
+        class_args.warm_kernel = (
+            os.environ.get("TMPWARM") == "1"
+        )  # its first grep finds the pages in the kernel, as later sessions do
         ours, theirs = socket.socketpair()
         with ours:
             config = MountConfig.from_args(class_args)

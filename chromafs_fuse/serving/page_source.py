@@ -157,8 +157,8 @@ class PageSource:
     def is_cached(self, entry: PathEntry) -> bool:
         return self._cache_key(entry) in self.cache
 
-    def is_cached_or_loading(self, entry: PathEntry) -> bool:
-        key = self._cache_key(entry)
+    def is_cached_or_loading(self, page_key: str, sha256: str | None) -> bool:
+        key = self._memory_key(page_key, sha256)
         return key in self.cache or key in self._inflight
 
     def start_batch(self, entries: Sequence[PathEntry], on_done: Callable[[bool], None]) -> bool:
@@ -170,7 +170,7 @@ class PageSource:
         Which batches to start is the ReadScheduler's decision (readahead.py)."""
         if self.nursery is None:
             return False
-        todo = [e for e in entries if e.blob is None and not self.is_cached_or_loading(e)]
+        todo = [e for e in entries if e.blob is None and not self.is_cached_or_loading(e.key, e.sha256)]
         done = trio.Event()
         for entry in todo:
             self._inflight[self._cache_key(entry)] = done
@@ -308,8 +308,11 @@ class PageSource:
 
     # -- warm start ---------------------------------------------------------
 
-    async def prefetch(self, entries: Sequence[PathEntry], batch_pages: int = 200) -> int:
-        """Load pages in a few batched calls; returns how many were loaded."""
+    async def prefetch(
+        self, entries: Sequence[PathEntry], batch_pages: int = 200, after_batch: Callable[[], object] | None = None
+    ) -> int:
+        """Load pages in a few batched calls, calling `after_batch` after each; returns how
+        many were loaded."""
         todo = [e for e in entries if e.blob is None and self._cache_key(e) not in self.cache]
         done = 0
         for start in range(0, len(todo), batch_pages):
@@ -330,6 +333,8 @@ class PageSource:
                 if isinstance(data, bytes):
                     self._remember(entry, data)
                     done += 1
+            if after_batch is not None:
+                after_batch()
         return done
 
     # -- blobs ---------------------------------------------------------------
