@@ -78,6 +78,7 @@ class MountConfig:
     readahead_pages: int = 32
     push_pages: bool = True
     warm_kernel: bool = False  # after mounting: list every directory, push every prefetched page
+    warm_wait_s: float = 0.0  # how long READY waits for that warm-up (0: it runs in the background)
     pid_file: str | None = None
     log_file: str | None = None
     log_level: str = "info"
@@ -95,6 +96,8 @@ class MountConfig:
         directory (the caller's, for a mount server's request)."""
         if args.readahead_pages < 0:
             raise CliError("--readahead-pages must not be negative")
+        if args.warm_wait < 0:
+            raise CliError("--warm-wait must not be negative")
         if args.cache_timeout < 0:
             raise CliError("--cache-timeout must not be negative")
         refresh = args.refresh_interval
@@ -113,6 +116,7 @@ class MountConfig:
             readahead_pages=args.readahead_pages,
             push_pages=args.push_pages,
             warm_kernel=args.warm_kernel,
+            warm_wait_s=args.warm_wait,
             pid_file=args.pid_file,
             log_file=args.log_file,
             log_level=args.log_level,

@@ -218,6 +218,11 @@ class ReadScheduler:
         for index in self._held_dirs:
             self._offer_files_of(index)
 
+    def pushes_pending(self) -> int:
+        """Pages offered to the kernel whose outcome has not come back yet."""
+        self.take_outcomes()
+        return len(self._offered)
+
     def _offer_files_of(self, directory: int) -> None:
         table = self.table
         for child in table.children_at(directory):

@@ -182,3 +182,32 @@ def test_the_server_restarts_without_harm(
     for mountpoint in [*sessions, *late]:
         if mountpoint not in expiring:
             assert (mountpoint / "quickstart.mdx").read_bytes() == (SAMPLE_SITE / "quickstart.mdx").read_bytes()
+
+
+def test_a_class_mount_is_handed_out_warm(
+    shared_server: MountServer, sample_chroma: Callable[[str], Path], secret_file: Path, tmp_path: Path
+) -> None:
+    """Its first session finds every listing and every page in the kernel: a `grep -r` right
+    after the mount sends not a single read or listing to the class mount's daemon (the two
+    images are lazy files in the blob store, read on demand: grep skips them here)."""
+    session = tmp_path / "first"
+    open_session(session, session_args(sample_chroma("public"), shared_server, None, secret_file))
+    [class_mount] = class_mounts(shared_server)
+    log = Path(f"{class_mount}.log").read_text()
+    assert log.index("warm in") < log.index("mounted on"), "the session was handed out before the warm-up ended"
+
+    def class_status() -> dict:
+        time.sleep(2.5)  # the daemon's status is written every 2 s
+        return next(s for s in statuses() if s["mountpoint"] == str(class_mount))
+
+    before = class_status()["requests"]
+    found = run(["grep", "-rl", "--exclude=*.png", "Authorization", str(session)])
+    assert found.returncode == 0 and found.stdout
+    status = class_status()
+    visible = expected_visible(SAMPLE_SITE, "public", None)
+    assert status["pages_pushed"]["stored"] == len([key for key in visible if not key.endswith(".png")])
+    sent = {op: n - before.get(op, 0) for op, n in status["requests"].items() if n != before.get(op, 0)}
+    # (one `open` is how the kernel learns it need not send more; `statfs` is chromafs status)
+    assert not {"read", "readdir", "opendir", "lookup", "getattr"} & set(sent), f"the first grep sent {sent}"
+    diff = run(["diff", "-r", str(copy_subset(SAMPLE_SITE, visible, tmp_path / "expected")), str(session)])
+    assert diff.returncode == 0, diff.stdout[:1000]

@@ -67,6 +67,13 @@ def build_parser() -> argparse.ArgumentParser:
         "(the mount server's class mounts do this)",
     )
     parser.add_argument(
+        "--warm-wait",
+        type=float,
+        default=0.0,
+        metavar="S",
+        help="with --warm-kernel: answer ready once warm, or after S seconds (default 0: warm in the background)",
+    )
+    parser.add_argument(
         "--refresh-interval",
         type=float,
         metavar="S",

@@ -28,6 +28,7 @@ from chromafs_fuse.serving.sessions import ClassMount, Session, SessionTable, cl
 log = logging.getLogger("chromafs.mountd")
 DEFAULT_CLASS_ROOT = "/run/chromafs/classes"
 DEFAULT_IDLE_S = 300.0
+DEFAULT_WARM_WAIT_S = 1.0
 PER_SESSION_SETTINGS = ("mountpoint", "pid_file", "log_file", "log_level", "log_format", "metrics_addr")
 
 

@@ -49,6 +49,7 @@ from chromafs_fuse.tree import PathEntry, TreeError
 
 log = logging.getLogger("chromafs.mount")
 STATUS_EVERY_S = 2.0
+PUSH_POLL_S = 0.005
 UNKNOWN_SIZE_ESTIMATE = 16 * 1024  # for deciding on auto prefetch when the tree has no sizes
 
 
@@ -129,29 +130,38 @@ def describe_mount(
     }
 
 
-async def warm_up(config: MountConfig, ops: ChromaOperations, source: PageSource) -> None:
-    """After READY: load every visible page into memory; with --warm-kernel also walk every
-    directory (so the kernel holds every inode) and hand each page to the kernel's page cache
-    as soon as it is loaded and its directory walked, in the order `grep -r` reads them."""
+async def warm_up(config: MountConfig, ops: ChromaOperations, source: PageSource, warm: trio.Event) -> None:
+    """After mounting: load every visible page into memory. With --warm-kernel, meanwhile list
+    every directory (so that the kernel holds every inode), then hand every page to the
+    kernel's page cache: a cold `grep -r` then reads like one on a local disk. `warm` is set
+    when that is done (or failed)."""
     started = time.monotonic()
     table, scheduler = ops.table, ops.fs.scheduler
-    warm = config.warm_kernel and ops.push_pages
-    if not warm:
+    if not (config.warm_kernel and ops.push_pages):
         count = await source.prefetch(sorted(table.entries.values(), key=lambda e: e.key))
         log.info("prefetched %d pages in %.2fs", count, time.monotonic() - started)
+        warm.set()
         return
-    entries = [node.entry for node in table.files_from(0, len(table.file_order)) if node.entry is not None][::-1]
-    token = trio.lowlevel.current_trio_token()
-
-    def listed(index: int) -> None:
-        token.run_sync_soon(scheduler.holds_directory, index)
-
-    async with trio.open_nursery() as nursery:
-        walk = partial(trio.to_thread.run_sync, abandon_on_cancel=True)
-        nursery.start_soon(walk, walk_directories, config.mountpoint, table, listed)
-        count = await source.prefetch(entries, after_batch=scheduler.offer_held)
-    scheduler.offer_held()
-    log.info("prefetched %d pages in %.2fs, handing them to the kernel's page cache", count, time.monotonic() - started)
+    entries = [node.entry for node in table.files_from(0, len(table.file_order)) if node.entry is not None]
+    walked: list[int] = []
+    try:
+        async with trio.open_nursery() as nursery:
+            # stores wait while a listing is in flight: pages go to the kernel after the walk
+            walk = partial(trio.to_thread.run_sync, abandon_on_cancel=True)
+            nursery.start_soon(walk, walk_directories, config.mountpoint, table, walked.append)
+            count = await source.prefetch(entries)
+        for index in walked:
+            scheduler.holds_directory(index)
+        while scheduler.pushes_pending():
+            await trio.sleep(PUSH_POLL_S)
+        log.info(
+            "warm in %.2fs: %d directories listed, %d pages loaded and handed to the kernel's page cache",
+            time.monotonic() - started,
+            len(walked),
+            count,
+        )
+    finally:
+        warm.set()
 
 
 def serve(
@@ -175,6 +185,13 @@ def serve(
 
     async def announce_ready() -> None:
         await trio.to_thread.run_sync(os.listdir, mountpoint)
+        if prefetch:
+            warm = trio.Event()
+            assert source.nursery is not None
+            source.nursery.start_soon(warm_up, config, ops, source, warm)
+            if config.warm_kernel and config.warm_wait_s > 0:
+                with trio.move_on_after(config.warm_wait_s):
+                    await warm.wait()
         log.info("mounted on %s", mountpoint)
         status.write()
         if ready_fd is not None:
@@ -182,8 +199,6 @@ def serve(
                 os.write(ready_fd, READY)
                 os.close(ready_fd)
         sd_notify(f"READY=1\nSTATUS=serving {config.site} on {mountpoint}")
-        if prefetch:
-            await warm_up(config, ops, source)
 
     async def refresh_status() -> None:
         while True:

@@ -101,19 +101,35 @@ class KernelPusher:
                     return
 
 
-def walk_directories(root: str, table: InodeTable, listed: Callable[[int], None]) -> int:
+def walk_directories(root: str, table: InodeTable, listed: Callable[[int], None], threads: int = 4) -> int:
     """List each directory of `table` under `root` (a mount of this daemon: call it off the
-    loop) in the order `grep -r` does, and call `listed(index)` once the kernel holds its
-    entries, so that a store for any file of it is accepted. Returns how many were listed;
-    a directory that cannot be listed (gone after a re-ingest) is skipped."""
-    count = 0
-    for index in reversed(table.directories_depth_first()):
-        try:
-            with os.scandir(os.path.join(root, table.key_at(index))) as entries:
-                for _entry in entries:
-                    pass
-        except OSError:
-            continue
-        listed(index)
-        count += 1
-    return count
+    loop) in the order `grep -r` enters them, and call `listed(index)` once the kernel holds
+    its entries, so that a store for any file of it is accepted. Several threads list at once:
+    a round trip's latency, not the daemon's work, is most of a listing's cost. Returns how
+    many were listed; a directory that cannot be listed (gone after a re-ingest) is skipped."""
+    pending = iter(table.directories_depth_first())
+    take = threading.Lock()
+    done: list[int] = []
+
+    def work() -> None:
+        while True:
+            with take:
+                index = next(pending, None)
+            if index is None:
+                return
+            try:
+                with os.scandir(os.path.join(root, table.key_at(index))) as entries:
+                    for _entry in entries:
+                        pass
+            except OSError:
+                continue
+            listed(index)
+            done.append(index)
+
+    helpers = [threading.Thread(target=work, name="chromafs-walk", daemon=True) for _ in range(threads - 1)]
+    for helper in helpers:
+        helper.start()
+    work()
+    for helper in helpers:
+        helper.join()
+    return len(done)

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 import setproctitle
 
 from chromafs_fuse.config import MountConfig
-from chromafs_fuse.serving.class_mounts import DEFAULT_CLASS_ROOT, DEFAULT_IDLE_S
+from chromafs_fuse.serving.class_mounts import DEFAULT_CLASS_ROOT, DEFAULT_IDLE_S, DEFAULT_WARM_WAIT_S
 
 if TYPE_CHECKING:
     from chromafs_fuse.access import Principal
@@ -205,9 +205,15 @@ def _fork_daemon(
 HOUSEKEEPING_S = 0.5
 
 
-def serve_forever(socket_path: str, class_root: str | None = None, class_idle_s: float = 300.0) -> None:
+def serve_forever(
+    socket_path: str,
+    class_root: str | None = None,
+    class_idle_s: float = DEFAULT_IDLE_S,
+    class_warm_wait_s: float = DEFAULT_WARM_WAIT_S,
+) -> None:
     """Serve mount requests until SIGTERM. With `class_root` (root only), sessions are binds of
-    shared class mounts kept there; without it, or for `--isolated`, each gets a daemon."""
+    shared class mounts kept there, each handed out once warm or after `class_warm_wait_s`;
+    without it, or for `--isolated`, each session gets a daemon."""
     from chromafs_fuse.cli.mount_client import wait_for_ready
     from chromafs_fuse.serving.class_mounts import SessionError, SessionKeeper
 
@@ -230,9 +236,9 @@ def serve_forever(socket_path: str, class_root: str | None = None, class_idle_s:
         class_args.pid_file = None
         class_args.metrics_addr = None
         class_args.token = None
-        class_args.warm_kernel = (
-            os.environ.get("TMPWARM") == "1"
-        )  # its first grep finds the pages in the kernel, as later sessions do
+        # every session's first grep finds the pages in the kernel, the class's first one too
+        class_args.warm_kernel = True
+        class_args.warm_wait = class_warm_wait_s
         ours, theirs = socket.socketpair()
         with ours:
             config = MountConfig.from_args(class_args)
@@ -339,6 +345,14 @@ def main(argv: list[str] | None = None) -> int:
         help="unmount a class mount S seconds after its last session ended (default: %(default)s)",
     )
     parser.add_argument(
+        "--class-warm-wait",
+        type=float,
+        default=DEFAULT_WARM_WAIT_S,
+        metavar="S",
+        help="a new class mount lists every directory and hands its pages to the kernel's page cache; its first "
+        "session waits for that up to S seconds (default: %(default)s; 0: it is warmed in the background)",
+    )
+    parser.add_argument(
         "--isolated-only", action="store_true", help="no class mounts: every session gets a daemon of its own"
     )
     args = parser.parse_args(argv)
@@ -353,7 +367,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_preload_chroma:
         import chromadb  # noqa: F401  - no threads start at import, so forking stays safe
     shared = os.geteuid() == 0 and not args.isolated_only  # binds need CAP_SYS_ADMIN
-    serve_forever(args.socket, args.class_root if shared else None, args.class_idle)
+    serve_forever(args.socket, args.class_root if shared else None, args.class_idle, args.class_warm_wait)
     return 0
 
 
