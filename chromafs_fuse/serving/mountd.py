@@ -59,6 +59,8 @@ def _read_request(conn: socket.socket) -> dict[str, object]:
         data += chunk
     if len(data) > MAX_REQUEST_BYTES:
         raise ValueError("request too large")
+    if not data:
+        raise EOFError  # a connection closed without a word: a health check probing the socket
     request = json.loads(data)
     if not isinstance(request, dict) or not isinstance(request.get("argv"), list):
         raise ValueError("malformed request")
@@ -82,7 +84,15 @@ class TreeCache:
         self._tables: OrderedDict[tuple[object, ...], Any] = OrderedDict()
 
     def prepared(self, config: MountConfig, principal: Any) -> Preloaded | None:
-        """What a child mount for this reader needs, or None if the tree is not in Redis."""
+        """What a child mount for this reader needs, or None if the tree is not in Redis (or
+        cannot be had from it: the child then loads it itself, and reports what goes wrong)."""
+        try:
+            return self._prepared(config, principal)
+        except Exception:
+            log.exception("preparing a mount of %s failed; its daemon loads the tree itself", config.site)
+            return None
+
+    def _prepared(self, config: MountConfig, principal: Any) -> Preloaded | None:
         from chromafs_fuse.access import visibility_key
         from chromafs_fuse.backends.redis_cache import RedisCache
         from chromafs_fuse.serving.fuse_ops import table_attributes
@@ -155,12 +165,10 @@ def _serve_in_child(
     return run_daemon(args, conn.detach(), background=True, preloaded=prepared, principal=principal)
 
 
-def _prepare(
-    cache: TreeCache, request: dict[str, object]
-) -> tuple[argparse.Namespace | None, MountConfig | None, Principal | None, Preloaded | None, str]:
-    """In the server: the parsed arguments, the configuration, the verified reader and the
-    cached tree and table for this request, as far as they can be had, and why not. For an
-    isolated mount any failure here just means the child does the work (and reports errors)."""
+def _prepare(request: dict[str, object]) -> tuple[argparse.Namespace | None, MountConfig | None, Principal | None, str]:
+    """In the server: the parsed arguments, the configuration and the verified reader for this
+    request, as far as they can be had, and why not. For an isolated mount any failure here
+    just means the child does the work (and reports errors)."""
     from chromafs_fuse.config import MountConfig
     from chromafs_fuse.serving.site_loader import verify_reader
 
@@ -172,13 +180,13 @@ def _prepare(
             args = _request_args(request)
             config = MountConfig.from_args(args)
             principal = verify_reader(args.token, config.session)
-            return args, config, principal, cache.prepared(config, principal), ""
+            return args, config, principal, ""
         finally:
             os.chdir(cwd)
     except SystemExit:
-        return args, config, principal, None, "bad arguments"
+        return args, config, principal, "bad arguments"
     except Exception as exc:
-        return args, config, principal, None, str(exc) or exc.__class__.__name__
+        return args, config, principal, str(exc) or exc.__class__.__name__
 
 
 def _fork_daemon(
@@ -297,13 +305,16 @@ def _handle(conn: socket.socket, server: socket.socket, cache: TreeCache, keeper
         return
     try:
         request = _read_request(conn)
+    except EOFError:
+        return
     except (OSError, ValueError) as exc:
         log.warning("bad mount request: %s", exc)
         with contextlib.suppress(OSError):
             conn.sendall(b"bad request")
         return
-    parsed, config, principal, prepared, problem = _prepare(cache, request)
+    parsed, config, principal, problem = _prepare(request)
     if keeper is None or parsed is None or parsed.isolated:
+        prepared = cache.prepared(config, principal) if config is not None and principal is not None else None
         pid = _fork_daemon(server, conn, request, parsed, prepared)
         log.info("mount request from uid %d: daemon pid %d", uid, pid)
         return
