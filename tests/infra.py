@@ -200,16 +200,21 @@ class MountServer(Server):
     name = "chromafs-mountd"
     wait_s = 60.0
 
-    def __init__(self, folder: Path, isolated: bool = False, class_idle_s: float = 300.0) -> None:
+    def __init__(
+        self, folder: Path, isolated: bool = False, class_idle_s: float = 300.0, metrics_port: int | None = None
+    ) -> None:
         super().__init__(folder / "mountd.log")
         self.socket = folder / "mountd.sock"
         self.class_root = folder / "classes"
         self.isolated = isolated
         self.class_idle_s = class_idle_s
+        self.metrics_port = metrics_port
 
     def argv(self) -> list[str]:
         argv = [str(BIN / "chromafs-mountd"), "--socket", str(self.socket), "--log-file", str(self.log)]
         argv += ["--class-root", str(self.class_root), "--class-idle", str(self.class_idle_s)]
+        if self.metrics_port is not None:
+            argv += ["--metrics-addr", f"127.0.0.1:{self.metrics_port}"]
         return [*argv, "--isolated-only"] if self.isolated else argv
 
     def ready(self) -> bool:

@@ -6,15 +6,17 @@ from __future__ import annotations
 import errno
 import json
 import os
+import socket
 import subprocess
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from helpers import SAMPLE_SITE, copy_subset, expected_visible, is_mounted, mounted, run, try_mount
-from infra import BIN, MountServer, mounts_under, unmount
+from infra import BIN, MountServer, free_port, mounts_under, unmount
 
 EXPIRY_BOUND_S = 5.0
 
@@ -211,3 +213,58 @@ def test_a_class_mount_is_handed_out_warm(
     assert not {"read", "readdir", "opendir", "lookup", "getattr"} & set(sent), f"the first grep sent {sent}"
     diff = run(["diff", "-r", str(copy_subset(SAMPLE_SITE, visible, tmp_path / "expected")), str(session)])
     assert diff.returncode == 0, diff.stdout[:1000]
+
+
+def _scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+
+
+def test_the_server_reports_its_classes_and_sessions_as_metrics(
+    sample_chroma: Callable[[str], Path], token_file: Callable[..., Path], secret_file: Path, tmp_path: Path
+) -> None:
+    port = free_port()
+    server = MountServer(tmp_path, metrics_port=port)
+    chroma = sample_chroma("public")
+    expires_at = int(time.time()) + 8
+    try:
+        with server:
+            for name in ("anon-1", "anon-2"):
+                open_session(tmp_path / name, session_args(chroma, server, None, secret_file))
+            billing = tmp_path / "billing"
+            open_session(billing, session_args(chroma, server, token_file(["billing"], exp=expires_at), secret_file))
+            assert run(["grep", "-rl", "token", str(tmp_path / "anon-1")]).returncode == 0
+            time.sleep(2.5)  # class mounts write their status every 2 s
+            metrics = _scrape(port)
+            assert metrics[("chromafs_mountd_classes", ())] == 2
+            assert metrics[("chromafs_mountd_sessions", ())] == 3
+            assert metrics[("chromafs_mountd_sessions_opened_total", ())] == 3
+            per_class = {dict(labels)["reader"]: value for (name, labels), value in metrics.items()
+                         if name == "chromafs_class_sessions"}  # fmt: skip
+            assert per_class == {"anonymous": 2, "user=? groups=billing": 1}
+            expiries = {dict(labels)["mountpoint"]: value for (name, labels), value in metrics.items()
+                        if name == "chromafs_session_expiry_timestamp_seconds"}  # fmt: skip
+            assert expiries == {str(billing): expires_at}
+            served = [value for (name, labels), value in metrics.items()
+                      if name == "chromafs_class_requests_total" and dict(labels)["op"] == "readdir"]  # fmt: skip
+            assert len(served) == 2 and all(value > 0 for value in served)
+            while is_mounted(billing):
+                assert time.time() < expires_at + EXPIRY_BOUND_S
+                time.sleep(0.1)
+            metrics = _scrape(port)
+            assert metrics[("chromafs_mountd_sessions_expired_total", ())] == 1
+            assert metrics[("chromafs_mountd_sessions", ())] == 2
+        # the class mounts outlive the server, but none of them holds its metrics port
+        assert class_mounts(server) and is_mounted(tmp_path / "anon-1")
+        with pytest.raises(OSError), socket.create_connection(("127.0.0.1", port), timeout=2):
+            pass
+    finally:
+        for path in mounts_under(tmp_path):
+            unmount(path)

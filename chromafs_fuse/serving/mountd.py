@@ -20,18 +20,21 @@ import gc
 import json
 import logging
 import os
+import select
 import signal
 import socket
 import struct
 import sys
 import time
 from collections import OrderedDict
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import setproctitle
 
 from chromafs_fuse.config import MountConfig
 from chromafs_fuse.serving.class_mounts import DEFAULT_CLASS_ROOT, DEFAULT_IDLE_S, DEFAULT_WARM_WAIT_S
+from chromafs_fuse.serving.mountd_metrics import MetricsEndpoint
 
 if TYPE_CHECKING:
     from chromafs_fuse.access import Principal
@@ -190,19 +193,21 @@ def _prepare(request: dict[str, object]) -> tuple[argparse.Namespace | None, Mou
 
 
 def _fork_daemon(
-    server: socket.socket,
+    listeners: Sequence[socket.socket | MetricsEndpoint],
     conn: socket.socket,
     request: dict[str, object],
     parsed: argparse.Namespace | None,
     prepared: Preloaded | None,
     principal: Principal | None = None,
 ) -> int:
-    """Fork a child that serves the mount and reports to `conn`; returns its pid."""
+    """Fork a child that serves the mount and reports to `conn`; returns its pid. The child
+    closes the server's `listeners` first: a mount must not hold them after the server ends."""
     pid = os.fork()
     if pid == 0:
         code = 1
         try:
-            server.close()
+            for listener in listeners:
+                listener.close()
             code = _serve_in_child(conn, request, parsed, prepared, principal)
         finally:
             logging.shutdown()
@@ -218,6 +223,7 @@ def serve_forever(
     class_root: str | None = None,
     class_idle_s: float = DEFAULT_IDLE_S,
     class_warm_wait_s: float = DEFAULT_WARM_WAIT_S,
+    metrics_addr: str | None = None,
 ) -> None:
     """Serve mount requests until SIGTERM. With `class_root` (root only), sessions are binds of
     shared class mounts kept there, each handed out once warm or after `class_warm_wait_s`;
@@ -250,7 +256,9 @@ def serve_forever(
         ours, theirs = socket.socketpair()
         with ours:
             config = MountConfig.from_args(class_args)
-            pid = _fork_daemon(server, theirs, {"cwd": "/"}, class_args, cache.prepared(config, principal), principal)
+            pid = _fork_daemon(
+                listeners, theirs, {"cwd": "/"}, class_args, cache.prepared(config, principal), principal
+            )
             theirs.close()
             ok, reason = wait_for_ready(ours.fileno(), class_args.backend_timeout * 3 + 60)
         if not ok:
@@ -258,6 +266,8 @@ def serve_forever(
         return pid
 
     keeper = SessionKeeper(class_root, class_idle_s, start_class) if class_root else None
+    metrics = MetricsEndpoint(metrics_addr, lambda: keeper.table if keeper else None) if metrics_addr else None
+    listeners: list[socket.socket | MetricsEndpoint] = [server, *([metrics] if metrics else [])]
 
     def stop(signum: int, _frame: object) -> None:
         nonlocal stopping
@@ -269,23 +279,30 @@ def serve_forever(
     log.info("listening on %s%s", socket_path, f"; class mounts in {class_root}" if class_root else "")
     try:
         while not stopping:
+            conn = None
             try:
-                conn, _ = server.accept()
+                readable, _, _ = select.select(listeners, [], [], HOUSEKEEPING_S)
+                if metrics is not None and metrics in readable:
+                    metrics.answer()
+                if server in readable:
+                    conn, _ = server.accept()
             except TimeoutError:
                 conn = None
-            except OSError:
+            except (OSError, ValueError):  # ValueError: select on the socket that stop() closed
                 if stopping:
                     break
                 raise
             if conn is not None:
                 with conn:
-                    _handle(conn, server, cache, keeper)
+                    _handle(conn, listeners, cache, keeper)
             if keeper is not None:
                 try:
                     keeper.housekeep()
                 except Exception:
                     log.exception("housekeeping failed")
     finally:
+        if metrics is not None:
+            metrics.close()
         with contextlib.suppress(OSError):
             server.close()
         with contextlib.suppress(FileNotFoundError):
@@ -293,7 +310,12 @@ def serve_forever(
         log.info("stopped")
 
 
-def _handle(conn: socket.socket, server: socket.socket, cache: TreeCache, keeper: SessionKeeper | None) -> None:
+def _handle(
+    conn: socket.socket,
+    listeners: Sequence[socket.socket | MetricsEndpoint],
+    cache: TreeCache,
+    keeper: SessionKeeper | None,
+) -> None:
     from chromafs_fuse.serving.class_mounts import SessionError
 
     conn.settimeout(None)
@@ -315,7 +337,7 @@ def _handle(conn: socket.socket, server: socket.socket, cache: TreeCache, keeper
     parsed, config, principal, problem = _prepare(request)
     if keeper is None or parsed is None or parsed.isolated:
         prepared = cache.prepared(config, principal) if config is not None and principal is not None else None
-        pid = _fork_daemon(server, conn, request, parsed, prepared)
+        pid = _fork_daemon(listeners, conn, request, parsed, prepared)
         log.info("mount request from uid %d: daemon pid %d", uid, pid)
         return
     if config is None or principal is None:
@@ -364,6 +386,11 @@ def main(argv: list[str] | None = None) -> int:
         "session waits for that up to S seconds (default: %(default)s; 0: it is warmed in the background)",
     )
     parser.add_argument(
+        "--metrics-addr",
+        metavar="HOST:PORT",
+        help="serve Prometheus metrics of the server's classes and sessions here (each class mount's traffic too)",
+    )
+    parser.add_argument(
         "--isolated-only", action="store_true", help="no class mounts: every session gets a daemon of its own"
     )
     args = parser.parse_args(argv)
@@ -378,7 +405,9 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_preload_chroma:
         import chromadb  # noqa: F401  - no threads start at import, so forking stays safe
     shared = os.geteuid() == 0 and not args.isolated_only  # binds need CAP_SYS_ADMIN
-    serve_forever(args.socket, args.class_root if shared else None, args.class_idle, args.class_warm_wait)
+    serve_forever(
+        args.socket, args.class_root if shared else None, args.class_idle, args.class_warm_wait, args.metrics_addr
+    )
     return 0
 
 

@@ -1,0 +1,150 @@
+"""The mount server's Prometheus endpoint: its classes and sessions, and what each class mount
+served, answered from the server's own loop.
+
+The server forks every mount, so it must not start a thread (a fork copies only the forking
+thread, and whatever lock another thread held stays locked in the child): the endpoint is a
+plain listening socket the server's loop selects on, and a scrape is answered in one go. What
+a class mount served comes from the status file its daemon rewrites every two seconds.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import socket
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from chromafs_fuse.serving.service import runtime_dir
+from chromafs_fuse.serving.sessions import SessionTable
+
+log = logging.getLogger("chromafs.mountd")
+SCRAPE_TIMEOUT_S = 0.2  # a scraper that dawdles must not hold up mount requests
+MAX_REQUEST_BYTES = 8192
+
+
+def class_status(pid: int) -> dict[str, Any]:
+    """What a class mount's daemon last wrote about itself ({} if nothing yet)."""
+    directory = runtime_dir()
+    try:
+        with open(os.path.join(directory, f"{pid}.json")) as f:
+            status = json.load(f)
+    except (OSError, ValueError):
+        return {}
+    return status if isinstance(status, dict) and status.get("pid") == pid else {}
+
+
+class SessionCollector:
+    """Metrics of the server's SessionTable (None: it keeps no class mounts), read at scrape time."""
+
+    def __init__(self, table_of: Callable[[], SessionTable | None]) -> None:
+        self.table_of = table_of
+
+    def collect(self) -> Iterator[Any]:
+        table = self.table_of() or SessionTable()
+        yield _single(GaugeMetricFamily, "chromafs_mountd_classes", "Class mounts kept", len(table.classes))
+        yield _single(GaugeMetricFamily, "chromafs_mountd_sessions", "Sessions open", len(table.sessions))
+        for name, help_text, value in (
+            ("chromafs_mountd_sessions_opened", "Sessions opened since the server started", table.binds),
+            ("chromafs_mountd_sessions_expired", "Sessions ended by their token's expiry", table.expiries),
+            ("chromafs_mountd_sessions_unmounted", "Sessions ended by an unmount", table.ended),
+        ):
+            yield _single(CounterMetricFamily, name, help_text, value)
+
+        labels = ["class", "site", "reader"]
+        sessions = GaugeMetricFamily("chromafs_class_sessions", "Sessions of a class mount", labels=labels)
+        files = GaugeMetricFamily("chromafs_class_visible_files", "Files a class mount shows", labels=["class"])
+        requests = CounterMetricFamily("chromafs_class_requests", "FUSE requests served", labels=["class", "op"])
+        lookups = CounterMetricFamily(
+            "chromafs_class_cache_lookups", "Page cache lookups", labels=["class", "tier", "result"]
+        )
+        pushed = CounterMetricFamily(
+            "chromafs_class_pages_pushed", "Pages offered to the kernel's page cache", labels=["class", "outcome"]
+        )
+        for mount in table.classes.values():
+            sessions.add_metric([mount.key, mount.site, mount.reader], len(table.sessions_of(mount.key)))
+            status = class_status(mount.pid)
+            if not status:
+                continue
+            files.add_metric([mount.key], status.get("visible_files", 0))
+            for op, count in sorted(status.get("requests", {}).items()):
+                requests.add_metric([mount.key, op], count)
+            for tier, (hits, misses) in status.get("caches", {}).items():
+                lookups.add_metric([mount.key, tier, "hit"], hits)
+                lookups.add_metric([mount.key, tier, "miss"], misses)
+            for outcome, count in status.get("pages_pushed", {}).items():
+                pushed.add_metric([mount.key, outcome], count)
+        yield from (sessions, files, requests, lookups, pushed)
+
+        started = GaugeMetricFamily(
+            "chromafs_session_start_timestamp_seconds", "When a session began", labels=["mountpoint", "class"]
+        )
+        expires = GaugeMetricFamily(
+            "chromafs_session_expiry_timestamp_seconds",
+            "When a session's token expires (sessions whose token has no exp are not listed)",
+            labels=["mountpoint", "class"],
+        )
+        for session in table.sessions.values():
+            started.add_metric([session.mountpoint, session.class_key], session.started)
+            if session.expires_at is not None:
+                expires.add_metric([session.mountpoint, session.class_key], session.expires_at)
+        yield from (started, expires)
+
+
+def _single(family: Any, name: str, documentation: str, value: float) -> Any:
+    metric = family(name, documentation)
+    metric.add_metric([], value)
+    return metric
+
+
+class MetricsEndpoint:
+    """A listening socket for `GET /metrics`; the server's loop calls `answer()` when it is
+    readable."""
+
+    def __init__(self, address: str, table_of: Callable[[], SessionTable | None]) -> None:
+        host, _, port = address.rpartition(":")
+        self.listener = socket.create_server((host or "127.0.0.1", int(port)))
+        self.listener.setblocking(False)
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(SessionCollector(table_of))  # type: ignore[arg-type]
+        log.info("metrics on http://%s:%s/metrics", host or "127.0.0.1", self.listener.getsockname()[1])
+
+    def fileno(self) -> int:
+        return self.listener.fileno()
+
+    def answer(self) -> None:
+        try:
+            conn, _ = self.listener.accept()
+        except (BlockingIOError, InterruptedError):
+            return
+        with conn:
+            conn.settimeout(SCRAPE_TIMEOUT_S)
+            try:
+                request = b""
+                while b"\r\n\r\n" not in request and len(request) < MAX_REQUEST_BYTES:
+                    chunk = conn.recv(4096)
+                    if not chunk:
+                        break
+                    request += chunk
+                method, _, rest = request.partition(b" ")
+                path = rest.split(b" ", 1)[0].split(b"?", 1)[0]
+                if method != b"GET" or path not in (b"/metrics", b"/"):
+                    conn.sendall(b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+                    return
+                body = generate_latest(self.registry)
+                head = (
+                    "HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4; charset=utf-8\r\n"
+                    f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+                )
+                conn.sendall(head.encode() + body)
+            except OSError as exc:
+                log.debug("a metrics scrape failed: %s", exc)
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.listener.close()
