@@ -36,7 +36,7 @@ import yaml
 REPO = Path(__file__).resolve().parent.parent
 COMPOSE = Path("docker/compose.yaml")
 DOCKERFILE = Path("docker/Dockerfile")
-DOCKERFILES = (DOCKERFILE, Path("docker/Dockerfile.test"), Path("docker/Dockerfile.agent"))
+DOCKERFILES = (DOCKERFILE, *(Path(f"docker/Dockerfile.{name}") for name in ("test", "agent", "chroma", "redis", "s3")))
 WORKFLOW = Path(".github/workflows/integration.yml")
 DOCKERIGNORE_MUST_EXCLUDE = (".venv", ".git", "data", "**/__pycache__", "docs/bench", "docker/secrets")
 SERVICES = ("chroma", "redis", "s3", "ingest", "chromafs", "agent")
@@ -389,12 +389,24 @@ def check_dockerfile(repo: Path, rel: Path, daemon: bool = False) -> list[str]:
     stages: set[str] = set()
     pipefail = False
     pip_no_cache = False
-    froms = [(n, args) for n, ins, args in instructions if ins == "FROM"]
+    # ARGs before the first FROM may name its image (ARG BASE=...; FROM ${BASE}): their defaults count
+    first_from = next((n for n, ins, _ in instructions if ins == "FROM"), None)
+    global_args = {
+        name: default
+        for n, ins, args in instructions
+        if ins == "ARG" and (first_from is None or n < first_from)
+        for name, _, default in [args.strip().partition("=")]
+    }
+
+    def resolved(word: str) -> str:
+        return re.sub(r"\$\{(\w+)\}|\$(\w+)", lambda m: global_args.get(m.group(1) or m.group(2), m.group(0)), word)
+
+    froms = [(n, resolved(args)) for n, ins, args in instructions if ins == "FROM"]
     if not froms:
         bad(1, "no FROM")
     for line, ins, args in instructions:
         if ins == "FROM":
-            words = [w for w in args.split() if not w.startswith("--platform")]
+            words = [resolved(w) for w in args.split() if not w.startswith("--platform")]
             image = words[0] if words else ""
             if len(words) >= 3 and words[1].upper() == "AS":
                 stages.add(words[2].lower())
