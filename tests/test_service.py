@@ -176,16 +176,19 @@ def test_status_files_left_by_killed_daemons_are_ignored_and_removed() -> None:
         "dead pid": (directory / f"{dead.pid}.json", {"pid": dead.pid, "pid_start": 1}),
         "pid reused": (directory / f"{os.getpid()}.json", {"pid": os.getpid(), "pid_start": 1}),
     }
-    live = directory / f"{os.getppid()}.json"
+    alive = subprocess.Popen(["sleep", "60"])  # (not our parent: in a container pytest may be pid 1)
+    live = directory / f"{alive.pid}.json"
     assert not live.exists()
     try:
         for path, status in files.values():
             path.write_text(json.dumps({**status, "mountpoint": "/nowhere"}))
-        live.write_text(json.dumps({"pid": os.getppid(), "pid_start": process_start(os.getppid())}))
+        live.write_text(json.dumps({"pid": alive.pid, "pid_start": process_start(alive.pid)}))
         read_statuses()
         assert [label for label, (path, _) in files.items() if path.exists()] == []
         assert live.exists()  # its process is still the one that wrote it
     finally:
+        alive.kill()
+        alive.wait()
         for path in [live, *(path for path, _ in files.values())]:
             path.unlink(missing_ok=True)
 
