@@ -165,7 +165,10 @@ def local_base(engine: str) -> str:
     if not rootfs.exists():
         log("no registry answers: making a Debian bookworm base with mmdebstrap")
         partial = rootfs.with_suffix(".partial")
-        sh(["mmdebstrap", "--variant=minbase", "--include=ca-certificates", "bookworm", str(partial)], timeout=900)
+        sh(
+            ["mmdebstrap", "--variant=minbase", "--format=tar", "--include=ca-certificates", "bookworm", str(partial)],
+            timeout=900,
+        )
         partial.rename(rootfs)
     sh([engine, "import", str(rootfs), LOCAL_BASE], timeout=300)
     return LOCAL_BASE
@@ -229,6 +232,7 @@ echo "== cd, grep -rn"; cd guides && grep -rn "deploy" . | head -3; cd /docs
 echo "== rg"; rg -l -i "token" . | head -5
 echo "== cat, head"; head -5 index.mdx; cat quickstart.mdx | wc -l
 echo "== jq"; jq -r '.paths | keys[]' openapi/openapi.json | head -5
+echo "== an image (a lazy file, from the blob store)"; echo "IMAGE-BYTES $(wc -c < images/logo.png)"
 echo "== write"
 if touch /docs/new.md 2>/tmp/write-error; then echo "WRITE-ALLOWED"
 else echo "WRITE-REFUSED $(cat /tmp/write-error)"; fi
@@ -245,6 +249,9 @@ def check_agent(user: str, output: str, expected: set[str]) -> list[str]:
     if seen != expected:
         problems.append(f"{user}: saw {len(seen)} files, expected {len(expected)}: "
                         f"extra {sorted(seen - expected)[:5]}, missing {sorted(expected - seen)[:5]}")  # fmt: skip
+    image = (SAMPLE_SITE / "images" / "logo.png").stat().st_size
+    if f"IMAGE-BYTES {image}" not in output:
+        problems.append(f"{user}: images/logo.png did not read whole ({image} bytes)")
     if "WRITE-REFUSED" not in output or "Read-only file system" not in output:
         problems.append(f"{user}: a write was not refused with EROFS")
     for leak in ("SEES-RUN-CHROMAFS", "REACHES-CHROMA"):
