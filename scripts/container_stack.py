@@ -38,7 +38,11 @@ CACHE = Path("/var/tmp/chromafs-containers")
 LOCAL_BASE = "localhost/chromafs-base:bookworm"
 REGISTRY_PROBE = "docker.io/library/debian:bookworm-slim"
 HOST_CA = Path("/etc/ssl/certs/ca-certificates.crt")
-PODMAN_PACKAGES = ["podman", "runc", "fuse-overlayfs", "slirp4netns", "uidmap", "mmdebstrap"]
+# dnsname: compose's service names resolve on podman's CNI networks; catatonit: `init: true`
+PODMAN_PACKAGES = [
+    "podman", "runc", "fuse-overlayfs", "slirp4netns", "uidmap", "mmdebstrap",
+    "golang-github-containernetworking-plugin-dnsname", "catatonit",
+]  # fmt: skip
 CONTAINERS_CONF = Path("/etc/containers/containers.conf")
 CONF_MARK = "# written by chromafs scripts/containers"
 P = "chromafs-demo"  # every container this script starts is named P-...
@@ -124,7 +128,12 @@ def pick_engine(wanted: str | None) -> str:
             return "docker"
     if wanted == "docker":
         raise StackError("docker was asked for, but its daemon does not answer")
-    if not shutil.which("podman") or not shutil.which("mmdebstrap"):
+    if (
+        not shutil.which("podman")
+        or not shutil.which("mmdebstrap")
+        or not Path("/usr/libexec/podman/catatonit").exists()
+        or not Path("/usr/lib/cni/dnsname").exists()
+    ):
         log(f"installing {' '.join(PODMAN_PACKAGES)} from apt")
         env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
         subprocess.run(["apt-get", "update", "-qq"], check=True, env=env)
@@ -389,6 +398,84 @@ def run_stack(engine: str) -> dict[str, object]:
     return {"figures": stack.figures, "problems": problems}
 
 
+def compose_cli(engine: str) -> list[str]:
+    """`docker compose`, or podman-compose (PyPI) in a venv of its own: podman 4.3 has no compose."""
+    if engine == "docker":
+        return ["docker", "compose"]
+    venv = CACHE / "podman-compose"
+    tool = venv / "bin" / "podman-compose"
+    if not tool.exists():
+        log("installing podman-compose from PyPI")
+        sh([sys.executable, "-m", "venv", str(venv)])
+        sh([str(venv / "bin" / "pip"), "install", "-q", "--disable-pip-version-check", "podman-compose"], timeout=600)
+    return [str(tool)]
+
+
+def run_compose(engine: str) -> dict[str, object]:
+    """docker/compose.yaml as a user runs it: backends, ingest, the daemon, the agent. Health is
+    polled here (podman runs no HEALTHCHECK without systemd: `depends_on: service_healthy`
+    would wait for ever), so each stage is started on its own, as the workflow's compose job does."""
+    work = CACHE / f"compose-{os.getpid()}"
+    root = work / "mnt"
+    root.mkdir(parents=True)
+    secret = work / "jwt_secret"
+    secret.write_text(SECRET)
+    token = work / "token.jwt"
+    claims = {"sub": "alice", "site": SITE, "groups": USERS["alice"], "exp": int(time.time()) + 3600}
+    token.write_text(jwt.encode(claims, SECRET, algorithm="HS256"))
+    env = dict(os.environ, CHROMAFS_MOUNT_ROOT=str(root), CHROMAFS_HOST_TOKEN_FILE=str(token),
+               CHROMAFS_HOST_JWT_SECRET_FILE=str(secret), COMPOSE_PROJECT_NAME=f"{P}-compose")  # fmt: skip
+    compose = [*compose_cli(engine), "-f", str(REPO / "docker" / "compose.yaml")]
+    for name in ("agent", "chroma", "redis", "s3"):  # compose names them without the registry part
+        sh([engine, "tag", image(name), f"chromafs-{name}:local"])
+    sh([engine, "tag", image("chromafs"), "chromafs:local"])
+
+    def step(*argv: str, timeout: float = 300) -> str:
+        done = subprocess.run([*compose, *argv], env=env, capture_output=True, text=True, timeout=timeout, check=False)
+        if done.returncode != 0:
+            raise StackError(
+                f"compose {' '.join(argv)}: exit {done.returncode}\n{(done.stderr or done.stdout)[-2000:]}"
+            )
+        return done.stdout
+
+    def healthy(service: str) -> None:
+        names = sh([engine, "ps", "--filter", f"label=com.docker.compose.service={service}", "--format", "{{.Names}}"])
+        name = names.split()[0] if names.split() else service
+        probe = [engine, "healthcheck", "run", name] if engine == "podman" else [
+            "sh", "-c", f"test \"$(docker inspect -f '{{{{.State.Health.Status}}}}' {name})\" = healthy"]  # fmt: skip
+        wait_for(service, probe, timeout_s=180)
+
+    problems: list[str] = []
+    started = time.monotonic()
+    # the daemon's mount reaches the host, and the agent, only through a shared mount point
+    sh(["mount", "--bind", str(root), str(root)])
+    sh(["mount", "--make-rshared", str(root)])
+    try:
+        step("up", "-d", "--no-build", "chroma", "redis", "s3")
+        for service in ("chroma", "redis", "s3"):
+            healthy(service)
+        step("run", "--rm", "ingest")
+        step("up", "-d", "--no-build", "--no-deps", "chromafs")
+        healthy("chromafs")
+        if not os.path.ismount(root / "docs"):
+            problems.append("compose: the daemon's mount did not reach the host")
+        agent = step("run", "--rm", "--no-deps", "agent")
+        if "refresh token" not in agent.lower() or "files this token can read:" not in agent:
+            problems.append(f"compose: the agent did not read the docs: {agent[-500:]}")
+        log(f"compose stack: ingest, mount and agent ok in {time.monotonic() - started:.0f}s")
+    except StackError as exc:
+        problems.append(str(exc))
+    finally:
+        with contextlib.suppress(StackError, subprocess.TimeoutExpired):
+            step("down", "-v", "-t", "20", timeout=300)
+        if os.path.ismount(root / "docs"):
+            problems.append("compose: the daemon left its mount behind")
+            sh(["umount", "-l", str(root / "docs")], check=False)
+        sh(["umount", "-R", str(root)], check=False, quiet=True)
+        shutil.rmtree(work, ignore_errors=True)
+    return {"compose_s": round(time.monotonic() - started, 1), "problems": problems}
+
+
 def run_tests(engine: str) -> dict[str, object]:
     """The integration tests inside a container with /dev/fuse (root, SYS_ADMIN)."""
     started = time.monotonic()
@@ -434,6 +521,9 @@ def main() -> int:
         result["build_s"] = build_images(engine, names, base)
         if not args.no_stack:
             result.update(run_stack(engine))
+            compose = run_compose(engine)
+            result["compose_s"] = compose["compose_s"]
+            result["problems"] = [*result.get("problems", []), *compose["problems"]]  # type: ignore[misc]
         if args.tests:
             tests = run_tests(engine)
             result["tests_in_container_s"] = tests["tests_in_container_s"]
