@@ -232,6 +232,12 @@ def visible_files(groups: list[str] | None) -> set[str]:
     }
 
 
+def write_token(path: Path, user: str) -> None:
+    """A session token of one of USERS, valid for an hour, signed with SECRET."""
+    claims = {"sub": user, "site": SITE, "groups": USERS[user], "exp": int(time.time()) + 3600}
+    path.write_text(jwt.encode(claims, SECRET, algorithm="HS256"))
+
+
 AGENT_SESSION = r"""
 set -u
 cd /docs
@@ -292,9 +298,8 @@ class Stack:
     def up(self) -> None:
         self.secrets.mkdir(parents=True)
         (self.secrets / "jwt_secret").write_text(SECRET)
-        for user, groups in USERS.items():
-            claims = {"sub": user, "site": SITE, "groups": groups, "exp": int(time.time()) + 3600}
-            (self.secrets / f"{user}.jwt").write_text(jwt.encode(claims, SECRET, algorithm="HS256"))
+        for user in USERS:
+            write_token(self.secrets / f"{user}.jwt", user)
         self.sessions.mkdir()
         # A mount point of its own, shared, so that mounts made under it in the daemon's
         # container propagate to the host and into the agents' containers.
@@ -421,8 +426,7 @@ def run_compose(engine: str) -> dict[str, object]:
     secret = work / "jwt_secret"
     secret.write_text(SECRET)
     token = work / "token.jwt"
-    claims = {"sub": "alice", "site": SITE, "groups": USERS["alice"], "exp": int(time.time()) + 3600}
-    token.write_text(jwt.encode(claims, SECRET, algorithm="HS256"))
+    write_token(token, "alice")
     env = dict(os.environ, CHROMAFS_MOUNT_ROOT=str(root), CHROMAFS_HOST_TOKEN_FILE=str(token),
                CHROMAFS_HOST_JWT_SECRET_FILE=str(secret), COMPOSE_PROJECT_NAME=f"{P}-compose")  # fmt: skip
     compose = [*compose_cli(engine), "-f", str(REPO / "docker" / "compose.yaml")]
