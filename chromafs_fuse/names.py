@@ -12,6 +12,7 @@ FORMAT_VERSION = 1
 DEFAULT_PAGE_FIELD = "page_slug"
 DEFAULT_CHUNK_INDEX_FIELD = "chunk_index"
 PAGE_SHA_FIELD = "page_sha256"  # which page version a chunk belongs to
+EMBEDDER_FIELD = "chromafs_embedder"  # on the collection: how chunks were embedded (a query must match)
 
 
 def chunk_id(page_key: str, page_sha256: str, index: int) -> str:

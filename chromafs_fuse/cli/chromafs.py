@@ -10,11 +10,14 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from collections.abc import Iterator
+from typing import Any
 
 from chromafs_fuse.chunks import CorruptPage
 from chromafs_fuse.cli.common import CliError, add_session_arguments, resolve_token, setup_logging
 from chromafs_fuse.filesystem import PageUnavailable
 from chromafs_fuse.search import GrepQuery, candidate_pages, is_binary, matching_lines
+from chromafs_fuse.semantic import SearchError
 from chromafs_fuse.tokens import TokenError
 
 log = logging.getLogger("chromafs.grep")
@@ -32,6 +35,13 @@ def build_parser() -> argparse.ArgumentParser:
     grep.add_argument("--prefix", default="", help="print paths under this directory (e.g. the mountpoint)")
     add_session_arguments(grep)
     grep.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
+    search = commands.add_parser("search", help="semantic search over the pages your token may read")
+    search.add_argument("query", help="what to look for, in words")
+    search.add_argument("-n", type=int, default=10, help="how many pages (default 10)")
+    search.add_argument("--embedder", help="how the collection was embedded (default: what its ingest recorded)")
+    search.add_argument("--json", action="store_true", help="print JSON lines: path, lines, distance, snippet")
+    add_session_arguments(search)
+    search.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
     status = commands.add_parser("status", help="list this machine's chromafs mounts")
     status.add_argument("--json", action="store_true", help="print JSON instead of a table")
     status.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
@@ -147,18 +157,75 @@ def run_grep(args: argparse.Namespace) -> int:
     return status
 
 
+def run_search(args: argparse.Namespace) -> int:
+    import json
+
+    from chromafs_fuse.backends.chroma_store import connect_client
+    from chromafs_fuse.config import SessionConfig
+    from chromafs_fuse.ingest.embedding import make_embedder
+    from chromafs_fuse.semantic import BATCH, Hit, SearchError, embedder_name, locate, rank_pages, view_filter
+    from chromafs_fuse.serving.site_loader import SiteLoader, verify_reader
+
+    if args.n < 1:
+        raise CliError("-n must be at least 1")
+    config = SessionConfig.from_args(args)
+    site = SiteLoader(config).load(verify_reader(resolve_token(args), config))
+    entries = list(site.table.entries.values())
+    if not any(e.blob is None for e in entries):
+        return 1  # nothing the reader may see is searchable
+    where, by_slug = view_filter(entries, config.page_field)
+    collection = connect_client(config.chroma).get_collection(config.chroma.collection, embedding_function=None)
+    name = embedder_name(collection.metadata, args.embedder)
+    try:
+        embed = make_embedder(name)[0]
+        vector = [float(x) for x in embed([args.query])[0]]
+    except Exception as exc:  # an unknown name, or a function whose model or key is absent
+        raise SearchError(f"cannot embed the query with {name!r}: {exc}") from exc
+
+    def view() -> Iterator[tuple[list[str], list[list[float]], list[Any]]]:
+        offset = 0
+        while True:
+            found = collection.get(where=where, include=["embeddings", "metadatas"], limit=BATCH, offset=offset)
+            ids = list(found.get("ids") or [])
+            if not ids:
+                return
+            yield ids, found["embeddings"], list(found.get("metadatas") or [None] * len(ids))
+            offset += len(ids)
+
+    ranked = rank_pages(view(), vector, by_slug, config.page_field, args.n)
+    if not ranked:
+        return 1
+    chunks = collection.get(ids=[record_id for _, _, record_id in ranked], include=["documents"])
+    text = dict(zip(chunks["ids"], chunks.get("documents") or [], strict=False))
+    loaded = site.source.load_many([site.table.entries[path] for path, _, _ in ranked])
+    out = []
+    for path, distance, record_id in ranked:
+        hit, page = Hit(path, distance, text.get(record_id) or ""), loaded.get(path)
+        out.append(locate(hit, page) if isinstance(page, bytes) else hit)
+    for hit in out:
+        snippet = hit.chunk.strip().splitlines()[0][:160] if hit.chunk.strip() else ""
+        if args.json:
+            print(json.dumps({"path": hit.path, "lines": [hit.first_line, hit.last_line],
+                              "distance": round(hit.distance, 6), "snippet": snippet}, ensure_ascii=False))  # fmt: skip
+        else:
+            print(f"{hit.path}:{hit.first_line}-{hit.last_line}: {snippet}")
+    return 0 if out else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     setup_logging(args.log_level, None)
     try:
         if args.command == "status":
             return run_status(args)
+        if args.command == "search":
+            return run_search(args)
         return run_grep(args)
-    except (CliError, TokenError, CorruptPage, PageUnavailable) as exc:
-        print(f"chromafs grep: {exc}", file=sys.stderr)
+    except (CliError, TokenError, CorruptPage, PageUnavailable, SearchError) as exc:
+        print(f"chromafs {args.command}: {exc}", file=sys.stderr)
         return 2
     except Exception as exc:
-        print(f"chromafs grep: {exc.__class__.__name__}: {exc}", file=sys.stderr)
+        print(f"chromafs {args.command}: {exc.__class__.__name__}: {exc}", file=sys.stderr)
         return 2
 
 

@@ -33,6 +33,7 @@ from chromafs_fuse.ingest.scan import Problem, ScanOptions, SourceFile, scan_sit
 from chromafs_fuse.names import (
     DEFAULT_CHUNK_INDEX_FIELD,
     DEFAULT_PAGE_FIELD,
+    EMBEDDER_FIELD,
     FORMAT_FIELD,
     FORMAT_VERSION,
     PAGE_SHA_FIELD,
@@ -179,7 +180,7 @@ def ingest(options: IngestOptions, show_progress: bool = False) -> IngestSummary
     collection = client.get_or_create_collection(
         options.location.collection,
         embedding_function=None,
-        metadata={"hnsw:space": "l2", FORMAT_FIELD: FORMAT_VERSION},
+        metadata={"hnsw:space": "l2", FORMAT_FIELD: FORMAT_VERSION, EMBEDDER_FIELD: options.embedder},
     )
     batch_size = max(1, min(UPSERT_BATCH, int(getattr(client, "get_max_batch_size", lambda: UPSERT_BATCH)())))
     old_pages = _existing_pages(collection)
