@@ -232,6 +232,14 @@ def visible_files(groups: list[str] | None) -> set[str]:
     }
 
 
+def shared_mount_point(path: Path) -> None:
+    """Make `path` a shared mount point of its own: a mount the daemon's container makes under
+    it then reaches the host and every container that binds it (a bind of a directory that is
+    not on a shared mount silently stays private)."""
+    sh(["mount", "--bind", str(path), str(path)])
+    sh(["mount", "--make-rshared", str(path)])
+
+
 def write_token(path: Path, user: str) -> None:
     """A session token of one of USERS, valid for an hour, signed with SECRET."""
     claims = {"sub": user, "site": SITE, "groups": USERS[user], "exp": int(time.time()) + 3600}
@@ -301,10 +309,7 @@ class Stack:
         for user in USERS:
             write_token(self.secrets / f"{user}.jwt", user)
         self.sessions.mkdir()
-        # A mount point of its own, shared, so that mounts made under it in the daemon's
-        # container propagate to the host and into the agents' containers.
-        sh(["mount", "--bind", str(self.sessions), str(self.sessions)])
-        sh(["mount", "--make-rshared", str(self.sessions)])
+        shared_mount_point(self.sessions)
         started = time.monotonic()
         net = ["--network", f"container:{P}-net"]
         # The stack's network namespace: loopback only. The services talk on 127.0.0.1 and
@@ -451,9 +456,7 @@ def run_compose(engine: str) -> dict[str, object]:
 
     problems: list[str] = []
     started = time.monotonic()
-    # the daemon's mount reaches the host, and the agent, only through a shared mount point
-    sh(["mount", "--bind", str(root), str(root)])
-    sh(["mount", "--make-rshared", str(root)])
+    shared_mount_point(root)
     try:
         step("up", "-d", "--no-build", "chroma", "redis", "s3")
         for service in ("chroma", "redis", "s3"):

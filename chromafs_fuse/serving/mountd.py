@@ -27,7 +27,8 @@ import struct
 import sys
 import time
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import setproctitle
@@ -192,23 +193,17 @@ def _prepare(request: dict[str, object]) -> tuple[argparse.Namespace | None, Mou
         return args, config, principal, str(exc) or exc.__class__.__name__
 
 
-def _fork_daemon(
-    listeners: Sequence[socket.socket | MetricsEndpoint],
-    conn: socket.socket,
-    request: dict[str, object],
-    parsed: argparse.Namespace | None,
-    prepared: Preloaded | None,
-    principal: Principal | None = None,
-) -> int:
-    """Fork a child that serves the mount and reports to `conn`; returns its pid. The child
-    closes the server's `listeners` first: a mount must not hold them after the server ends."""
+def _fork_daemon(listeners: Sequence[socket.socket | MetricsEndpoint], serve: Callable[[], int]) -> int:
+    """Fork a child that runs `serve` (a `_serve_in_child` with its request) and exits with its
+    status; returns its pid. The child closes the server's `listeners` first: a mount must not
+    hold them after the server ends."""
     pid = os.fork()
     if pid == 0:
         code = 1
         try:
             for listener in listeners:
                 listener.close()
-            code = _serve_in_child(conn, request, parsed, prepared, principal)
+            code = serve()
         finally:
             logging.shutdown()
             os._exit(code)
@@ -256,8 +251,9 @@ def serve_forever(
         ours, theirs = socket.socketpair()
         with ours:
             config = MountConfig.from_args(class_args)
+            prepared = cache.prepared(config, principal)
             pid = _fork_daemon(
-                listeners, theirs, {"cwd": "/"}, class_args, cache.prepared(config, principal), principal
+                listeners, partial(_serve_in_child, theirs, {"cwd": "/"}, class_args, prepared, principal)
             )
             theirs.close()
             ok, reason = wait_for_ready(ours.fileno(), class_args.backend_timeout * 3 + 60)
@@ -337,7 +333,7 @@ def _handle(
     parsed, config, principal, problem = _prepare(request)
     if keeper is None or parsed is None or parsed.isolated:
         prepared = cache.prepared(config, principal) if config is not None and principal is not None else None
-        pid = _fork_daemon(listeners, conn, request, parsed, prepared)
+        pid = _fork_daemon(listeners, partial(_serve_in_child, conn, request, parsed, prepared))
         log.info("mount request from uid %d: daemon pid %d", uid, pid)
         return
     if config is None or principal is None:
