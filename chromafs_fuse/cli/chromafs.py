@@ -7,23 +7,21 @@ Exit status as grep: 0 a line matched, 1 none did, 2 an error.
 
 from __future__ import annotations
 
-import argparse
-import logging
 import sys
-from collections.abc import Iterator
-from typing import Any
 
-from chromafs_fuse.chunks import CorruptPage
-from chromafs_fuse.cli.common import CliError, add_session_arguments, resolve_token, setup_logging
-from chromafs_fuse.filesystem import PageUnavailable
-from chromafs_fuse.search import GrepQuery, candidate_pages, is_binary, matching_lines
-from chromafs_fuse.semantic import SearchError
-from chromafs_fuse.tokens import TokenError
+TYPE_CHECKING = False  # `chromafs shell` starts a session: it imports nothing it does not use
 
-log = logging.getLogger("chromafs.grep")
+if TYPE_CHECKING:
+    import argparse
+    from collections.abc import Iterator
+    from typing import Any
 
 
 def build_parser() -> argparse.ArgumentParser:
+    import argparse
+
+    from chromafs_fuse.cli.common import add_session_arguments
+
     parser = argparse.ArgumentParser(prog="chromafs", description="Work with a chromafs site without mounting it.")
     commands = parser.add_subparsers(dest="command", required=True)
     grep = commands.add_parser("grep", help="two-stage grep -rn over the pages your token may read")
@@ -42,6 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
     search.add_argument("--json", action="store_true", help="print JSON lines: path, lines, distance, snippet")
     add_session_arguments(search)
     search.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
+    commands.add_parser("shell", help="a command (default: bash) in a sandbox that sees only your docs, at /docs")
     status = commands.add_parser("status", help="list this machine's chromafs mounts")
     status.add_argument("--json", action="store_true", help="print JSON instead of a table")
     status.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
@@ -87,7 +86,11 @@ def run_status(args: argparse.Namespace) -> int:
 
 
 def run_grep(args: argparse.Namespace) -> int:
+    import logging
+
+    from chromafs_fuse.cli.common import resolve_token
     from chromafs_fuse.config import SessionConfig
+    from chromafs_fuse.search import GrepQuery, candidate_pages, is_binary, matching_lines
     from chromafs_fuse.serving.site_loader import SiteLoader, verify_reader
 
     config = SessionConfig.from_args(args)
@@ -118,7 +121,7 @@ def run_grep(args: argparse.Namespace) -> int:
         candidates = candidate_pages(site.source.chroma(), chunked, query)
     to_check = [e for e in chunked if candidates is None or e.key in candidates]
     to_check += [e for e in entries if e.blob is not None]
-    log.info("stage one: %d of %d pages are candidates", len(to_check), len(entries))
+    logging.getLogger("chromafs.grep").info("stage one: %d of %d pages are candidates", len(to_check), len(entries))
     loaded = site.source.load_many([e for e in to_check if e.blob is None]) if to_check else {}
     status = 1
     out = sys.stdout.buffer
@@ -161,6 +164,7 @@ def run_search(args: argparse.Namespace) -> int:
     import json
 
     from chromafs_fuse.backends.chroma_store import connect_client
+    from chromafs_fuse.cli.common import CliError, resolve_token
     from chromafs_fuse.config import SessionConfig
     from chromafs_fuse.ingest.embedding import make_embedder
     from chromafs_fuse.semantic import BATCH, Hit, SearchError, embedder_name, locate, rank_pages, view_filter
@@ -213,8 +217,21 @@ def run_search(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["shell"]:  # its start-up is a session's: nothing below is imported for it
+        from chromafs_fuse.cli.shell import main as shell_main
+
+        return shell_main(argv[1:])
+    from chromafs_fuse.cli.common import setup_logging
+
     args = build_parser().parse_args(argv)
     setup_logging(args.log_level, None)
+    from chromafs_fuse.chunks import CorruptPage
+    from chromafs_fuse.cli.common import CliError
+    from chromafs_fuse.filesystem import PageUnavailable
+    from chromafs_fuse.semantic import SearchError
+    from chromafs_fuse.tokens import TokenError
+
     try:
         if args.command == "status":
             return run_status(args)
