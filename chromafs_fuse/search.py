@@ -82,5 +82,39 @@ def matching_lines(data: bytes, pattern: re.Pattern[bytes]) -> Iterator[tuple[in
             yield number, line
 
 
+def grep_page(
+    data: bytes, pattern: re.Pattern[bytes], name: bytes, files_only: bool = False, context: int = 0
+) -> Iterator[bytes]:
+    """One file's output lines of `grep -rn` (no line ends): `name:n:line` for a match,
+    `name-n-line` for up to `context` lines around one, `--` between groups of one file;
+    `name` alone with `files_only`; `Binary file name matches` for a binary file."""
+    if is_binary(data):
+        if pattern.search(data):
+            yield b"Binary file " + name + b" matches"
+        return
+    if files_only:
+        if pattern.search(data) and next(matching_lines(data, pattern), None) is not None:
+            yield name
+        return
+    if not context:
+        for number, line in matching_lines(data, pattern):
+            yield name + b":" + str(number).encode() + b":" + line
+        return
+    matches = {number for number, _ in matching_lines(data, pattern)}
+    if not matches:
+        return
+    lines = data.split(b"\n")
+    if lines and lines[-1] == b"":
+        lines.pop()
+    shown = sorted({n for m in matches for n in range(max(1, m - context), min(len(lines), m + context) + 1)})
+    previous = 0
+    for number in shown:
+        if previous and number > previous + 1:
+            yield b"--"
+        mark = b":" if number in matches else b"-"
+        yield name + mark + str(number).encode() + mark + lines[number - 1]
+        previous = number
+
+
 def is_binary(data: bytes) -> bool:
     return b"\x00" in data[:65536]

@@ -13,8 +13,6 @@ TYPE_CHECKING = False  # `chromafs shell` starts a session: it imports nothing i
 
 if TYPE_CHECKING:
     import argparse
-    from collections.abc import Iterator
-    from typing import Any
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -86,134 +84,48 @@ def run_status(args: argparse.Namespace) -> int:
 
 
 def run_grep(args: argparse.Namespace) -> int:
-    import logging
-
     from chromafs_fuse.cli.common import resolve_token
     from chromafs_fuse.config import SessionConfig
-    from chromafs_fuse.search import GrepQuery, candidate_pages, is_binary, matching_lines
-    from chromafs_fuse.serving.site_loader import SiteLoader, verify_reader
+    from chromafs_fuse.frontends.view import open_view
+    from chromafs_fuse.search import GrepQuery
 
-    config = SessionConfig.from_args(args)
-    site = SiteLoader(config).load(verify_reader(resolve_token(args), config))
-    scope = args.path.strip("/")
-    node = site.table.resolve(scope)
-    if node is None:
-        print(f"chromafs grep: {args.path}: No such file or directory", file=sys.stderr)
-        return 2
-    prefix = scope + "/" if scope and node.is_dir else scope
-    entries = sorted(
-        (
-            e
-            for e in site.table.entries.values()
-            if (e.key == scope if not node.is_dir else e.key.startswith(prefix) or not scope)
-        ),
-        key=lambda e: e.key,
-    )
+    view = open_view(SessionConfig.from_args(args), resolve_token(args))
     query = GrepQuery(args.pattern, args.fixed_strings, args.ignore_case)
     try:
-        pattern = query.compiled()
+        query.compiled()
     except Exception as exc:
         print(f"chromafs grep: bad pattern: {exc}", file=sys.stderr)
         return 2
-    chunked = [e for e in entries if e.blob is None]
-    candidates: set[str] | None = None
-    if args.chunk_joiner == "\n" and chunked:
-        candidates = candidate_pages(site.source.chroma(), chunked, query)
-    to_check = [e for e in chunked if candidates is None or e.key in candidates]
-    to_check += [e for e in entries if e.blob is not None]
-    logging.getLogger("chromafs.grep").info("stage one: %d of %d pages are candidates", len(to_check), len(entries))
-    loaded = site.source.load_many([e for e in to_check if e.blob is None]) if to_check else {}
-    status = 1
+    errors: list[str] = []
     out = sys.stdout.buffer
-    base = args.prefix.rstrip("/") + "/" if args.prefix else ""
-    for entry in sorted(to_check, key=lambda e: e.key):
-        if entry.blob is not None:
-            from chromafs_fuse.backends.blobstore import read_blob_range
-
-            try:
-                data = read_blob_range(entry.blob.url, 0, entry.blob.size)
-            except Exception as exc:
-                print(f"chromafs grep: {entry.key}: {exc}", file=sys.stderr)
-                status = 2
-                continue
-        else:
-            result = loaded.get(entry.key)
-            if not isinstance(result, bytes):
-                print(f"chromafs grep: {entry.key}: Input/output error", file=sys.stderr)
-                status = 2
-                continue
-            data = result
-        name = (base + entry.key).encode("utf-8")
-        if is_binary(data):
-            if pattern.search(data):
-                out.write(b"Binary file " + name + b" matches\n")
-                status = 0 if status != 2 else status
-            continue
-        for number, line in matching_lines(data, pattern):
-            if status == 1:
-                status = 0
-            if args.files_with_matches:
-                out.write(name + b"\n")
-                break
-            out.write(name + b":" + str(number).encode() + b":" + line + b"\n")
+    prefix = (args.prefix.rstrip("/") + "/").encode() if args.prefix else b""
+    matched = False
+    for line in view.grep(query, args.path, args.files_with_matches, errors=errors):
+        matched = True
+        out.write(b"Binary file " + prefix + line[12:] if line.startswith(b"Binary file ") else prefix + line)
+        out.write(b"\n")
     out.flush()
-    return status
+    for error in errors:
+        print(f"chromafs grep: {error}", file=sys.stderr)
+    return 2 if errors else 0 if matched else 1
 
 
 def run_search(args: argparse.Namespace) -> int:
     import json
 
-    from chromafs_fuse.backends.chroma_store import connect_client
-    from chromafs_fuse.cli.common import CliError, resolve_token
+    from chromafs_fuse.cli.common import resolve_token
     from chromafs_fuse.config import SessionConfig
-    from chromafs_fuse.ingest.embedding import make_embedder
-    from chromafs_fuse.semantic import BATCH, Hit, SearchError, embedder_name, locate, rank_pages, view_filter
-    from chromafs_fuse.serving.site_loader import SiteLoader, verify_reader
+    from chromafs_fuse.frontends.view import open_view
+    from chromafs_fuse.semantic import hit_line, hit_record
 
-    if args.n < 1:
-        raise CliError("-n must be at least 1")
-    config = SessionConfig.from_args(args)
-    site = SiteLoader(config).load(verify_reader(resolve_token(args), config))
-    entries = list(site.table.entries.values())
-    if not any(e.blob is None for e in entries):
-        return 1  # nothing the reader may see is searchable
-    where, by_slug = view_filter(entries, config.page_field)
-    collection = connect_client(config.chroma).get_collection(config.chroma.collection, embedding_function=None)
-    name = embedder_name(collection.metadata, args.embedder)
-    try:
-        embed = make_embedder(name)[0]
-        vector = [float(x) for x in embed([args.query])[0]]
-    except Exception as exc:  # an unknown name, or a function whose model or key is absent
-        raise SearchError(f"cannot embed the query with {name!r}: {exc}") from exc
-
-    def view() -> Iterator[tuple[list[str], list[list[float]], list[Any]]]:
-        offset = 0
-        while True:
-            found = collection.get(where=where, include=["embeddings", "metadatas"], limit=BATCH, offset=offset)
-            ids = list(found.get("ids") or [])
-            if not ids:
-                return
-            yield ids, found["embeddings"], list(found.get("metadatas") or [None] * len(ids))
-            offset += len(ids)
-
-    ranked = rank_pages(view(), vector, by_slug, config.page_field, args.n)
-    if not ranked:
-        return 1
-    chunks = collection.get(ids=[record_id for _, _, record_id in ranked], include=["documents"])
-    text = dict(zip(chunks["ids"], chunks.get("documents") or [], strict=False))
-    loaded = site.source.load_many([site.table.entries[path] for path, _, _ in ranked])
-    out = []
-    for path, distance, record_id in ranked:
-        hit, page = Hit(path, distance, text.get(record_id) or ""), loaded.get(path)
-        out.append(locate(hit, page) if isinstance(page, bytes) else hit)
-    for hit in out:
-        snippet = hit.chunk.strip().splitlines()[0][:160] if hit.chunk.strip() else ""
+    view = open_view(SessionConfig.from_args(args), resolve_token(args))
+    hits = view.search(args.query, args.n, args.embedder)
+    for hit in hits:
         if args.json:
-            print(json.dumps({"path": hit.path, "lines": [hit.first_line, hit.last_line],
-                              "distance": round(hit.distance, 6), "snippet": snippet}, ensure_ascii=False))  # fmt: skip
+            print(json.dumps(hit_record(hit), ensure_ascii=False))
         else:
-            print(f"{hit.path}:{hit.first_line}-{hit.last_line}: {snippet}")
-    return 0 if out else 1
+            print(hit_line(hit))
+    return 0 if hits else 1
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -229,6 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     from chromafs_fuse.chunks import CorruptPage
     from chromafs_fuse.cli.common import CliError
     from chromafs_fuse.filesystem import PageUnavailable
+    from chromafs_fuse.frontends.view import ViewError
     from chromafs_fuse.semantic import SearchError
     from chromafs_fuse.tokens import TokenError
 
@@ -238,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "search":
             return run_search(args)
         return run_grep(args)
-    except (CliError, TokenError, CorruptPage, PageUnavailable, SearchError) as exc:
+    except (CliError, TokenError, CorruptPage, PageUnavailable, SearchError, ViewError) as exc:
         print(f"chromafs {args.command}: {exc}", file=sys.stderr)
         return 2
     except Exception as exc:

@@ -239,6 +239,23 @@ class PageSource:
             raise result
         return result
 
+    def load_cached(self, entries: Sequence[PathEntry]) -> dict[str, bytes | PageUnavailable]:
+        """As `load_many`, with this process's page cache first and what was loaded kept in it:
+        for callers with no loop (a command, the MCP server), one thread at a time."""
+        loaded: dict[str, bytes | PageUnavailable] = {}
+        for entry in entries:
+            data = self.cache.get(self._cache_key(entry))
+            if data is not None:
+                loaded[entry.key] = data
+        missing = [e for e in entries if e.key not in loaded]
+        if missing:
+            loaded.update(self.load_many(missing))
+            for entry in missing:
+                data = loaded[entry.key]
+                if isinstance(data, bytes):
+                    self._remember(entry, data)
+        return loaded
+
     def load_many(self, entries: Sequence[PathEntry]) -> dict[str, bytes | PageUnavailable]:
         """Blocking (a worker thread, or a command with no loop): these pages, shared cache
         first, then one Chroma query for the rest; a page that cannot be had is a PageUnavailable."""

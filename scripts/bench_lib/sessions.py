@@ -11,6 +11,9 @@ on; and that unmounting one session leaves the rest.
 
 from __future__ import annotations
 
+import os
+import subprocess
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -26,6 +29,7 @@ from infra import BIN, MountServer, mounts_under, unmount
 SECRET = "bench-secret-0123456789abcdef0123456789"
 SESSIONS_FOR_MEMORY = 16
 BOOT_RUNS = 20
+SHELL_RUNS = 20
 EXPIRY_BOUND_S = 5.0
 
 
@@ -67,6 +71,12 @@ class Sessions:
             raise RuntimeError(f"ls of a new session failed: {listed.stderr.decode().strip()}")
         return mountpoint, took
 
+    def shell_argv(self, script: str) -> list[str]:
+        """`chromafs shell` for an anonymous reader, running `bash -c script`."""
+        argv = [str(BIN / "chromafs"), "shell", "--site", self.site, *self.backend]
+        argv += ["--mountd", str(self.server.socket), "--jwt-secret-file", str(self.secret)]
+        return [*argv, "--", "bash", "-c", script]
+
     def serving_pss_kb(self) -> int:
         """PSS of every process serving mounts: the server and its class mounts' daemons."""
         total = 0
@@ -80,6 +90,40 @@ class Sessions:
             except OSError:
                 continue
         return total
+
+
+def first_line_s(argv: list[str], pass_fds: tuple[int, ...] = ()) -> float:
+    """Seconds from starting argv until its first line of output."""
+    started = time.perf_counter()
+    proc = subprocess.Popen(
+        argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, pass_fds=pass_fds
+    )
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    took = time.perf_counter() - started
+    _, err = proc.communicate()
+    if proc.returncode != 0 or not line:
+        raise RuntimeError(f"{argv[0]} failed: {err.decode().strip()}")
+    return took
+
+
+def sandbox_over(folder: Path, script: str) -> list[float]:
+    """The same bubblewrap sandbox `chromafs shell` makes, over a plain folder: its floor."""
+    from chromafs_fuse.frontends.sandbox import Sandbox, seccomp_program, write_etc
+
+    with tempfile.TemporaryDirectory() as etc:
+        write_etc(etc, "agent", 1000)
+        seccomp = os.memfd_create("seccomp", 0)
+        try:
+            os.write(seccomp, seccomp_program())
+            times = []
+            for _ in range(SHELL_RUNS):
+                os.lseek(seccomp, 0, os.SEEK_SET)
+                argv = Sandbox(str(folder), etc, ["bash", "-c", script], seccomp_fd=seccomp).bwrap_argv()
+                times.append(first_line_s(argv, (seccomp,)))
+            return times
+        finally:
+            os.close(seccomp)
 
 
 def _visible_sets(chroma_dir: Path, site: str) -> dict[str, set[str]]:
@@ -118,6 +162,13 @@ def measure_sessions(run: Any, corpus: corpora.Corpus, backend: list[str], chrom
         boots = [sessions.open()[1] for _ in range(BOOT_RUNS)]
         out["new_session_p50_s"] = measure.percentile(boots, 50)
         out["new_session_p90_s"] = measure.percentile(boots, 90)
+        # chromafs shell: start to the first line of `ls /docs` in its sandbox, next to the same
+        # sandbox over the tmpfs copy
+        shells = [first_line_s(sessions.shell_argv("ls /docs")) for _ in range(SHELL_RUNS)]
+        floor = sandbox_over(corpus.tmpfs_copy, "ls /docs")
+        out["shell_p50_s"], out["shell_p90_s"] = measure.percentile(shells, 50), measure.percentile(shells, 90)
+        out["tmpfs_sandbox_p90_s"] = measure.percentile(floor, 90)
+        out["shell_ratio_p90"] = out["shell_p90_s"] / out["tmpfs_sandbox_p90_s"]
         before = sessions.serving_pss_kb()
         for _ in range(SESSIONS_FOR_MEMORY):
             mountpoint, _ = sessions.open()
@@ -158,6 +209,7 @@ def measure_sessions(run: Any, corpus: corpora.Corpus, backend: list[str], chrom
         sessions.server.unmount_classes()
     out["bars"] = {
         "new_session_p90_le_50ms": out.get("new_session_p90_s", 1) <= 0.05,
+        "shell_p90_le_100ms": out.get("shell_p90_s", 1) <= 0.1,
         "pss_per_session_le_2MiB": out.get("pss_per_extra_session_kb", 1e9) <= 2048,
         "second_session_grep_le_2x_tmpfs": out.get("second_session_grep_ratio", 1e9) <= 2,
         "class_first_grep_le_10x_tmpfs": out.get("class_first_grep_ratio", 1e9) <= 10,
@@ -174,6 +226,9 @@ def text_lines(result: dict[str, Any]) -> list[str]:
         f"  new session (mount + ls): p50 {result['new_session_p50_s'] * 1000:.1f} ms, "
         f"p90 {result['new_session_p90_s'] * 1000:.1f} ms; a class's first session (class mount started "
         f"and warmed): {result['first_session_s'] * 1000:.0f} ms",
+        f"  chromafs shell to the first line of `ls /docs`: p50 {result['shell_p50_s'] * 1000:.1f} ms, "
+        f"p90 {result['shell_p90_s'] * 1000:.1f} ms; the same sandbox over tmpfs: p90 "
+        f"{result['tmpfs_sandbox_p90_s'] * 1000:.1f} ms ({result['shell_ratio_p90']:.1f}x)",
         f"  PSS per extra session: {result['pss_per_extra_session_kb']:.0f} kB",
         f"  class's first cold grep -rl (warm Redis): {result['class_first_grep_ratio']:.1f}x tmpfs; "
         f"a new session's first grep -rl after another grepped: {result['second_session_grep_ratio']:.1f}x tmpfs",

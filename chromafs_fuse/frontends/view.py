@@ -1,0 +1,184 @@
+"""A reader's view of a site without a mount: what `chromafs grep`, `chromafs search` and the
+MCP server answer from. The same pruned table a mount serves, the same page loading (memory,
+Redis, Chroma, the blob store), so every front end sees exactly what the reader's mount shows.
+
+Errors carry only what the caller gave: a hidden path fails exactly as a missing one does.
+Blocking throughout (worker threads or plain commands); one lock guards the page cache.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import posixpath
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from chromafs_fuse.access import Principal
+from chromafs_fuse.inodes import Node
+from chromafs_fuse.search import GrepQuery, candidate_pages, grep_page
+from chromafs_fuse.tree import PathEntry
+
+if TYPE_CHECKING:
+    from chromafs_fuse.config import SessionConfig
+    from chromafs_fuse.semantic import Hit
+    from chromafs_fuse.serving.site_loader import LoadedSite
+
+
+class ViewError(Exception):
+    """A request the view refuses; the message names only what the caller asked for."""
+
+
+def no_such(path: str) -> ViewError:
+    return ViewError(f"{path or '/'}: No such file or directory")
+
+
+@dataclass
+class ReaderView:
+    site: LoadedSite
+    config: SessionConfig
+    principal: Principal
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    # -- paths ---------------------------------------------------------------------------
+
+    def check_live(self) -> None:
+        expires_at = self.principal.expires_at
+        if expires_at is not None and time.time() >= expires_at:
+            raise ViewError("the token expired")
+
+    def node(self, path: str) -> Node:
+        """The visible file or directory at `path` ("/", "", "a/b", "/a/./b/" alike)."""
+        self.check_live()
+        normal = posixpath.normpath("/" + path).lstrip("/")
+        node = self.site.table.resolve(normal)
+        if node is None:
+            raise no_such(path)
+        return node
+
+    def files_under(self, path: str) -> list[PathEntry]:
+        """The visible files at or under `path`, by path."""
+        node = self.node(path)
+        if not node.is_dir:
+            assert node.entry is not None
+            return [node.entry]
+        prefix = node.path + "/" if node.path else ""
+        return sorted((e for e in self.site.table.entries.values() if e.key.startswith(prefix)), key=lambda e: e.key)
+
+    # -- the tools -----------------------------------------------------------------------
+
+    def list(self, path: str = "") -> list[str]:
+        """A directory's names as `ls -p` gives them in the C locale (directories end in /)."""
+        node = self.node(path)
+        if not node.is_dir:
+            return [posixpath.basename(node.path)]
+        table = self.site.table
+        names = []
+        for name, inode in table.children(node.inode):
+            child = table.get(inode)
+            names.append(name.decode("utf-8", "surrogateescape") + ("/" if child and child.is_dir else ""))
+        return names
+
+    def read(self, path: str) -> bytes:
+        node = self.node(path)
+        if node.is_dir:
+            raise ViewError(f"{path}: Is a directory")
+        assert node.entry is not None
+        return self.load([node.entry])[node.entry.key]
+
+    def find(self, name: str = "*", path: str = "", kind: str | None = None) -> list[str]:
+        """Paths under `path` whose last part matches the glob `name`, as `find PATH -name NAME
+        [-type f|d]` finds them (PATH itself included), sorted."""
+        if kind not in (None, "f", "d"):
+            raise ViewError("type must be f or d")
+        top = self.node(path)
+        found: list[str] = []
+        table = self.site.table
+
+        def visit(node: Node) -> None:
+            if (kind is None or (kind == "d") == node.is_dir) and fnmatch.fnmatchcase(
+                posixpath.basename(node.path) or "/", name
+            ):
+                found.append(node.path or ".")
+            if node.is_dir:
+                for _, inode in table.children(node.inode):
+                    child = table.get(inode)
+                    if child is not None:
+                        visit(child)
+
+        visit(top)
+        return sorted(found)
+
+    def grep(
+        self, query: GrepQuery, path: str = "", files_only: bool = False, context: int = 0,
+        errors: list[str] | None = None,
+    ) -> Iterator[bytes]:  # fmt: skip
+        """`grep -rn` over the visible files at or under `path`: `path:n:line` for a match,
+        `path-n-line` for context, `--` between groups, `Binary file path matches`; or only
+        the names with `files_only`. Chroma narrows the candidates first (search.py). A file
+        that cannot be read is named in `errors` and skipped, as grep does."""
+        pattern = query.compiled()
+        entries = self.files_under(path)
+        chunked = [e for e in entries if e.blob is None]
+        candidates = None
+        if self.config.chunk_joiner == "\n" and chunked:
+            candidates = candidate_pages(self.site.source.chroma(), chunked, query)
+        to_check = [e for e in entries if e.blob is not None or candidates is None or e.key in candidates]
+        pages = self.load(to_check, missing_ok=True)
+        separated = False
+        for entry in to_check:
+            data = pages.get(entry.key)
+            if data is None:
+                if errors is not None:
+                    errors.append(f"{entry.key}: Input/output error")
+                continue
+            lines = list(grep_page(data, pattern, entry.key.encode("utf-8"), files_only, context))
+            if not lines:
+                continue
+            if context and separated and not files_only:
+                yield b"--"
+            separated = True
+            yield from lines
+
+    def search(self, query: str, limit: int = 10, embedder: str | None = None) -> list[Hit]:
+        from chromafs_fuse.semantic import search_view
+
+        self.check_live()
+        return search_view(self, query, limit, embedder)
+
+    # -- pages ---------------------------------------------------------------------------
+
+    def load(self, entries: Sequence[PathEntry], missing_ok: bool = False) -> dict[str, bytes]:
+        """These files' bytes (memory cache, Redis, Chroma; blobs from their store). A page
+        that cannot be read fails the call, or is left out with `missing_ok`."""
+        from chromafs_fuse.backends.blobstore import BlobError, read_blob_range
+
+        source = self.site.source
+        out: dict[str, bytes] = {}
+        with self._lock:
+            pages = [e for e in entries if e.blob is None]
+            loaded = source.load_cached(pages) if pages else {}
+        for entry in entries:
+            if entry.blob is not None:
+                try:
+                    out[entry.key] = read_blob_range(entry.blob.url, 0, entry.blob.size)
+                except BlobError:
+                    if not missing_ok:
+                        raise ViewError(f"{entry.key}: Input/output error") from None
+                continue
+            data = loaded.get(entry.key)
+            if isinstance(data, bytes):
+                out[entry.key] = data
+            elif not missing_ok:
+                raise ViewError(f"{entry.key}: Input/output error")
+        return out
+
+
+def open_view(config: SessionConfig, token: str | None) -> ReaderView:
+    """The reader's view: their token verified, the site's tree loaded and pruned for them."""
+    from chromafs_fuse.serving.site_loader import SiteLoader, verify_reader
+
+    principal = verify_reader(token, config)
+    return ReaderView(SiteLoader(config).load(principal), config, principal)
