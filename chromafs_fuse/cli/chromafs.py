@@ -38,6 +38,14 @@ def build_parser() -> argparse.ArgumentParser:
     search.add_argument("--json", action="store_true", help="print JSON lines: path, lines, distance, snippet")
     add_session_arguments(search)
     search.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
+    mcp = commands.add_parser("mcp", help="an MCP server (stdio, or streamable HTTP) over the pages a token may read")
+    mcp.add_argument(
+        "--http", metavar="HOST:PORT", help="serve streamable HTTP at http://HOST:PORT/mcp instead of stdio"
+    )
+    mcp.add_argument("--embedder", help="how the collection was embedded, for the search tool")
+    mcp.add_argument("--refresh-interval", type=float, default=5.0, help="follow re-ingests: seconds between checks")
+    add_session_arguments(mcp)
+    mcp.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
     commands.add_parser("shell", help="a command (default: bash) in a sandbox that sees only your docs, at /docs")
     status = commands.add_parser("status", help="list this machine's chromafs mounts")
     status.add_argument("--json", action="store_true", help="print JSON instead of a table")
@@ -128,6 +136,27 @@ def run_search(args: argparse.Namespace) -> int:
     return 0 if hits else 1
 
 
+def run_mcp(args: argparse.Namespace) -> int:
+    from chromafs_fuse.cli.common import CliError, resolve_token
+    from chromafs_fuse.config import SessionConfig
+    from chromafs_fuse.frontends.mcp_server import Views, build_server
+
+    config = SessionConfig.from_args(args)
+    if args.http:
+        if args.token or args.token_file or args.token_stdin:
+            raise CliError("with --http each request carries its token (Authorization: Bearer ...)")
+        host, _, port = args.http.rpartition(":")
+        if not host or not port.isdigit():
+            raise CliError(f"--http wants HOST:PORT, not {args.http}")
+        server = build_server(Views(config, None, True, args.refresh_interval), args.embedder)
+        server.run("streamable-http", host=host.strip("[]"), port=int(port))
+        return 0
+    views = Views(config, resolve_token(args), False, args.refresh_interval)
+    views.view(None)  # load it now: a bad token or an unreachable site fails at start, not at the first call
+    build_server(views, args.embedder).run("stdio")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["shell"]:  # its start-up is a session's: nothing below is imported for it
@@ -150,6 +179,8 @@ def main(argv: list[str] | None = None) -> int:
             return run_status(args)
         if args.command == "search":
             return run_search(args)
+        if args.command == "mcp":
+            return run_mcp(args)
         return run_grep(args)
     except (CliError, TokenError, CorruptPage, PageUnavailable, SearchError, ViewError) as exc:
         print(f"chromafs {args.command}: {exc}", file=sys.stderr)

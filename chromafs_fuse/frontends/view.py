@@ -59,13 +59,24 @@ class ReaderView:
         return node
 
     def files_under(self, path: str) -> list[PathEntry]:
-        """The visible files at or under `path`, by path."""
+        """The visible files at or under `path`, in the order `grep -r` walks them on a mount."""
         node = self.node(path)
         if not node.is_dir:
             assert node.entry is not None
             return [node.entry]
-        prefix = node.path + "/" if node.path else ""
-        return sorted((e for e in self.site.table.entries.values() if e.key.startswith(prefix)), key=lambda e: e.key)
+        return [n.entry for n in self.walk(node) if n.entry is not None]
+
+    def walk(self, top: Node) -> Iterator[Node]:
+        """`top` and everything under it, depth first, each directory's entries by name: the
+        order `find` and `grep -r` see on a mount (its readdir gives them by name)."""
+        table = self.site.table
+        stack = [top]
+        while stack:
+            node = stack.pop()
+            yield node
+            if node.is_dir:
+                children = [table.get(inode) for _, inode in table.children(node.inode)]
+                stack.extend(child for child in reversed(children) if child is not None)
 
     # -- the tools -----------------------------------------------------------------------
 
@@ -93,22 +104,12 @@ class ReaderView:
         [-type f|d]` finds them (PATH itself included), sorted."""
         if kind not in (None, "f", "d"):
             raise ViewError("type must be f or d")
-        top = self.node(path)
-        found: list[str] = []
-        table = self.site.table
-
-        def visit(node: Node) -> None:
-            if (kind is None or (kind == "d") == node.is_dir) and fnmatch.fnmatchcase(
-                posixpath.basename(node.path) or "/", name
-            ):
-                found.append(node.path or ".")
-            if node.is_dir:
-                for _, inode in table.children(node.inode):
-                    child = table.get(inode)
-                    if child is not None:
-                        visit(child)
-
-        visit(top)
+        found = [
+            node.path or "."
+            for node in self.walk(self.node(path))
+            if (kind is None or (kind == "d") == node.is_dir)
+            and fnmatch.fnmatchcase(posixpath.basename(node.path) or "/", name)
+        ]
         return sorted(found)
 
     def grep(

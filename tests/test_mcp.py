@@ -1,0 +1,231 @@
+"""`chromafs mcp` through the official SDK's own client, over stdio and streamable HTTP: every
+answer equals what ls, cat, sed, find and grep give on a real mount with the same token, for two
+tokens, and a hidden page is indistinguishable from a missing one in every answer and error."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx2
+import pytest
+from mcp import Client
+from mcp.client.stdio import StdioServerParameters
+from mcp.client.streamable_http import streamable_http_client
+
+from helpers import SAMPLE_SITE, expected_visible, mounted
+from infra import BIN, free_port, stop_pid
+
+Calls = Callable[[Client], Awaitable[Any]]
+
+
+def site_args(chroma: Path, secret_file: Path) -> list[str]:
+    return ["--site", "acme", "--chroma-path", str(chroma), "--jwt-secret-file", str(secret_file)]
+
+
+def over_stdio(args: list[str], calls: Calls) -> Any:
+    params = StdioServerParameters(command=str(BIN / "chromafs"), args=["mcp", *args])
+
+    async def session() -> Any:
+        async with Client(params) as client:
+            return await calls(client)
+
+    return anyio.run(session)
+
+
+def over_http(url: str, token: str | None, calls: Calls) -> Any:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+
+    async def session() -> Any:
+        async with (
+            httpx2.AsyncClient(headers=headers, timeout=60) as http,
+            Client(streamable_http_client(url, http_client=http)) as client,
+        ):
+            return await calls(client)
+
+    return anyio.run(session)
+
+
+async def text(client: Client, tool: str, **arguments: Any) -> tuple[bool, str]:
+    """(is_error, the answer's text)."""
+    result = await client.call_tool(tool, arguments)
+    return result.is_error, "".join(getattr(part, "text", "") for part in result.content)
+
+
+def sh(argv: list[str], cwd: Path) -> str:
+    done = subprocess.run(argv, cwd=cwd, capture_output=True, text=True, timeout=60, env={**os.environ, "LC_ALL": "C"})
+    assert done.returncode in (0, 1), done.stderr
+    return done.stdout
+
+
+def strip_dot(output: str) -> str:
+    return "\n".join(line.removeprefix("./") for line in output.splitlines())
+
+
+def mount_answers(root: Path) -> dict[tuple[str, ...], str]:
+    """What the real tools print on the mount, keyed as the MCP calls below."""
+    answers: dict[tuple[str, ...], str] = {}
+    for folder, _, files in os.walk(root):
+        rel = os.path.relpath(folder, root)
+        answers[("list", "" if rel == "." else rel)] = sh(["ls", "-p"], Path(folder)).rstrip("\n")
+        for name in files:
+            path = os.path.normpath(os.path.join(rel, name))
+            data = (root / path).read_bytes()
+            try:
+                answers[("read", path)] = data.decode("utf-8")
+            except UnicodeDecodeError:
+                answers[("read", path)] = f"binary:{len(data)}"
+    answers[("lines", "quickstart.mdx")] = sh(["sed", "-n", "3,9p", "quickstart.mdx"], root)
+    answers[("find", "*.md*")] = "\n".join(sorted(strip_dot(sh(["find", ".", "-name", "*.md*"], root)).splitlines()))
+    answers[("find-d", "*")] = "\n".join(sorted(strip_dot(sh(["find", "auth", "-type", "d"], root)).splitlines()))
+    answers[("grep", "token")] = strip_dot(sh(["grep", "-rn", "token", "."], root)).rstrip("\n")
+    answers[("grep-i", "TOKEN")] = strip_dot(sh(["grep", "-rni", "TOKEN", "."], root)).rstrip("\n")
+    answers[("grep-F", "$ curl")] = strip_dot(sh(["grep", "-rnF", "$ curl", "."], root)).rstrip("\n")
+    answers[("grep-l", "key")] = strip_dot(sh(["grep", "-rl", "key", "."], root)).rstrip("\n")
+    answers[("grep-C", "token")] = sh(["grep", "-Hn", "-C", "2", "token", "auth/api-keys.mdx"], root).rstrip("\n")
+    return answers
+
+
+async def mcp_answers(client: Client, keys: list[tuple[str, ...]]) -> dict[tuple[str, ...], str]:
+    answers: dict[tuple[str, ...], str] = {}
+    for key in keys:
+        kind, arg = key
+        if kind == "list":
+            error, out = await text(client, "list", path=arg or "/")
+        elif kind == "read":
+            error, out = await text(client, "read", path=arg)
+            if error and "binary file of" in out:
+                error, out = False, f"binary:{out.split('binary file of ')[1].split()[0]}"
+        elif kind == "lines":
+            error, out = await text(client, "read", path=arg, start_line=3, end_line=9)
+        elif kind == "find":
+            error, out = await text(client, "find", name=arg)
+        elif kind == "find-d":
+            error, out = await text(client, "find", name=arg, path="auth", type="d")
+        elif kind == "grep-C":
+            error, out = await text(client, "grep", pattern=arg, path="auth/api-keys.mdx", context=2)
+        else:
+            flags = {"grep-i": "ignore_case", "grep-F": "fixed_strings", "grep-l": "files_with_matches"}
+            options = {flags[kind]: True} if kind in flags else {}
+            error, out = await text(client, "grep", pattern=arg, **options)
+        assert not error, (key, out)
+        answers[key] = out
+    return answers
+
+
+async def checked_answers(client: Client, keys: list[tuple[str, ...]]) -> dict[tuple[str, ...], str]:
+    tools = (await client.list_tools()).tools
+    assert {t.name for t in tools} == {"list", "read", "find", "grep", "search"}
+    assert all(t.annotations and t.annotations.read_only_hint and not t.annotations.destructive_hint for t in tools)
+    return await mcp_answers(client, keys)
+
+
+@pytest.fixture
+def mounts(
+    sample_chroma: Callable[[str], Path], token_file: Callable[..., Path], secret_file: Path, tmp_path: Path
+) -> Iterator[dict[str, tuple[Path | None, Path]]]:
+    """An anonymous and a billing reader's mounts: name -> (token file, mountpoint)."""
+    args = site_args(sample_chroma("public"), secret_file)
+    billing = token_file(["billing"])
+    with mounted(tmp_path / "anon", *args), mounted(tmp_path / "billing", *args, "--token-file", str(billing)):
+        yield {"anon": (None, tmp_path / "anon"), "billing": (billing, tmp_path / "billing")}
+
+
+def test_mcp_over_stdio_answers_as_the_tools_do_on_a_mount_for_two_tokens(
+    mounts: dict[str, tuple[Path | None, Path]], sample_chroma: Callable[[str], Path], secret_file: Path
+) -> None:
+    args = site_args(sample_chroma("public"), secret_file)
+    seen: dict[str, dict[tuple[str, ...], str]] = {}
+    for name, (token, root) in mounts.items():
+        expected = mount_answers(root)
+        token_args = ["--token-file", str(token)] if token else []
+
+        got = over_stdio([*args, *token_args], partial(checked_answers, keys=list(expected)))
+        for key, answer in expected.items():
+            assert got[key] == answer, key
+        seen[name] = got
+    assert seen["anon"] != seen["billing"]  # two readers, two views
+
+
+def test_a_hidden_page_is_a_missing_page_in_every_mcp_answer_and_error(
+    sample_chroma: Callable[[str], Path], secret_file: Path
+) -> None:
+    everything = expected_visible(SAMPLE_SITE, "public", {"admin", "billing"})
+    hidden = sorted(everything - expected_visible(SAMPLE_SITE, "public", None))
+    page = next(p for p in hidden if p.endswith((".md", ".mdx")))
+    folder = page.rsplit("/", 1)[0]
+    title = next(line for line in (SAMPLE_SITE / page).read_text().splitlines() if line.startswith(("title:", "# ")))
+    title = title.split(":", 1)[1] if title.startswith("title:") else title[2:]
+
+    async def calls(client: Client) -> dict[str, tuple[bool, str]]:
+        out = {}
+        for label, path in (
+            ("hidden", page),
+            ("missing", "no/such-page.md"),
+            ("hidden-dir", folder),
+            ("missing-dir", "no"),
+        ):
+            out[f"read {label}"] = await text(client, "read", path=path)
+            out[f"list {label}"] = await text(client, "list", path=path)
+            out[f"find {label}"] = await text(client, "find", path=path)
+            out[f"grep {label}"] = await text(client, "grep", pattern=".", path=path)
+        out["find all"] = await text(client, "find")
+        out["grep all"] = await text(client, "grep", pattern=".", files_with_matches=True)
+        out["search title"] = await text(client, "search", query=title.strip(), n=100)
+        return out
+
+    got = over_stdio(site_args(sample_chroma("public"), secret_file), calls)
+    for tool in ("read", "list", "find", "grep"):
+        error, message = got[f"{tool} hidden"]
+        assert error and (error, message) == (True, got[f"{tool} missing"][1].replace("no/such-page.md", page))
+        error, message = got[f"{tool} hidden-dir"]
+        assert error and message == got[f"{tool} missing-dir"][1].replace("no:", f"{folder}:")
+    answers = "\n".join(message for probe, (_, message) in got.items() if "hidden" not in probe)
+    for path in hidden:
+        assert path not in answers, f"{path} leaked"
+    shown = {line.split(":", 1)[0] for line in got["search title"][1].splitlines()}
+    assert shown and shown <= expected_visible(SAMPLE_SITE, "public", None)
+
+
+def test_mcp_over_http_takes_each_requests_token(
+    mounts: dict[str, tuple[Path | None, Path]],
+    sample_chroma: Callable[[str], Path],
+    secret_file: Path,
+    make_token: Callable[..., str],
+    tmp_path: Path,
+) -> None:
+    port = free_port()
+    log = (tmp_path / "mcp.log").open("wb")
+    server = subprocess.Popen(
+        [str(BIN / "chromafs"), "mcp", "--http", f"127.0.0.1:{port}", *site_args(sample_chroma("public"), secret_file)],
+        stdout=log,
+        stderr=log,
+    )
+    url = f"http://127.0.0.1:{port}/mcp"
+    try:
+        deadline = time.monotonic() + 60
+        while subprocess.run(["bash", "-c", f"exec 3<>/dev/tcp/127.0.0.1/{port}"], capture_output=True).returncode:
+            assert server.poll() is None and time.monotonic() < deadline, (tmp_path / "mcp.log").read_text()
+            time.sleep(0.1)
+
+        async def files(client: Client) -> tuple[bool, str]:
+            return await text(client, "find", type="f")
+
+        def on_mount(root: Path) -> str:
+            return "\n".join(sorted(strip_dot(sh(["find", ".", "-type", "f"], root)).splitlines()))
+
+        assert over_http(url, None, files) == (False, on_mount(mounts["anon"][1]))
+        assert over_http(url, make_token(["billing"]), files) == (False, on_mount(mounts["billing"][1]))
+        error, message = over_http(url, make_token(["billing"], exp=int(time.time()) - 60), files)
+        assert error and message.endswith("token refused: token has expired")
+        error, message = over_http(url, make_token(["admin"]) + "x", files)
+        assert error and message.endswith("token refused: token signature is invalid")
+    finally:
+        stop_pid(server)
+        log.close()
