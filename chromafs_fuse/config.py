@@ -85,6 +85,7 @@ class MountConfig:
     log_format: Literal["text", "json"] = "text"
     metrics_addr: str | None = None
     refresh_interval_s: float = 5.0  # 0: the tree stays as mounted
+    search_dir: str | None = None  # a hidden directory whose files are semantic searches
 
     @property
     def site(self) -> str:
@@ -100,6 +101,8 @@ class MountConfig:
             raise CliError("--warm-wait must not be negative")
         if args.cache_timeout < 0:
             raise CliError("--cache-timeout must not be negative")
+        if args.search_dir is not None and (args.search_dir in ("", ".", "..") or "/" in args.search_dir):
+            raise CliError(f"--search-dir wants a name without /, not {args.search_dir!r}")
         refresh = args.refresh_interval
         if refresh is None:
             refresh = 1.0 if args.redis_url else 5.0  # a GET of a few bytes, or a query to Chroma
@@ -123,4 +126,5 @@ class MountConfig:
             log_format=args.log_format,
             metrics_addr=args.metrics_addr,
             refresh_interval_s=refresh,
+            search_dir=args.search_dir,
         )

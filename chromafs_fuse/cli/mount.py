@@ -67,6 +67,11 @@ def build_parser() -> argparse.ArgumentParser:
         "(the mount server's class mounts do this)",
     )
     parser.add_argument(
+        "--search-dir",
+        metavar="NAME",
+        help="a directory NAME at the root, never listed, where reading NAME/<query> gives a semantic search",
+    )
+    parser.add_argument(
         "--warm-wait",
         type=float,
         default=0.0,

@@ -26,7 +26,7 @@ VALUE_OPTIONS = frozenset(
         "--chunk-joiner", "--cache-bytes", "--backend-timeout", "--s3-endpoint-url", "--redis-url",
         "--redis-prefix", "--redis-ttl", "--tree-ttl", "-o", "--cache-timeout", "--prefetch",
         "--prefetch-max-bytes", "--log-file", "--readahead-pages", "--refresh-interval", "--pid-file",
-        "--log-format", "--metrics-addr", "--log-level", "--mountd", "--warm-wait",
+        "--log-format", "--metrics-addr", "--log-level", "--mountd", "--warm-wait", "--search-dir",
     }
 )  # fmt: skip
 

@@ -40,6 +40,7 @@ class ReaderView:
     site: LoadedSite
     config: SessionConfig
     principal: Principal
+    memory_cache: bool = True  # False where a loop owns the page cache (a mount's search directory)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     # -- paths ---------------------------------------------------------------------------
@@ -160,7 +161,8 @@ class ReaderView:
         out: dict[str, bytes] = {}
         with self._lock:
             pages = [e for e in entries if e.blob is None]
-            loaded = source.load_cached(pages) if pages else {}
+            load = source.load_cached if self.memory_cache else source.load_many
+            loaded = load(pages) if pages else {}
         for entry in entries:
             if entry.blob is not None:
                 try:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import gc
 import logging
 import os
@@ -27,13 +28,14 @@ from chromafs_fuse.backends.chroma_store import BackendError, SiteNotFound
 from chromafs_fuse.cli.common import CliError, resolve_token, setup_logging
 from chromafs_fuse.cli.mount_client import READY
 from chromafs_fuse.config import MountConfig
-from chromafs_fuse.filesystem import DocsFilesystem
+from chromafs_fuse.filesystem import DocsFilesystem, FsError
 from chromafs_fuse.inodes import InodeTable
 from chromafs_fuse.readahead import ReadScheduler
 from chromafs_fuse.serving.fuse_ops import ChromaOperations, pyfuse3_passes_inode
 from chromafs_fuse.serving.kernel_push import walk_directories
 from chromafs_fuse.serving.page_source import PageSource
 from chromafs_fuse.serving.refresh import TreeRefresher
+from chromafs_fuse.serving.search_dir import SearchDir
 from chromafs_fuse.serving.service import (
     StatusFile,
     limit_malloc_arenas,
@@ -42,7 +44,7 @@ from chromafs_fuse.serving.service import (
     uptime_since,
     utc_text,
 )
-from chromafs_fuse.serving.site_loader import Preloaded, SiteLoader, verify_reader
+from chromafs_fuse.serving.site_loader import LoadedSite, Preloaded, SiteLoader, verify_reader
 from chromafs_fuse.serving.watchdog import start_watchdog, stop_watchdog
 from chromafs_fuse.tokens import TokenError
 from chromafs_fuse.tree import PathEntry, TreeError
@@ -50,6 +52,7 @@ from chromafs_fuse.tree import PathEntry, TreeError
 log = logging.getLogger("chromafs.mount")
 STATUS_EVERY_S = 2.0
 PUSH_POLL_S = 0.005
+SEARCH_DIR_RESULTS = 20  # pages a file of the search directory lists
 UNKNOWN_SIZE_ESTIMATE = 16 * 1024  # for deciding on auto prefetch when the tree has no sizes
 
 
@@ -77,10 +80,30 @@ def prepare(
         attributes=preloaded.attributes if preloaded else None,
         push_pages=config.push_pages,
     )
+    if config.search_dir:
+        ops.search_dir = search_directory(config, principal, site, ops)
     refresher = None
     if config.refresh_interval_s > 0:
         refresher = TreeRefresher(loader, principal, ops, site.source, make_fs, config.refresh_interval_s)
     return ops, refresher
+
+
+def search_directory(config: MountConfig, principal: Principal, site: LoadedSite, ops: ChromaOperations) -> SearchDir:
+    """The --search-dir directory: its files search the pages the mount shows now."""
+    from chromafs_fuse.frontends.view import ReaderView, ViewError
+    from chromafs_fuse.semantic import SearchError, hit_line
+
+    def search(query: str) -> bytes:
+        now = LoadedSite(site.tree, ops.table, site.source)  # the table follows re-ingests
+        view = ReaderView(now, config.session, principal.reader_class(), memory_cache=False)
+        try:
+            hits = view.search(query, SEARCH_DIR_RESULTS)
+        except (SearchError, ViewError) as exc:
+            log.error("search %r: %s", query, exc)
+            raise FsError(errno.EIO) from None
+        return "".join(hit_line(hit) + "\n" for hit in hits).encode("utf-8")
+
+    return SearchDir(config.search_dir or "", search, config.cache_timeout_s, time.time_ns())
 
 
 def _public_backend(config: MountConfig) -> str:

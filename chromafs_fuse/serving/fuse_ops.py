@@ -28,8 +28,9 @@ import pyfuse3
 import trio
 
 from chromafs_fuse.filesystem import BLOCK_SIZE, DocsFilesystem, FsError
-from chromafs_fuse.inodes import InodeTable
+from chromafs_fuse.inodes import ROOT_INODE, InodeTable
 from chromafs_fuse.serving.kernel_push import KernelPusher
+from chromafs_fuse.serving.search_dir import SEARCH_INODE, SearchDir
 from chromafs_fuse.stats import LatencyHistogram
 from chromafs_fuse.tree import PathEntry
 
@@ -146,8 +147,10 @@ class ChromaOperations(pyfuse3.Operations):
         cache_timeout_s: float = 3600.0,
         attributes: tuple[int, Attributes] | None = None,
         push_pages: bool = False,
+        search_dir: SearchDir | None = None,
     ) -> None:
         super().__init__()
+        self.search_dir = search_dir
         self.fs = fs
         self.table = fs.table
         self.no_open = fs.no_open
@@ -183,6 +186,11 @@ class ChromaOperations(pyfuse3.Operations):
     @_request("lookup")
     async def lookup(self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
         index = self.fs.lookup(parent_inode, name)
+        if index is None and self.search_dir is not None:
+            if parent_inode == ROOT_INODE and name == self.search_dir.name:
+                return self._search_attributes(SEARCH_INODE)
+            if parent_inode == SEARCH_INODE:
+                return await self.search_dir.lookup(name)
         return self._negative if index is None else self._attributes(index)  # absent: cached too
 
     @_request("getattr")
@@ -190,11 +198,22 @@ class ChromaOperations(pyfuse3.Operations):
         old_version = self.fs.replaced_entry(inode)
         if old_version is not None:
             return replaced_attributes(inode, old_version, self.mount_time_ns)
+        if SearchDir.owns(inode):
+            return self._search_attributes(inode)
         return self._attributes(self.fs.index(inode))
+
+    def _search_attributes(self, inode: int) -> pyfuse3.EntryAttributes:
+        attrs = self.search_dir.attributes(inode) if self.search_dir is not None else None
+        if attrs is None:
+            raise FsError(errno.ENOENT)
+        return attrs
 
     @_request("forget")
     async def forget(self, inode_list: list[tuple[int, int]]) -> None:
         self.fs.forget([inode for inode, _ in inode_list])  # inodes of the tree live as long as it
+        if self.search_dir is not None:
+            for inode, _ in inode_list:
+                self.search_dir.forget(inode)
 
     @_request("statfs")
     async def statfs(self, ctx: pyfuse3.RequestContext) -> pyfuse3.StatvfsData:
@@ -210,11 +229,17 @@ class ChromaOperations(pyfuse3.Operations):
 
     @_request("opendir")
     async def opendir(self, inode: int, ctx: pyfuse3.RequestContext) -> int:
+        if inode == SEARCH_INODE and self.search_dir is not None:
+            if self.no_open:
+                raise FsError(errno.ENOSYS)
+            return inode
         self.fs.open_dir(inode)
         return inode
 
     @_request("readdir")
     async def readdir(self, fh: int, start_id: int, token: pyfuse3.ReaddirToken) -> None:
+        if SearchDir.owns(fh):
+            return  # the search directory lists nothing: its files are queries
         index, children = self.fs.children(fh)
         known, name_at, reply = self._attrs, self.table.name_at, pyfuse3.readdir_reply
         for position in range(start_id, len(children)):
@@ -229,11 +254,23 @@ class ChromaOperations(pyfuse3.Operations):
 
     @_request("open")
     async def open(self, inode: int, flags: int, ctx: pyfuse3.RequestContext) -> pyfuse3.FileInfo:
+        if SearchDir.owns(inode):
+            self._search_attributes(inode)
+            if flags & os.O_ACCMODE != os.O_RDONLY:
+                raise FsError(errno.EROFS)
+            if self.no_open:
+                raise FsError(errno.ENOSYS)
+            return pyfuse3.FileInfo(fh=inode, keep_cache=False)
         reply = self.fs.open_file(inode, flags)
         return pyfuse3.FileInfo(fh=inode, keep_cache=reply.keep_cache, direct_io=reply.direct_io)
 
     @_request("read")
     async def read(self, fh: int, off: int, size: int) -> bytes:
+        if SearchDir.owns(fh):
+            content = self.search_dir.content(fh) if self.search_dir is not None else None
+            if content is None:
+                raise FsError(errno.ENOENT)
+            return content[off : off + size]
         return await self.fs.read(fh, off, size)
 
     @_request("release")
@@ -242,6 +279,8 @@ class ChromaOperations(pyfuse3.Operations):
 
     @_request("access")
     async def access(self, inode: int, mode: int, ctx: pyfuse3.RequestContext) -> bool:
+        if SearchDir.owns(inode):
+            return not mode & os.W_OK
         return self.fs.may_access(inode, mode)
 
     # Extended attributes: ENOSYS makes the kernel answer EOPNOTSUPP itself from then on, so

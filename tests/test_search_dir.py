@@ -1,0 +1,64 @@
+"""`--search-dir`: reading MOUNT/.search/<query> gives `chromafs search`'s answer for the
+mount's reader; the directory is never listed, so find and grep -r never enter it."""
+
+from __future__ import annotations
+
+import errno
+import os
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from helpers import SAMPLE_SITE, expected_visible, mounted
+from infra import BIN
+
+
+def site_args(chroma: Path, secret_file: Path) -> list[str]:
+    return ["--site", "acme", "--chroma-path", str(chroma), "--jwt-secret-file", str(secret_file)]
+
+
+def chromafs_search(args: list[str], query: str) -> str:
+    done = subprocess.run(
+        [str(BIN / "chromafs"), "search", query, "-n", "20", *args], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode in (0, 1), done.stderr
+    return done.stdout
+
+
+def test_reading_a_query_in_the_search_directory_searches_the_mounts_view(
+    sample_chroma: Callable[[str], Path], token_file: Callable[..., Path], secret_file: Path, tmp_path: Path
+) -> None:
+    args = site_args(sample_chroma("public"), secret_file)
+    admin_token = ["--token-file", str(token_file(["admin"]))]
+    hidden = expected_visible(SAMPLE_SITE, "public", {"admin"}) - expected_visible(SAMPLE_SITE, "public", None)
+    admin_page = sorted(p for p in hidden if p.startswith("admin/"))[0]
+    query = (SAMPLE_SITE / admin_page).read_text().split("\n", 3)[1].removeprefix("title:").strip() or "audit log"
+    anon, admin = tmp_path / "anon", tmp_path / "admin"
+    with (
+        mounted(anon, *args, "--search-dir", ".search"),
+        mounted(admin, *args, *admin_token, "--search-dir", ".search"),
+    ):
+        for root, token in ((anon, []), (admin, admin_token)):
+            answer = (root / ".search" / query).read_text()
+            assert answer == chromafs_search([*args, *token], query)
+            paths = {line.split(":", 1)[0] for line in answer.splitlines()}
+            assert paths and paths <= expected_visible(SAMPLE_SITE, "public", {"admin"} if token else None)
+        assert admin_page in (admin / ".search" / query).read_text()
+        assert not hidden & {line.split(":", 1)[0] for line in (anon / ".search" / query).read_text().splitlines()}
+        # never listed: ls -a, find and grep -r do not see it
+        assert ".search" not in os.listdir(anon)
+        listing = subprocess.run(["find", str(anon)], capture_output=True, text=True, check=True).stdout
+        assert "/.search" not in listing
+        grep = subprocess.run(["grep", "-rl", "api", str(anon)], capture_output=True, text=True).stdout
+        assert grep and "/.search" not in grep
+        assert (anon / ".search").is_dir() and os.listdir(anon / ".search") == []
+        with pytest.raises(OSError) as written:
+            (anon / ".search" / "new query").write_text("x")
+        assert written.value.errno == errno.EROFS
+    # without the flag there is no such directory
+    with mounted(tmp_path / "plain", *args):
+        assert not (tmp_path / "plain" / ".search").exists()
+        with pytest.raises(FileNotFoundError):
+            (tmp_path / "plain" / ".search" / query).read_text()
