@@ -35,7 +35,22 @@ def run_folder() -> str:
     else:
         base = os.path.join(os.environ.get("XDG_RUNTIME_DIR") or tempfile.gettempdir(), "chromafs-shells")
     os.makedirs(base, mode=0o700, exist_ok=True)
+    clean_stale(base)
     return tempfile.mkdtemp(prefix=f"{os.getpid()}-", dir=base)
+
+
+def clean_stale(base: str) -> None:
+    """End the sessions of shells that were killed outright (SIGKILL leaves no time to): their
+    folders are named after their PID."""
+    for name in os.listdir(base):
+        pid = name.split("-", 1)[0]
+        if not pid.isdigit() or os.path.exists(f"/proc/{pid}"):
+            continue
+        folder = os.path.join(base, name)
+        docs = os.path.join(folder, "docs")
+        if os.path.ismount(docs):
+            mount_client.unmount_lazily(docs)
+        remove_folder(folder)
 
 
 def find_program(name: str) -> str | None:
@@ -68,6 +83,8 @@ def remove_folder(folder: str) -> None:
     for sub in ("etc", "docs", ""):
         try:
             os.rmdir(os.path.join(folder, sub))
+        except FileNotFoundError:
+            continue
         except OSError as exc:
             print(f"chromafs shell: cannot remove {os.path.join(folder, sub)}: {exc.strerror}", file=sys.stderr)
 
