@@ -4,10 +4,9 @@ tokens, and a hidden page is indistinguishable from a missing one in every answe
 
 from __future__ import annotations
 
-import os
 import subprocess
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Callable, Iterator
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -16,27 +15,17 @@ import anyio
 import httpx2
 import pytest
 from mcp import Client
-from mcp.client.stdio import StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
 
 from helpers import SAMPLE_SITE, expected_visible, mounted
 from infra import BIN, free_port, stop_pid
+from mcp_compare import Calls, Probe, checked_answers, mount_answers, over_stdio, sh, strip_dot, text
 
-Calls = Callable[[Client], Awaitable[Any]]
+SAMPLE_PROBE = Probe("quickstart.mdx", "auth", "token", "$ curl", "auth/api-keys.mdx")
 
 
 def site_args(chroma: Path, secret_file: Path) -> list[str]:
     return ["--site", "acme", "--chroma-path", str(chroma), "--jwt-secret-file", str(secret_file)]
-
-
-def over_stdio(args: list[str], calls: Calls) -> Any:
-    params = StdioServerParameters(command=str(BIN / "chromafs"), args=["mcp", *args])
-
-    async def session() -> Any:
-        async with Client(params) as client:
-            return await calls(client)
-
-    return anyio.run(session)
 
 
 def over_http(url: str, token: str | None, calls: Calls) -> Any:
@@ -50,80 +39,6 @@ def over_http(url: str, token: str | None, calls: Calls) -> Any:
             return await calls(client)
 
     return anyio.run(session)
-
-
-async def text(client: Client, tool: str, **arguments: Any) -> tuple[bool, str]:
-    """(is_error, the answer's text)."""
-    result = await client.call_tool(tool, arguments)
-    return result.is_error, "".join(getattr(part, "text", "") for part in result.content)
-
-
-def sh(argv: list[str], cwd: Path) -> str:
-    done = subprocess.run(argv, cwd=cwd, capture_output=True, text=True, timeout=60, env={**os.environ, "LC_ALL": "C"})
-    assert done.returncode in (0, 1), done.stderr
-    return done.stdout
-
-
-def strip_dot(output: str) -> str:
-    return "\n".join(line.removeprefix("./") for line in output.splitlines())
-
-
-def mount_answers(root: Path) -> dict[tuple[str, ...], str]:
-    """What the real tools print on the mount, keyed as the MCP calls below."""
-    answers: dict[tuple[str, ...], str] = {}
-    for folder, _, files in os.walk(root):
-        rel = os.path.relpath(folder, root)
-        answers[("list", "" if rel == "." else rel)] = sh(["ls", "-p"], Path(folder)).rstrip("\n")
-        for name in files:
-            path = os.path.normpath(os.path.join(rel, name))
-            data = (root / path).read_bytes()
-            try:
-                answers[("read", path)] = data.decode("utf-8")
-            except UnicodeDecodeError:
-                answers[("read", path)] = f"binary:{len(data)}"
-    answers[("lines", "quickstart.mdx")] = sh(["sed", "-n", "3,9p", "quickstart.mdx"], root)
-    answers[("find", "*.md*")] = "\n".join(sorted(strip_dot(sh(["find", ".", "-name", "*.md*"], root)).splitlines()))
-    answers[("find-d", "*")] = "\n".join(sorted(strip_dot(sh(["find", "auth", "-type", "d"], root)).splitlines()))
-    answers[("grep", "token")] = strip_dot(sh(["grep", "-rn", "token", "."], root)).rstrip("\n")
-    answers[("grep-i", "TOKEN")] = strip_dot(sh(["grep", "-rni", "TOKEN", "."], root)).rstrip("\n")
-    answers[("grep-F", "$ curl")] = strip_dot(sh(["grep", "-rnF", "$ curl", "."], root)).rstrip("\n")
-    answers[("grep-l", "key")] = strip_dot(sh(["grep", "-rl", "key", "."], root)).rstrip("\n")
-    answers[("grep-C", "token")] = sh(["grep", "-Hn", "-C", "2", "token", "auth/api-keys.mdx"], root).rstrip("\n")
-    return answers
-
-
-async def mcp_answers(client: Client, keys: list[tuple[str, ...]]) -> dict[tuple[str, ...], str]:
-    answers: dict[tuple[str, ...], str] = {}
-    for key in keys:
-        kind, arg = key
-        if kind == "list":
-            error, out = await text(client, "list", path=arg or "/")
-        elif kind == "read":
-            error, out = await text(client, "read", path=arg)
-            if error and "binary file of" in out:
-                error, out = False, f"binary:{out.split('binary file of ')[1].split()[0]}"
-        elif kind == "lines":
-            error, out = await text(client, "read", path=arg, start_line=3, end_line=9)
-        elif kind == "find":
-            error, out = await text(client, "find", name=arg)
-        elif kind == "find-d":
-            error, out = await text(client, "find", name=arg, path="auth", type="d")
-        elif kind == "grep-C":
-            error, out = await text(client, "grep", pattern=arg, path="auth/api-keys.mdx", context=2)
-        else:
-            flags = {"grep-i": "ignore_case", "grep-F": "fixed_strings", "grep-l": "files_with_matches"}
-            options = {flags[kind]: True} if kind in flags else {}
-            error, out = await text(client, "grep", pattern=arg, **options)
-        assert not error, (key, out)
-        answers[key] = out
-    return answers
-
-
-async def checked_answers(client: Client, keys: list[tuple[str, ...]]) -> dict[tuple[str, ...], str]:
-    tools = (await client.list_tools()).tools
-    assert {t.name for t in tools} == {"list", "read", "find", "grep", "search"}
-    assert all(t.annotations and t.annotations.read_only_hint and not t.annotations.destructive_hint for t in tools)
-    return await mcp_answers(client, keys)
 
 
 @pytest.fixture
@@ -143,10 +58,10 @@ def test_mcp_over_stdio_answers_as_the_tools_do_on_a_mount_for_two_tokens(
     args = site_args(sample_chroma("public"), secret_file)
     seen: dict[str, dict[tuple[str, ...], str]] = {}
     for name, (token, root) in mounts.items():
-        expected = mount_answers(root)
+        expected = mount_answers(root, SAMPLE_PROBE)
         token_args = ["--token-file", str(token)] if token else []
 
-        got = over_stdio([*args, *token_args], partial(checked_answers, keys=list(expected)))
+        got = over_stdio([*args, *token_args], partial(checked_answers, keys=list(expected), probe=SAMPLE_PROBE))
         for key, answer in expected.items():
             assert got[key] == answer, key
         seen[name] = got
