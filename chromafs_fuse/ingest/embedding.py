@@ -115,6 +115,39 @@ class HashingEmbedder:
         return self.embed_many(texts)
 
 
+_HEADING = re.compile(r"^#\s+(.+?)\s*#*\s*$", re.MULTILINE)
+TITLE_WEIGHT = 1.0  # a chunk's vector: its text's + this times its page title's, renormalised
+
+
+def page_title(text: str) -> str:
+    """The title a reader searches a page by: its frontmatter `title`, else its first
+    `# heading`, else nothing."""
+    from chromafs_fuse.ingest.frontmatter import read_frontmatter
+
+    try:
+        frontmatter = read_frontmatter(text)
+    except Exception:  # a page whose frontmatter cannot be read is still searchable by its text
+        frontmatter = None
+    title = frontmatter.fields.get("title") if frontmatter is not None else None
+    if isinstance(title, str) and title.strip():
+        return title.strip()
+    heading = _HEADING.search(text[:20000])
+    return heading.group(1) if heading else ""
+
+
+def embed_with_titles(embed: Embedder, chunks: Sequence[str], titles: Sequence[str]) -> np.ndarray:
+    """Each chunk's vector with its page title's added: every chunk of a page answers a query
+    for the page's title, however long the chunk. Queries are embedded plainly."""
+    vectors = np.asarray(embed(chunks), dtype=np.float64)
+    titled = [at for at, title in enumerate(titles) if title]
+    if titled:
+        title_vectors = np.asarray(embed([titles[at] for at in titled]), dtype=np.float64)
+        vectors[titled] += TITLE_WEIGHT * title_vectors
+        norms = np.linalg.norm(vectors[titled], axis=1, keepdims=True)
+        vectors[titled] /= np.where(norms == 0.0, 1.0, norms)
+    return vectors
+
+
 def make_embedder(name: str) -> tuple[Embedder, int | None]:
     """(embedder, dimensions if fixed). 'hashing' (default) or 'chroma-default'."""
     if name == "hashing":

@@ -21,7 +21,7 @@ from chromafs_fuse.backends.blobstore import BlobStore
 from chromafs_fuse.backends.chroma_store import ChromaLocation, connect_client
 from chromafs_fuse.chunks import DEFAULT_MAX_CHUNK_CHARS, split_page
 from chromafs_fuse.ingest.access_rules import AclRule
-from chromafs_fuse.ingest.embedding import make_embedder
+from chromafs_fuse.ingest.embedding import embed_with_titles, make_embedder, page_title
 from chromafs_fuse.ingest.retention import (
     DEFAULT_GRACE_PERIOD_S,
     RetentionPlan,
@@ -188,13 +188,14 @@ def ingest(options: IngestOptions, show_progress: bool = False) -> IngestSummary
     tree: dict[str, dict[str, Any]] = {}
     pending_ids: list[str] = []
     pending_docs: list[str] = []
+    pending_titles: list[str] = []
     pending_meta: list[dict[str, Any]] = []
 
     def flush() -> None:
         nonlocal dimensions
         if not pending_ids:
             return
-        vectors = embed(pending_docs)
+        vectors = embed_with_titles(embed, pending_docs, pending_titles)
         dimensions = dimensions or len(vectors[0])
         collection.upsert(
             ids=list(pending_ids), documents=list(pending_docs), metadatas=list(pending_meta), embeddings=vectors
@@ -202,6 +203,7 @@ def ingest(options: IngestOptions, show_progress: bool = False) -> IngestSummary
         summary.chunks_written += len(pending_ids)
         pending_ids.clear()
         pending_docs.clear()
+        pending_titles.clear()
         pending_meta.clear()
 
     with _progress(len(files), show_progress, f"ingest {options.site}") as bar:
@@ -230,9 +232,11 @@ def ingest(options: IngestOptions, show_progress: bool = False) -> IngestSummary
             assert source.text is not None
             chunks = split_page(source.text, options.max_chunk_chars)
             entry["chunks"] = len(chunks)
+            title = page_title(source.text)
             for index, chunk in enumerate(chunks):
                 pending_ids.append(chunk_id(source.key, sha, index))
                 pending_docs.append(chunk)
+                pending_titles.append(title)
                 pending_meta.append(
                     {options.page_field: source.key, options.chunk_index_field: index, PAGE_SHA_FIELD: sha}
                 )
