@@ -8,6 +8,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -21,11 +22,16 @@ SHELLS = Path("/run/chromafs/shells")
 
 
 def sandbox_unavailable() -> str | None:
-    """Why no bubblewrap sandbox can be made here (e.g. inside a container without user
-    namespaces), or None."""
+    """Why chromafs shell's sandbox cannot be made here, or None: e.g. inside a container, whose
+    masked /proc forbids the sandbox a /proc of its own."""
     if shutil.which("bwrap") is None:
         return "bwrap is not installed"
-    probe = subprocess.run(["bwrap", "--unshare-all", "--ro-bind", "/", "/", "true"], capture_output=True, text=True)
+    from chromafs_fuse.frontends.sandbox import Sandbox, write_etc
+
+    with tempfile.TemporaryDirectory() as folder:
+        write_etc(folder, "agent", 1000)
+        argv = Sandbox(folder, folder, ["true"]).bwrap_argv()
+        probe = subprocess.run(argv, capture_output=True, text=True)
     return f"no sandbox here: {probe.stderr.strip()}" if probe.returncode else None
 
 
