@@ -17,6 +17,7 @@ import sys
 import time
 import urllib.request
 from abc import ABC, abstractmethod
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Self
 
@@ -236,6 +237,20 @@ class MountServer(Server):
         """Unmount what the server's class mounts left (sessions are the test's own)."""
         for path in mounts_under(self.class_root):
             unmount(path)
+
+
+@contextlib.contextmanager
+def running_mount_server(folder: Path, class_idle_s: float, *also: Path) -> Iterator[MountServer]:
+    """chromafs-mountd in `folder`; afterwards every mount under `folder` and `also` is unmounted,
+    the test's sessions and the server's class mounts alike."""
+    server = MountServer(folder, class_idle_s=class_idle_s)
+    try:
+        with server:
+            yield server
+    finally:
+        for root in (*also, folder):
+            for path in mounts_under(root):
+                unmount(path)
 
 
 def mounts_under(root: Path) -> list[Path]:

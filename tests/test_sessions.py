@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from helpers import SAMPLE_SITE, copy_subset, expected_visible, is_mounted, mounted, run, try_mount
-from infra import BIN, MountServer, free_port, mounts_under, unmount
+from infra import BIN, MountServer, free_port, mounts_under, running_mount_server, unmount
 
 EXPIRY_BOUND_S = 5.0
 
@@ -72,13 +72,8 @@ def class_mounts(server: MountServer) -> list[Path]:
 
 @pytest.fixture
 def shared_server(tmp_path: Path) -> Iterator[MountServer]:
-    server = MountServer(tmp_path, class_idle_s=1.0)
-    try:
-        with server:
-            yield server
-    finally:
-        for path in mounts_under(tmp_path):
-            unmount(path)
+    with running_mount_server(tmp_path, 1.0) as server:
+        yield server
 
 
 def test_sessions_of_one_reader_class_share_a_mount_and_see_exactly_their_pages(

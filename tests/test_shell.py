@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from helpers import SAMPLE_SITE, expected_visible
-from infra import BIN, MountServer, mounts_under, unmount
+from infra import BIN, MountServer, mounts_under, running_mount_server
 
 SHELLS = Path("/run/chromafs/shells")
 
@@ -35,18 +35,14 @@ def sandbox_unavailable() -> str | None:
     return f"no sandbox here: {probe.stderr.strip()}" if probe.returncode else None
 
 
-pytestmark = pytest.mark.skipif(sandbox_unavailable() is not None, reason=str(sandbox_unavailable()))
+NO_SANDBOX = sandbox_unavailable()
+pytestmark = pytest.mark.skipif(NO_SANDBOX is not None, reason=str(NO_SANDBOX))
 
 
 @pytest.fixture
 def server(tmp_path: Path) -> Iterator[MountServer]:
-    server = MountServer(tmp_path, class_idle_s=30.0)
-    try:
-        with server:
-            yield server
-    finally:
-        for path in mounts_under(SHELLS) + mounts_under(tmp_path):
-            unmount(path)
+    with running_mount_server(tmp_path, 30.0, SHELLS) as server:
+        yield server
 
 
 def shell_args(chroma: Path, token: Path | None, secret_file: Path, server: MountServer | None) -> list[str]:
