@@ -144,3 +144,23 @@ def test_mcp_over_http_takes_each_requests_token(
     finally:
         stop_pid(server)
         log.close()
+
+
+def test_an_mcp_session_stops_reading_when_its_token_expires(
+    sample_chroma: Callable[[str], Path], token_file: Callable[..., Path], secret_file: Path
+) -> None:
+    expires_at = int(time.time()) + 4
+    args = [
+        *site_args(sample_chroma("public"), secret_file),
+        "--token-file",
+        str(token_file(["billing"], exp=expires_at)),
+    ]
+
+    async def calls(client: Client) -> tuple[tuple[bool, str], tuple[bool, str]]:
+        before = await text(client, "read", path="quickstart.mdx")
+        await anyio.sleep(max(0.0, expires_at - time.time()) + 0.5)
+        return before, await text(client, "read", path="quickstart.mdx")
+
+    before, after = over_stdio(args, calls)
+    assert before == (False, (SAMPLE_SITE / "quickstart.mdx").read_text())
+    assert after[0] and after[1].endswith("the token expired")
