@@ -24,6 +24,25 @@ class RedisSettings:
     prefix: str = "chromafs"
     page_ttl_s: int = 24 * 3600
     tree_ttl_s: int = 300
+    ca_file: str | None = None  # the CA of a rediss:// server, else the system's
+
+
+def redis_settings(args: argparse.Namespace) -> RedisSettings:
+    from chromafs_fuse.backends.redis_topology import RedisURLError, parse_redis_url
+
+    try:
+        parse_redis_url(args.redis_url)
+    except RedisURLError as exc:
+        raise CliError(f"--redis-url: {exc}") from exc
+    if args.redis_ca and not os.path.isfile(args.redis_ca):
+        raise CliError(f"--redis-ca {args.redis_ca}: no such file")
+    return RedisSettings(
+        args.redis_url,
+        args.redis_prefix,
+        getattr(args, "redis_ttl", 24 * 3600),
+        args.tree_ttl,
+        os.path.abspath(args.redis_ca) if args.redis_ca else None,
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,7 +67,7 @@ class SessionConfig:
             raise CliError("--cache-bytes must not be negative")
         redis = None
         if args.redis_url:
-            redis = RedisSettings(args.redis_url, args.redis_prefix, args.redis_ttl, args.tree_ttl)
+            redis = redis_settings(args)
         return cls(
             site=args.site,
             chroma=chroma_location(args),

@@ -141,21 +141,33 @@ class RedisServer(Server):
     name = "redis-server"
     wait_s = 20.0
 
-    def __init__(self, folder: Path) -> None:
+    def __init__(self, folder: Path, *options: str, cli_options: tuple[str, ...] = ()) -> None:
+        """`options`: more of redis-server's own (cluster mode, TLS); `cli_options`: what redis-cli
+        then needs to reach it."""
+        folder.mkdir(parents=True, exist_ok=True)
         super().__init__(folder / "redis.log")
         self.folder = folder
         self.port = free_port()
         self.url = f"redis://{HOST}:{self.port}/0"
+        self.options = options
+        self.cli_options = cli_options
 
     def argv(self) -> list[str]:
         argv = ["redis-server", "--port", str(self.port), "--bind", HOST, "--save", "", "--appendonly", "no"]
-        return [*argv, "--dir", str(self.folder)]
+        return [*argv, "--dir", str(self.folder), *self.options]
 
     def ready(self) -> bool:
         return self.cli("ping") == "PONG"
 
+    def kill(self) -> None:
+        """SIGKILL, as a crashed or lost node."""
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait(10)
+            self.proc = None
+
     def cli(self, *args: str) -> str:
-        argv = ["redis-cli", "-h", HOST, "-p", str(self.port), *args]
+        argv = ["redis-cli", "-h", HOST, "-p", str(self.port), *self.cli_options, *args]
         return subprocess.run(argv, capture_output=True, text=True, timeout=30).stdout.strip()
 
     def flushall(self) -> None:

@@ -2,7 +2,13 @@
 
 Blocking calls with short timeouts, run off the trio loop. Redis is an
 optimisation only: when it fails, the cache reports a miss, logs one warning
-per outage, and is skipped for a few seconds before it is tried again.
+per outage (and one when it is back), and is skipped for a few seconds before
+it is tried again.
+
+One server, a Redis Cluster or a Sentinel-managed master (backends/redis_topology.py).
+Every key and the channel of a site carry the hash tag `{site}`, so in a cluster a
+site lives in one slot: MGET, the tree's MULTI/EXEC and its sharded announcement work
+there as on one server.
 """
 
 from __future__ import annotations
@@ -11,14 +17,23 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 import redis
+
+from chromafs_fuse.backends.redis_topology import RedisTarget, open_client, parse_redis_url
+
+if TYPE_CHECKING:
+    from chromafs_fuse.config import RedisSettings
 
 log = logging.getLogger(__name__)
 DEFAULT_TTL_S = 24 * 3600
 DEFAULT_TREE_TTL_S = 300
 RETRY_AFTER_S = 5.0
+RESUBSCRIBE_AFTER_S = 0.5
+# what a failing Redis raises: a cluster's own errors are not RedisErrors
+REDIS_ERRORS = (redis.RedisError, redis.exceptions.RedisClusterException, OSError)
 
 
 class RedisCache:
@@ -29,30 +44,53 @@ class RedisCache:
         ttl_s: int = DEFAULT_TTL_S,
         tree_ttl_s: int = DEFAULT_TREE_TTL_S,
         timeout_s: float = 0.5,
+        ca_file: str | None = None,
     ) -> None:
-        self.client = redis.Redis.from_url(
-            url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s, retry_on_timeout=False
-        )
+        self.target: RedisTarget = parse_redis_url(url)
+        self.timeout_s = timeout_s
+        self.ca_file = ca_file
+        self._client: Any = None
         self.prefix = prefix
         self.ttl_s = ttl_s
         self.tree_ttl_s = tree_ttl_s
         self._down_until = 0.0
         self._down = False
+        self._down_since = 0.0
         self._lock = threading.Lock()
         self.hits = 0
         self.misses = 0
         self.errors = 0
 
-    # -- keys: namespaced by site, pages by their content ---------------------
+    @classmethod
+    def from_settings(cls, settings: RedisSettings) -> RedisCache:
+        return cls(settings.url, settings.prefix, settings.page_ttl_s, settings.tree_ttl_s, ca_file=settings.ca_file)
+
+    @property
+    def client(self) -> Any:
+        """The redis-py client, made on first use (a cluster's needs a node that answers)."""
+        if self._client is None:
+            with self._lock:
+                if self._client is None:
+                    self._client = open_client(self.target, self.timeout_s, self.ca_file)
+        return self._client
+
+    @property
+    def clustered(self) -> bool:
+        return self.target.kind == "cluster"
+
+    # -- keys: namespaced by site (one hash slot), pages by their content -----
+
+    def _site(self, site: str) -> str:
+        return f"{self.prefix}:{{{site}}}"
 
     def tree_key(self, site: str, collection: str) -> str:
-        return f"{self.prefix}:{site}:{collection}:tree"
+        return f"{self._site(site)}:{collection}:tree"
 
     def tree_version_key(self, site: str, collection: str) -> str:
-        return f"{self.prefix}:{site}:{collection}:tree-version"
+        return f"{self._site(site)}:{collection}:tree-version"
 
     def tree_channel(self, site: str, collection: str) -> str:
-        return f"{self.prefix}:{site}:{collection}:tree-updates"
+        return f"{self._site(site)}:{collection}:tree-updates"
 
     def publish_tree(self, site: str, collection: str, document: bytes, version: str, ttl_s: int) -> None:
         """The tree and its version in one MULTI/EXEC, so a reader never sees one without the
@@ -64,19 +102,23 @@ class RedisCache:
             pipe = self.client.pipeline(transaction=True)
             pipe.set(self.tree_key(site, collection), document, ex=ttl_s)
             pipe.set(self.tree_version_key(site, collection), version.encode(), ex=ttl_s)
-            pipe.publish(self.tree_channel(site, collection), version.encode())
+            channel = self.tree_channel(site, collection)
+            if self.clustered:  # sharded: delivered by the slot's own nodes, not every node
+                pipe.spublish(channel, version.encode())
+            else:
+                pipe.publish(channel, version.encode())
             pipe.execute()
-        except redis.RedisError as exc:
+        except REDIS_ERRORS as exc:
             self._failed(exc)
             return
         self._succeeded()
 
     def listen_for_trees(self, site: str, collection: str) -> TreeAnnouncements:
-        return TreeAnnouncements(self.client, self.tree_channel(site, collection))
+        return TreeAnnouncements(lambda: self.client, self.tree_channel(site, collection), self.clustered)
 
     def page_key(self, site: str, content_version: str, page: str) -> str:
         """A page's bytes, under its sha256 (a tree's pages without one: the tree version)."""
-        return f"{self.prefix}:{site}:{content_version}:page:{page}"
+        return f"{self._site(site)}:{content_version}:page:{page}"
 
     # -- health ------------------------------------------------------------
 
@@ -87,7 +129,8 @@ class RedisCache:
         with self._lock:
             self.errors += 1
             if not self._down:
-                log.warning("Redis unavailable, reading from the backend instead: %s", exc)
+                log.warning("Redis (%s) unavailable, reading from the backend instead: %s", self.target.describe(), exc)
+                self._down_since = time.monotonic()
             self._down = True
             self._down_until = time.monotonic() + RETRY_AFTER_S
 
@@ -95,7 +138,11 @@ class RedisCache:
         if self._down:
             with self._lock:
                 if self._down:
-                    log.info("Redis is reachable again")
+                    log.warning(
+                        "Redis (%s) is reachable again after %.1fs",
+                        self.target.describe(),
+                        time.monotonic() - self._down_since,
+                    )
                 self._down = False
 
     # -- operations --------------------------------------------------------
@@ -105,7 +152,7 @@ class RedisCache:
             return None
         try:
             value = self.client.get(key)
-        except redis.RedisError as exc:
+        except REDIS_ERRORS as exc:
             self._failed(exc)
             return None
         self._succeeded()
@@ -120,7 +167,7 @@ class RedisCache:
             return [None] * len(keys)
         try:
             values = self.client.mget(list(keys))
-        except redis.RedisError as exc:
+        except REDIS_ERRORS as exc:
             self._failed(exc)
             return [None] * len(keys)
         self._succeeded()
@@ -140,7 +187,7 @@ class RedisCache:
             for key, value in items.items():
                 pipe.set(key, value, ex=ttl_s or self.ttl_s)
             pipe.execute()
-        except redis.RedisError as exc:
+        except REDIS_ERRORS as exc:
             self._failed(exc)
             return
         self._succeeded()
@@ -149,33 +196,49 @@ class RedisCache:
 class TreeAnnouncements:
     """New tree versions announced on a site's channel. One thread at a time calls `wait`; a
     message sent while nobody waits is buffered on the subscription, so none is missed once
-    subscribed. Polling the version key stays the fallback for everything else."""
+    subscribed. Polling the version key stays the fallback for everything else. In a cluster
+    the channel is sharded (SSUBSCRIBE to the nodes of the site's slot)."""
 
-    def __init__(self, client: redis.Redis, channel: str) -> None:
-        self.client = client
+    def __init__(self, client_of: Callable[[], Any], channel: str, sharded: bool = False) -> None:
+        self.client_of = client_of
         self.channel = channel
-        self._pubsub: redis.client.PubSub | None = None
+        self.sharded = sharded
+        self._pubsub: Any = None
+
+    def _subscribed(self) -> Any:
+        if self._pubsub is None:
+            pubsub = self.client_of().pubsub(ignore_subscribe_messages=True)
+            if self.sharded:
+                pubsub.ssubscribe(self.channel)
+            else:
+                pubsub.subscribe(self.channel)
+            self._pubsub = pubsub
+        return self._pubsub
+
+    def _next_message(self, timeout_s: float) -> dict | None:
+        pubsub = self._subscribed()
+        if self.sharded:
+            return pubsub.get_sharded_message(ignore_subscribe_messages=True, timeout=timeout_s)
+        return pubsub.get_message(timeout=timeout_s)
 
     def wait(self, timeout_s: float) -> bool:
         """Blocking: True as soon as a new version is announced, False after `timeout_s`
         without one (also when Redis is down: the caller then polls as before)."""
         deadline = time.monotonic() + timeout_s
-        try:
-            if self._pubsub is None:
-                self._pubsub = self.client.pubsub(ignore_subscribe_messages=True)
-                self._pubsub.subscribe(self.channel)
-            while (left := deadline - time.monotonic()) > 0:
-                message = self._pubsub.get_message(timeout=left)
-                if message is not None and message.get("type") == "message":
-                    return True
-        except (redis.RedisError, OSError) as exc:
-            log.debug("tree announcements unavailable: %s", exc)
-            self.close()  # subscribe again on the next wait
-            time.sleep(max(0.0, deadline - time.monotonic()))
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                message = self._next_message(left)
+            except REDIS_ERRORS as exc:  # lost (a failover): subscribe again, to the new master
+                log.debug("tree announcements unavailable: %s", exc)
+                self.close()
+                time.sleep(min(RESUBSCRIBE_AFTER_S, max(0.0, deadline - time.monotonic())))
+                continue
+            if message is not None and message.get("type") in ("message", "smessage"):
+                return True
         return False
 
     def close(self) -> None:
         pubsub, self._pubsub = self._pubsub, None
         if pubsub is not None:
-            with contextlib.suppress(redis.RedisError, OSError):
+            with contextlib.suppress(*REDIS_ERRORS):
                 pubsub.close()

@@ -130,7 +130,14 @@ def add_session_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--redis-url",
         default=os.environ.get("CHROMAFS_REDIS_URL"),
-        help="shared cache, e.g. redis://127.0.0.1:6379/0 (env CHROMAFS_REDIS_URL)",
+        help="shared cache: redis[s]://host:port/db, redis[s]+cluster://host:port,host:port or "
+        "redis[s]+sentinel://host:port,host:port/service (env CHROMAFS_REDIS_URL)",
+    )
+    parser.add_argument(
+        "--redis-ca",
+        default=os.environ.get("CHROMAFS_REDIS_CA"),
+        metavar="FILE",
+        help="CA certificate of a rediss:// Redis (env CHROMAFS_REDIS_CA; default: the system's)",
     )
     parser.add_argument("--redis-prefix", default="chromafs", help="key prefix in Redis")
     parser.add_argument("--redis-ttl", type=int, default=24 * 3600, help="seconds a cached page lives in Redis")

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from chromafs_fuse.backends.blobstore import BlobError, open_blob_store
 from chromafs_fuse.cli.common import CliError, add_chroma_arguments, chroma_location, setup_logging
+from chromafs_fuse.config import redis_settings
 from chromafs_fuse.ingest.access_rules import AccessSpecError, parse_acl
 from chromafs_fuse.ingest.pipeline import (
     DEFAULT_LARGE_FILE_THRESHOLD,
@@ -73,8 +74,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--redis-url",
         default=os.environ.get("CHROMAFS_REDIS_URL"),
-        help="also publish the new path tree to this shared cache, so new mounts see it at once",
+        help="also publish the new path tree to this shared cache, so new mounts see it at once "
+        "(the forms of chromafs-mount --redis-url)",
     )
+    parser.add_argument("--redis-ca", default=os.environ.get("CHROMAFS_REDIS_CA"), metavar="FILE")
     parser.add_argument("--redis-prefix", default="chromafs")
     parser.add_argument("--tree-ttl", type=int, default=300)
     parser.add_argument("--report", metavar="FILE", help="write a JSON report (counts and every problem) to FILE")
@@ -108,6 +111,7 @@ def main(argv: list[str] | None = None) -> int:
                 rules = parse_acl(Path(args.acl).read_text("utf-8"), args.acl)
             except OSError as exc:
                 raise CliError(f"cannot read {args.acl}: {exc.strerror}") from exc
+        shared_cache = redis_settings(args) if args.redis_url else None
         blob_url = args.blob_store
         if blob_url is None and location.path:
             blob_url = (Path(location.path) / "chromafs-blobs").as_uri()
@@ -129,10 +133,16 @@ def main(argv: list[str] | None = None) -> int:
         summary = ingest(options, show_progress=not args.quiet and sys.stderr.isatty())
         if args.report:
             _write_report(Path(args.report), summary.report(args.site))
-        if args.redis_url and summary.tree_document:
+        if shared_cache and summary.tree_document:
             from chromafs_fuse.backends.redis_cache import RedisCache
 
-            shared = RedisCache(args.redis_url, args.redis_prefix, tree_ttl_s=args.tree_ttl, timeout_s=5.0)
+            shared = RedisCache(
+                shared_cache.url,
+                shared_cache.prefix,
+                tree_ttl_s=args.tree_ttl,
+                timeout_s=5.0,
+                ca_file=shared_cache.ca_file,
+            )
             shared.publish_tree(
                 args.site,
                 location.collection,

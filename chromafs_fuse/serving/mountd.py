@@ -83,7 +83,7 @@ class TreeCache:
     MAX_TABLES = 64
 
     def __init__(self) -> None:
-        self._redis: dict[tuple[str, str], Any] = {}
+        self._redis: dict[Any, Any] = {}  # RedisSettings -> RedisCache
         self._loaders: dict[tuple[str, ...], Any] = {}
         self._tables: OrderedDict[tuple[object, ...], Any] = OrderedDict()
 
@@ -105,10 +105,9 @@ class TreeCache:
         settings = config.session.redis
         if settings is None:
             return None
-        redis = self._redis.get((settings.url, settings.prefix))
+        redis = self._redis.get(settings)
         if redis is None:
-            redis = RedisCache(settings.url, settings.prefix, settings.page_ttl_s, settings.tree_ttl_s)
-            self._redis[(settings.url, settings.prefix)] = redis
+            redis = self._redis[settings] = RedisCache.from_settings(settings)
         site_key = (settings.url, settings.prefix, config.site, config.session.chroma.collection)
         loader = self._loaders.get(site_key)
         if loader is None:

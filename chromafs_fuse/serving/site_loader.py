@@ -89,8 +89,7 @@ class SiteLoader:
         if redis is None and config.redis is not None:
             from chromafs_fuse.backends.redis_cache import RedisCache
 
-            settings = config.redis
-            redis = RedisCache(settings.url, settings.prefix, settings.page_ttl_s, settings.tree_ttl_s)
+            redis = RedisCache.from_settings(config.redis)
         self.redis = redis
         self._tree: SiteTree | None = None  # the last tree read from Redis
 

@@ -106,8 +106,10 @@ class Chromafs:
             self.ensure_tree()
 
     def tree_key(self) -> str:
+        from chromafs_fuse.backends.redis_cache import RedisCache
+
         site = self.mounter.site
-        return f"chromafs:{site}:{site}:tree"
+        return RedisCache("redis://unused").tree_key(site, site)
 
     def ensure_tree(self) -> None:
         """Keep the tree (and its version key) in Redis: they live --tree-ttl (300 s) and a long run
@@ -116,9 +118,10 @@ class Chromafs:
 
         assert self.redis is not None
         client = redis.Redis.from_url(self.redis.url)
-        if not client.exists(self.tree_key()) or not client.exists(self.tree_key() + "-version"):
-            client.set(self.tree_key(), self.tree_doc.encode(), ex=300)
-            client.set(self.tree_key() + "-version", tree_version(self.tree_doc).encode(), ex=300)
+        key, version_key = self.tree_key(), self.tree_key() + "-version"
+        if not client.exists(key) or not client.exists(version_key):
+            client.set(key, self.tree_doc.encode(), ex=300)
+            client.set(version_key, tree_version(self.tree_doc).encode(), ex=300)
 
     def fresh(self) -> Fresh:
         point, took = self.mounter.mount()
