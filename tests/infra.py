@@ -77,6 +77,7 @@ class Server(ABC):
     def __init__(self, log: Path) -> None:
         self.log = log
         self.proc: subprocess.Popen[bytes] | None = None
+        self.extra_env: dict[str, str] = {}  # on top of child_env(): an S3 endpoint's credentials
 
     @abstractmethod
     def argv(self) -> list[str]: ...
@@ -88,7 +89,7 @@ class Server(ABC):
         fd = os.open(self.log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)  # logs name pages and groups
         try:
             self.proc = subprocess.Popen(
-                self.argv(), stdout=fd, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=child_env()
+                self.argv(), stdout=fd, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env={**child_env(), **self.extra_env}
             )
         finally:
             os.close(fd)

@@ -92,12 +92,13 @@ class RedisCache:
     def tree_channel(self, site: str, collection: str) -> str:
         return f"{self._site(site)}:{collection}:tree-updates"
 
-    def publish_tree(self, site: str, collection: str, document: bytes, version: str, ttl_s: int) -> None:
+    def publish_tree(self, site: str, collection: str, document: bytes, version: str, ttl_s: int) -> bool:
         """The tree and its version in one MULTI/EXEC, so a reader never sees one without the
         other, and a mount server checks freshness with a tiny GET of the version; the version
-        is announced on the site's channel in the same step, so running mounts switch at once."""
+        is announced on the site's channel in the same step, so running mounts switch at once.
+        False if Redis did not take it."""
         if not self._usable():
-            return
+            return False
         try:
             pipe = self.client.pipeline(transaction=True)
             pipe.set(self.tree_key(site, collection), document, ex=ttl_s)
@@ -110,8 +111,9 @@ class RedisCache:
             pipe.execute()
         except REDIS_ERRORS as exc:
             self._failed(exc)
-            return
+            return False
         self._succeeded()
+        return True
 
     def listen_for_trees(self, site: str, collection: str) -> TreeAnnouncements:
         return TreeAnnouncements(lambda: self.client, self.tree_channel(site, collection), self.clustered)

@@ -13,6 +13,7 @@ import logging
 import os
 import re
 import sys
+import time
 from pathlib import Path
 
 from chromafs_fuse.backends.blobstore import BlobError, open_blob_store
@@ -86,6 +87,8 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+PUBLISH_PATIENCE_S = 20.0
+
 # Chroma's own rule for collection names, checked up front for a readable error.
 COLLECTION_NAME = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._-]{1,510})[A-Za-z0-9]")
 
@@ -143,15 +146,14 @@ def main(argv: list[str] | None = None) -> int:
                 timeout_s=5.0,
                 ca_file=shared_cache.ca_file,
             )
-            shared.publish_tree(
-                args.site,
-                location.collection,
-                summary.tree_document.encode(),
-                tree_version(summary.tree_document),
-                args.tree_ttl,
-            )
-            if shared.errors:
-                log.warning("the new path tree could not be published to Redis; mounts see it within --tree-ttl")
+            document = summary.tree_document.encode()
+            version = tree_version(summary.tree_document)
+            give_up_at = time.monotonic() + PUBLISH_PATIENCE_S  # long enough for a failover to finish
+            while not shared.publish_tree(args.site, location.collection, document, version, args.tree_ttl):
+                if time.monotonic() > give_up_at:
+                    log.warning("the new path tree could not be published to Redis; mounts see it within --tree-ttl")
+                    break
+                time.sleep(1.0)
     except (CliError, AccessSpecError, BlobError) as exc:
         print(f"chromafs-ingest: {exc}", file=sys.stderr)
         return 1
