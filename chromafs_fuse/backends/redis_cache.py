@@ -135,6 +135,8 @@ class RedisCache:
                 self._down_since = time.monotonic()
             self._down = True
             self._down_until = time.monotonic() + RETRY_AFTER_S
+            if self.clustered:  # not every failure refreshes a cluster client's slot map (a MULTI's does not)
+                self._client = None
 
     def _succeeded(self) -> None:
         if self._down:
