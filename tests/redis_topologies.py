@@ -23,10 +23,12 @@ def wait_until(check: object, timeout_s: float, what: str) -> None:
 class RedisClusterServers:
     """`masters` masters with `replicas` replicas each; a node is declared failed after `node_timeout_ms`."""
 
-    def __init__(self, folder: Path, masters: int = 3, replicas: int = 1, node_timeout_ms: int = 1000) -> None:
+    def __init__(
+        self, folder: Path, masters: int = 3, replicas: int = 1, node_timeout_ms: int = 1000, *more: str
+    ) -> None:
         options = ("--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf")
         options += ("--cluster-node-timeout", str(node_timeout_ms), "--cluster-require-full-coverage", "no")
-        options += ("--cluster-replica-validity-factor", "0")  # a cache: a replica may always take over
+        options += ("--cluster-replica-validity-factor", "0", *more)  # a cache: a replica may always take over
         self.masters, self.replicas = masters, replicas
         count = masters * (1 + replicas)  # the bus on a port of its own: the default, port + 10000, may be taken
         self.nodes = [

@@ -106,6 +106,27 @@ def test_a_failover_costs_no_read_and_the_mount_follows_the_new_master(
             time.sleep(0.05)
 
 
+def test_a_cluster_without_sharded_pubsub_still_announces(tmp_path: Path, mnt: Path) -> None:
+    """Redis before 7.0 has no SPUBLISH/SSUBSCRIBE (here: renamed away): the ingest falls back to
+    PUBLISH, the mount to SUBSCRIBE, and a mount whose poll is a minute away still switches at once."""
+    no_sharding = ("--rename-command", "SPUBLISH", "", "--rename-command", "SSUBSCRIBE", "")
+    with RedisClusterServers(tmp_path / "cluster", 3, 0, 1000, *no_sharding) as cluster:
+        site = shutil.copytree(SAMPLE_SITE, tmp_path / "site")
+        backend = ["--site", SITE, "--chroma-path", str(tmp_path / "chroma"), "--redis-url", cluster.url]
+        ingest(site, *backend, "--quiet")
+        with mounted(mnt, *backend, "--refresh-interval", "60"):
+            page = "quickstart.mdx"
+            assert (mnt / page).read_bytes() == (site / page).read_bytes()
+            time.sleep(1)  # subscribed
+            (site / page).write_bytes((site / page).read_bytes() + b"\nAnnounced without sharding.\n")
+            done = ingest(site, *backend, "--quiet", "--log-level", "warning")
+            assert "no sharded pub/sub" in done.stderr
+            started = time.monotonic()
+            while (mnt / page).read_bytes() != (site / page).read_bytes():
+                assert time.monotonic() - started < 2.0, "not switched within 2 s of the ingest"
+                time.sleep(0.05)
+
+
 def redis_node(cluster: RedisClusterServers, port: int) -> RedisServer:
     return next(node for node in cluster.nodes if node.port == port)
 

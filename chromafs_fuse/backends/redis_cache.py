@@ -56,6 +56,7 @@ class RedisCache:
         self._down_until = 0.0
         self._down = False
         self._down_since = 0.0
+        self.sharded_pubsub = self.clustered  # until the cluster turns out not to have it
         self._lock = threading.Lock()
         self.hits = 0
         self.misses = 0
@@ -99,16 +100,25 @@ class RedisCache:
         False if Redis did not take it."""
         if not self._usable():
             return False
+        channel = self.tree_channel(site, collection)
         try:
             pipe = self.client.pipeline(transaction=True)
             pipe.set(self.tree_key(site, collection), document, ex=ttl_s)
             pipe.set(self.tree_version_key(site, collection), version.encode(), ex=ttl_s)
-            channel = self.tree_channel(site, collection)
-            if self.clustered:  # sharded: delivered by the slot's own nodes, not every node
+            if self.sharded_pubsub:  # delivered by the slot's own nodes, not every node
                 pipe.spublish(channel, version.encode())
-            else:
+            elif not self.clustered:
                 pipe.publish(channel, version.encode())
             pipe.execute()
+            if self.clustered and not self.sharded_pubsub:  # not in a cluster's MULTI: PUBLISH has no slot
+                self.client.publish(channel, version.encode())
+        except redis.RedisError as exc:
+            if self.sharded_pubsub and _unknown_command(exc):
+                log.warning("this Redis Cluster has no sharded pub/sub (Redis before 7.0): announcing with PUBLISH")
+                self.sharded_pubsub = False
+                return self.publish_tree(site, collection, document, version, ttl_s)
+            self._failed(exc)
+            return False
         except REDIS_ERRORS as exc:
             self._failed(exc)
             return False
@@ -213,8 +223,13 @@ class TreeAnnouncements:
         if self._pubsub is None:
             pubsub = self.client_of().pubsub(ignore_subscribe_messages=True)
             if self.sharded:
-                pubsub.ssubscribe(self.channel)
-            else:
+                try:
+                    pubsub.ssubscribe(self.channel)
+                except redis.RedisError as exc:
+                    if not _unknown_command(exc):
+                        raise
+                    self.sharded = False  # a cluster before Redis 7.0: the ingest announces with PUBLISH
+            if not self.sharded:
                 pubsub.subscribe(self.channel)
             self._pubsub = pubsub
         return self._pubsub
@@ -233,6 +248,10 @@ class TreeAnnouncements:
             try:
                 message = self._next_message(left)
             except REDIS_ERRORS as exc:  # lost (a failover): subscribe again, to the new master
+                if self.sharded and _unknown_command(exc):  # the answer to SSUBSCRIBE comes with the messages
+                    self.sharded = False  # a cluster before Redis 7.0: the ingest announces with PUBLISH
+                    self.close()
+                    continue
                 log.debug("tree announcements unavailable: %s", exc)
                 self.close()
                 time.sleep(min(RESUBSCRIBE_AFTER_S, max(0.0, deadline - time.monotonic())))
@@ -246,3 +265,9 @@ class TreeAnnouncements:
         if pubsub is not None:
             with contextlib.suppress(*REDIS_ERRORS):
                 pubsub.close()
+
+
+def _unknown_command(exc: Exception) -> bool:
+    """The server's answer, or redis-py's own (it asks a cluster for its commands to route them)."""
+    text = str(exc).lower()
+    return any(sign in text for sign in ("unknown command", "execabort", "doesn't exist in redis commands"))
