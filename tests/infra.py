@@ -88,8 +88,9 @@ class Server(ABC):
     def start(self) -> None:
         fd = os.open(self.log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)  # logs name pages and groups
         try:
+            env = {**child_env(), **self.extra_env}
             self.proc = subprocess.Popen(
-                self.argv(), stdout=fd, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env={**child_env(), **self.extra_env}
+                self.argv(), stdout=fd, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env
             )
         finally:
             os.close(fd)
