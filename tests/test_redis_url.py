@@ -74,3 +74,9 @@ def test_errors_name_the_url(url: str, message: str) -> None:
 def test_shown_without_the_password() -> None:
     assert "secret" not in parse_redis_url("redis+sentinel://u:secret@s1:26379/main").describe()
     assert "secret" not in parse_redis_url("rediss://u:secret@cache:6380/0").describe()
+
+
+def test_an_error_never_shows_the_password() -> None:
+    with pytest.raises(RedisURLError) as caught:
+        parse_redis_url("redis+sentinel://u:hunter2@s1:26379")
+    assert "hunter2" not in str(caught.value) and "u:***@s1" in str(caught.value)

@@ -49,6 +49,16 @@ class RedisTarget:
 
 
 def parse_redis_url(url: str) -> RedisTarget:
+    try:
+        return _parse(url)
+    except RedisURLError as exc:  # the message names the URL: never with its password
+        secret = urlsplit(url).password if "://" in url else None
+        if secret:
+            raise RedisURLError(str(exc).replace(secret, "***")) from None
+        raise
+
+
+def _parse(url: str) -> RedisTarget:
     scheme, sep, _ = url.partition("://")
     if not sep:
         raise RedisURLError(
