@@ -51,9 +51,29 @@ def test_bad_bytes_and_bad_frontmatter_do_not_stop_the_site(tmp_path: Path) -> N
     files, problems = scan(site)
     assert files["good.md"] == Access(True)
     assert files["latin1.md"] == Access(False, ("admin",)), "access read even when the bytes are not UTF-8"
-    assert problems["latin1.md"] == ("not UTF-8 (byte 27): stored as a binary file", INGESTED, 4)
+    assert problems["latin1.md"] == ("not UTF-8 (byte 27): a binary file (served from the blob store)", INGESTED, 4)
     assert "broken.md" not in files and problems["broken.md"][1] == HIDDEN and problems["broken.md"][2] == 4
     assert files["title.md"] == Access(True) and problems["title.md"][1] == INGESTED
+
+
+def test_a_nul_byte_never_makes_a_page_more_visible(tmp_path: Path) -> None:
+    """LangChain's pymupdf.md has a NUL in a pasted author line: its frontmatter still decides."""
+    site = tmp_path / "site"
+    site.mkdir()
+    locked = b"---\ntitle: PyMuPDF\npublic: false\ngroups: [admin]\n---\nby Jane\x00Doe\n"
+    (site / "locked.md").write_bytes(locked)
+    (site / "private.mdx").write_bytes(b"---\npublic: false\n---\n\x00\xff\xfe body\n")
+    (site / "nul-in-keys.md").write_bytes(b"---\ngroups: [ad\x00min]\n---\nbody\n")
+    (site / "data.bin").write_bytes(b"\x00\x01 not a page")
+    result = scan_site(ScanOptions(site, default_access="public"))
+    files = {f.key: f for f in result.files}
+    problems = {p.path: (p.reason, p.outcome, p.line) for p in result.problems}
+    assert files["locked.md"].access == Access(False, ("admin",))
+    assert files["locked.md"].text == locked.decode(), "served as it is, from chunks"
+    assert problems["locked.md"] == ("has a NUL byte: served as it is", INGESTED, 6)
+    assert files["private.mdx"].access == Access(False) and files["private.mdx"].text is None
+    assert "nul-in-keys.md" not in files and problems["nul-in-keys.md"][1] == HIDDEN
+    assert files["data.bin"].text is None and "data.bin" not in problems
 
 
 def test_unreadable_and_vanished_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

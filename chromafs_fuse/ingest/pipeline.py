@@ -20,7 +20,7 @@ from typing import Any
 from chromafs_fuse.backends.blobstore import BlobStore
 from chromafs_fuse.backends.chroma_store import ChromaLocation, connect_client
 from chromafs_fuse.chunks import DEFAULT_MAX_CHUNK_CHARS, split_page
-from chromafs_fuse.ingest.access_rules import AclRule
+from chromafs_fuse.ingest.access_rules import MARKDOWN_SUFFIXES, AclRule
 from chromafs_fuse.ingest.embedding import embed_with_titles, make_embedder, page_title
 from chromafs_fuse.ingest.retention import (
     DEFAULT_GRACE_PERIOD_S,
@@ -29,7 +29,7 @@ from chromafs_fuse.ingest.retention import (
     encode_retired,
     plan_retention,
 )
-from chromafs_fuse.ingest.scan import Problem, ScanOptions, SourceFile, scan_site
+from chromafs_fuse.ingest.scan import NOT_INGESTED, Problem, ScanOptions, SourceFile, scan_site
 from chromafs_fuse.names import (
     DEFAULT_CHUNK_INDEX_FIELD,
     DEFAULT_PAGE_FIELD,
@@ -160,6 +160,8 @@ def _plan(files: list[SourceFile], options: IngestOptions, summary: IngestSummar
         if source.text is None and options.blob_store is None:
             summary.skipped["binary files (no --blob-store)"] += 1
             log.info("skipped %s: binary file and no blob store", source.key)
+            if source.key.lower().endswith(MARKDOWN_SUFFIXES):  # a page the site links to: an error
+                summary.problems.append(Problem(source.key, "binary page and no --blob-store", NOT_INGESTED))
             continue
         kept.append(source)
     return kept

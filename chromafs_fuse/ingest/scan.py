@@ -210,6 +210,31 @@ def scan_site(options: ScanOptions, workers: int = 8) -> ScanResult:
     return ScanResult(files, problems)
 
 
+def _page_text(key: str, data: bytes, problems: list[Problem]) -> tuple[str | None, str | None]:
+    """(text stored as chunks, or None for a binary file; text the access keys are read from).
+
+    A Markdown page's access keys are read whatever its body holds (NUL, control bytes,
+    invalid UTF-8), so no byte can make a page more visible than its frontmatter says; its
+    bytes are served as they are. Other files with a NUL byte or invalid UTF-8 are binary."""
+    markdown = key.lower().endswith(MARKDOWN_SUFFIXES)
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        if not markdown:
+            return None, None
+        line = data.count(b"\n", 0, exc.start) + 1
+        problems.append(Problem(key, f"not UTF-8 (byte {exc.start}): a binary file (served from the blob store)", INGESTED, line))
+        return None, data.decode("utf-8", "replace")
+    nul = text.find("\x00")
+    if nul < 0:
+        return text, text
+    if not markdown:
+        return None, None
+    line = text.count("\n", 0, nul) + 1
+    problems.append(Problem(key, "has a NUL byte: served as it is", INGESTED, line))
+    return text, text
+
+
 def _decide(
     key: str,
     data: bytes,
@@ -219,18 +244,7 @@ def _decide(
     fallback: Access,
     problems: list[Problem],
 ) -> SourceFile | None:
-    text: str | None = None
-    frontmatter_text: str | None = None
-    if b"\x00" not in data:
-        try:
-            text = frontmatter_text = data.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            if key.lower().endswith(MARKDOWN_SUFFIXES):
-                # The access keys are ASCII: read them anyway, serve the bytes as they are.
-                frontmatter_text = data.decode("utf-8", "replace")
-                line = data.count(b"\n", 0, exc.start) + 1
-                reason = f"not UTF-8 (byte {exc.start}): stored as a binary file"
-                problems.append(Problem(key, reason, INGESTED, line))
+    text, frontmatter_text = _page_text(key, data, problems)
     access, frontmatter, error = decide_access(key, frontmatter_text, options.acl_rules, navigation_public, fallback)
     if frontmatter is not None:
         first_issue = frontmatter.issues[0] if frontmatter.issues else None
