@@ -20,8 +20,10 @@ from chromafs_fuse.backends.blobstore import BlobError, open_blob_store
 from chromafs_fuse.cli.common import CliError, add_chroma_arguments, chroma_location, setup_logging
 from chromafs_fuse.config import redis_settings
 from chromafs_fuse.ingest.access_rules import AccessSpecError, parse_acl
+from chromafs_fuse.ingest.chroma_writes import DEFAULT_RETRIES, WriteFailed
 from chromafs_fuse.ingest.pipeline import (
     DEFAULT_LARGE_FILE_THRESHOLD,
+    DEFAULT_WRITE_TIMEOUT_S,
     EXIT_NOTHING_INGESTED,
     IngestOptions,
     IngestSummary,
@@ -71,6 +73,21 @@ def build_parser() -> argparse.ArgumentParser:
         help="keep replaced page versions this long for mounts still on the previous tree; a later "
         "ingest deletes them (default: %(default)s)",
     )
+    parser.add_argument(
+        "--backend-timeout",
+        type=float,
+        default=DEFAULT_WRITE_TIMEOUT_S,
+        metavar="SECONDS",
+        help="one call to a Chroma server that takes longer is tried again (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--retries",
+        type=int,
+        default=DEFAULT_RETRIES,
+        metavar="N",
+        help="tries after the first of a call that timed out or was refused, with backoff; then the "
+        "ingest stops naming the batch, and a re-run writes only what is missing (default: %(default)s)",
+    )
     parser.add_argument("--include-hidden", action="store_true", help="also ingest dot files and dot folders")
     parser.add_argument(
         "--redis-url",
@@ -106,6 +123,10 @@ def main(argv: list[str] | None = None) -> int:
                 f"collection name {location.collection!r} (from --site or --collection): Chroma needs 3-512 "
                 "characters from a-z A-Z 0-9 . _ -, starting and ending with a letter or digit"
             )
+        if not args.backend_timeout > 0:
+            raise CliError(f"--backend-timeout must be more than 0 seconds, not {args.backend_timeout}")
+        if args.retries < 0:
+            raise CliError(f"--retries must not be negative, not {args.retries}")
         if not args.grace_period >= 0:
             raise CliError(f"--grace-period must be 0 or more seconds, not {args.grace_period}")
         rules = []
@@ -132,6 +153,8 @@ def main(argv: list[str] | None = None) -> int:
             page_field=args.page_field,
             chunk_index_field=args.chunk_index_field,
             grace_period_s=args.grace_period,
+            timeout_s=args.backend_timeout,
+            retries=args.retries,
         )
         summary = ingest(options, show_progress=not args.quiet and sys.stderr.isatty())
         if args.report:
@@ -154,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
                     log.warning("the new path tree could not be published to Redis; mounts see it within --tree-ttl")
                     break
                 time.sleep(1.0)
-    except (CliError, AccessSpecError, BlobError) as exc:
+    except (CliError, AccessSpecError, BlobError, WriteFailed) as exc:
         print(f"chromafs-ingest: {exc}", file=sys.stderr)
         return 1
     except Exception as exc:  # backend failures: one line, not a traceback

@@ -21,6 +21,7 @@ from chromafs_fuse.backends.blobstore import BlobStore
 from chromafs_fuse.backends.chroma_store import ChromaLocation, connect_client
 from chromafs_fuse.chunks import DEFAULT_MAX_CHUNK_CHARS, split_page
 from chromafs_fuse.ingest.access_rules import MARKDOWN_SUFFIXES, AclRule
+from chromafs_fuse.ingest.chroma_writes import DEFAULT_RETRIES, RetryingCollection, retried
 from chromafs_fuse.ingest.embedding import embed_with_titles, make_embedder, page_title
 from chromafs_fuse.ingest.retention import (
     DEFAULT_GRACE_PERIOD_S,
@@ -50,6 +51,7 @@ from chromafs_fuse.tree import PathEntry, TreeError, encode_tree_document, parse
 log = logging.getLogger("chromafs.ingest")
 DEFAULT_LARGE_FILE_THRESHOLD = 1024 * 1024
 UPSERT_BATCH = 5000  # chunks per upsert (Chroma's own bound may be lower)
+DEFAULT_WRITE_TIMEOUT_S = 60.0  # an upsert of a whole batch on a busy server
 
 # Exit statuses of chromafs-ingest (1 bad input or backend error, 2 usage: see ingest_cli).
 EXIT_CLEAN = 0
@@ -72,6 +74,8 @@ class IngestOptions:
     page_field: str = DEFAULT_PAGE_FIELD
     chunk_index_field: str = DEFAULT_CHUNK_INDEX_FIELD
     grace_period_s: float = DEFAULT_GRACE_PERIOD_S
+    timeout_s: float = DEFAULT_WRITE_TIMEOUT_S  # one call to a Chroma server
+    retries: int = DEFAULT_RETRIES  # more tries of a call that timed out or was refused
 
 
 @dataclass
@@ -178,13 +182,22 @@ def ingest(options: IngestOptions, show_progress: bool = False) -> IngestSummary
         return summary
     embed, dimensions = make_embedder(options.embedder)
 
-    client = connect_client(options.location)
-    collection = client.get_or_create_collection(
-        options.location.collection,
+    client = retried(
+        "connect to Chroma", connect_client, options.retries, location=options.location, timeout_s=options.timeout_s
+    )
+    created = retried(
+        "open of the collection",
+        client.get_or_create_collection,
+        options.retries,
+        name=options.location.collection,
         embedding_function=None,
         metadata={"hnsw:space": "l2", FORMAT_FIELD: FORMAT_VERSION, EMBEDDER_FIELD: options.embedder},
     )
-    batch_size = max(1, min(UPSERT_BATCH, int(getattr(client, "get_max_batch_size", lambda: UPSERT_BATCH)())))
+    collection = RetryingCollection(created, options.retries)
+    server_bound = retried(
+        "read of the batch bound", getattr(client, "get_max_batch_size", lambda: UPSERT_BATCH), options.retries
+    )
+    batch_size = max(1, min(UPSERT_BATCH, int(server_bound)))
     old_pages = _existing_pages(collection)
 
     tree: dict[str, dict[str, Any]] = {}
@@ -197,12 +210,25 @@ def ingest(options: IngestOptions, show_progress: bool = False) -> IngestSummary
         nonlocal dimensions
         if not pending_ids:
             return
-        vectors = embed_with_titles(embed, pending_docs, pending_titles)
-        dimensions = dimensions or len(vectors[0])
-        collection.upsert(
-            ids=list(pending_ids), documents=list(pending_docs), metadatas=list(pending_meta), embeddings=vectors
-        )
-        summary.chunks_written += len(pending_ids)
+        what = f"upsert of {len(pending_ids)} chunks ({pending_meta[0][options.page_field]} to "
+        what += f"{pending_meta[-1][options.page_field]})"
+        # Chunk ids name the page's sha256: a chunk already there (an ingest that stopped half
+        # way wrote it) is written again only if its text differs.
+        present = collection.get(what.replace("upsert", "check", 1), ids=list(pending_ids), include=["documents"])
+        stored = dict(zip(present["ids"], present["documents"] or [], strict=False))
+        todo = [i for i, chunk in enumerate(pending_ids) if stored.get(chunk) != pending_docs[i]]
+        if todo:
+            docs = [pending_docs[i] for i in todo]
+            vectors = embed_with_titles(embed, docs, [pending_titles[i] for i in todo])
+            dimensions = dimensions or len(vectors[0])
+            collection.upsert(
+                what,
+                ids=[pending_ids[i] for i in todo],
+                documents=docs,
+                metadatas=[pending_meta[i] for i in todo],
+                embeddings=vectors,
+            )
+        summary.chunks_written += len(todo)
         pending_ids.clear()
         pending_docs.clear()
         pending_titles.clear()
@@ -242,13 +268,14 @@ def ingest(options: IngestOptions, show_progress: bool = False) -> IngestSummary
                 pending_meta.append(
                     {options.page_field: source.key, options.chunk_index_field: index, PAGE_SHA_FIELD: sha}
                 )
-            if len(pending_ids) >= batch_size:
-                flush()
+                if len(pending_ids) >= batch_size:  # never above the server's bound, whatever a page holds
+                    flush()
         flush()
 
     summary.tree_document = encode_tree_document(tree)
     zero_vector = [0.0] * (dimensions or len(embed([""])[0]))
     collection.upsert(
+        "upsert of the path tree",
         ids=[TREE_RECORD_ID],
         documents=[summary.tree_document],
         metadatas=[
@@ -268,7 +295,7 @@ def ingest(options: IngestOptions, show_progress: bool = False) -> IngestSummary
 
 
 def _retire_old_versions(
-    collection: Any,
+    collection: RetryingCollection,
     options: IngestOptions,
     old_pages: dict[str, PathEntry],
     tree: dict[str, dict[str, Any]],
@@ -293,8 +320,8 @@ def _retire_old_versions(
         _write_retired(collection, plan.keep, zero_vector)
 
 
-def _read_retired(collection: Any) -> list[Any]:
-    result = collection.get(ids=[RETIRED_RECORD_ID], include=["documents"])
+def _read_retired(collection: RetryingCollection) -> list[Any]:
+    result = collection.get("read of the retired versions", ids=[RETIRED_RECORD_ID], include=["documents"])
     if not result["ids"]:
         return []
     document = (result["documents"] or [None])[0]
@@ -304,8 +331,9 @@ def _read_retired(collection: Any) -> list[Any]:
     return versions
 
 
-def _write_retired(collection: Any, versions: Sequence[Any], zero_vector: list[float]) -> None:
+def _write_retired(collection: RetryingCollection, versions: Sequence[Any], zero_vector: list[float]) -> None:
     collection.upsert(
+        "upsert of the retired versions",
         ids=[RETIRED_RECORD_ID],
         documents=[encode_retired(versions)],
         metadatas=[{RECORD_KIND_FIELD: RETIRED_RECORD_KIND, FORMAT_FIELD: FORMAT_VERSION}],
@@ -313,8 +341,8 @@ def _write_retired(collection: Any, versions: Sequence[Any], zero_vector: list[f
     )
 
 
-def _existing_pages(collection: Any) -> dict[str, PathEntry]:
-    result = collection.get(ids=[TREE_RECORD_ID], include=["documents"])
+def _existing_pages(collection: RetryingCollection) -> dict[str, PathEntry]:
+    result = collection.get("read of the path tree", ids=[TREE_RECORD_ID], include=["documents"])
     if not result["ids"] or not result["documents"] or not isinstance(result["documents"][0], str):
         return {}
     try:
@@ -327,7 +355,7 @@ def _existing_pages(collection: Any) -> dict[str, PathEntry]:
 
 
 def _delete_expired_chunks(
-    collection: Any, page_field: str, plan: RetentionPlan, live: dict[str, str], batch_size: int
+    collection: RetryingCollection, page_field: str, plan: RetentionPlan, live: dict[str, str], batch_size: int
 ) -> None:
     """Delete the chunks of the pages named by expired versions that belong neither to the
     live tree nor to a version still within its grace period (leftovers of an ingest that
@@ -335,7 +363,11 @@ def _delete_expired_chunks(
     kept = plan.kept_pairs()
     keys = sorted({r.key for r in plan.expired})
     for batch in _batches(keys, 200):
-        found = collection.get(where={page_field: {"$in": list(batch)}}, include=["metadatas"])
+        found = collection.get(
+            f"read of old chunks ({batch[0]} to {batch[-1]})",
+            where={page_field: {"$in": list(batch)}},
+            include=["metadatas"],
+        )
         doomed = []
         for record_id, metadata in zip(found["ids"], found["metadatas"] or [], strict=False):
             if record_id in (TREE_RECORD_ID, RETIRED_RECORD_ID):
@@ -345,4 +377,4 @@ def _delete_expired_chunks(
             if live.get(key) != sha and (key, sha) not in kept:
                 doomed.append(record_id)
         for ids in _batches(doomed, batch_size):
-            collection.delete(ids=list(ids))
+            collection.delete(f"delete of {len(ids)} old chunks", ids=list(ids))

@@ -223,7 +223,8 @@ def _page_text(key: str, data: bytes, problems: list[Problem]) -> tuple[str | No
         if not markdown:
             return None, None
         line = data.count(b"\n", 0, exc.start) + 1
-        problems.append(Problem(key, f"not UTF-8 (byte {exc.start}): a binary file (served from the blob store)", INGESTED, line))
+        reason = f"not UTF-8 (byte {exc.start}): a binary file (served from the blob store)"
+        problems.append(Problem(key, reason, INGESTED, line))
         return None, data.decode("utf-8", "replace")
     nul = text.find("\x00")
     if nul < 0:

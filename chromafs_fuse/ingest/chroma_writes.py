@@ -1,0 +1,88 @@
+"""An ingest's calls to Chroma, retried when the server is slow or away for a moment.
+
+Every call an ingest makes is idempotent (an upsert under a deterministic id, a delete, a
+read), so a call that timed out or found the connection refused is simply made again, with
+exponential backoff. After the last try the ingest stops with an error that names the call
+(which batch, which pages); a re-run then writes only the chunks that are still missing.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+from tenacity import RetryCallState, Retrying, retry_if_exception, stop_after_attempt, wait_exponential
+
+log = logging.getLogger("chromafs.ingest")
+DEFAULT_RETRIES = 5
+MAX_BACKOFF_S = 30.0
+_TRANSIENT = (httpx.TimeoutException, httpx.NetworkError, httpx.RemoteProtocolError, ConnectionError, TimeoutError)
+
+
+class WriteFailed(Exception):
+    """A call to Chroma failed on every try; the message names the call."""
+
+
+def is_transient(exc: BaseException) -> bool:
+    """A failure that another try may not meet: a timeout, a refused or dropped connection."""
+    while exc is not None:
+        if isinstance(exc, _TRANSIENT):
+            return True
+        exc = exc.__cause__ or exc.__context__  # type: ignore[assignment]
+    return False
+
+
+def retried(
+    what: str, method: Callable[..., Any], retries: int, sleep: Callable[[float], None] | None = None, **kwargs: Any
+) -> Any:
+    """`method(**kwargs)`, tried again up to `retries` times while it fails transiently."""
+
+    def before_sleep(state: RetryCallState) -> None:
+        exc = state.outcome.exception() if state.outcome else None
+        wait = state.next_action.sleep if state.next_action else 0.0
+        log.warning(
+            "%s: %s: %s; trying again in %.0f s (try %d of %d)",
+            what,
+            exc.__class__.__name__,
+            exc,
+            wait,
+            state.attempt_number + 1,
+            retries + 1,
+        )
+
+    options: dict[str, Any] = {
+        "stop": stop_after_attempt(retries + 1),
+        "wait": wait_exponential(multiplier=1, max=MAX_BACKOFF_S),
+        "retry": retry_if_exception(is_transient),
+        "before_sleep": before_sleep,
+        "reraise": True,
+    }
+    if sleep is not None:
+        options["sleep"] = sleep
+    try:
+        for attempt in Retrying(**options):
+            with attempt:
+                return method(**kwargs)
+    except Exception as exc:
+        tries = f"after {retries + 1} tries" if is_transient(exc) else "(not retried)"
+        raise WriteFailed(f"{what} failed {tries}: {exc.__class__.__name__}: {exc}") from exc
+    raise AssertionError("unreachable")
+
+
+class RetryingCollection:
+    """A chromadb collection whose calls each name what they do and are retried."""
+
+    def __init__(self, collection: Any, retries: int = DEFAULT_RETRIES) -> None:
+        self.collection = collection
+        self.retries = retries
+
+    def upsert(self, what: str, **kwargs: Any) -> Any:
+        return retried(what, self.collection.upsert, self.retries, **kwargs)
+
+    def get(self, what: str, **kwargs: Any) -> Any:
+        return retried(what, self.collection.get, self.retries, **kwargs)
+
+    def delete(self, what: str, **kwargs: Any) -> Any:
+        return retried(what, self.collection.delete, self.retries, **kwargs)
