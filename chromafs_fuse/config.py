@@ -98,6 +98,8 @@ class MountConfig:
     push_pages: bool = True
     warm_kernel: bool = False  # after mounting: list every directory, push every prefetched page
     warm_wait_s: float = 0.0  # how long READY waits for that warm-up (0: it runs in the background)
+    warm_max_bytes: int = 0  # sites larger than this are not warmed (0: a sixteenth of the memory)
+    idle_exit_s: float = 0.0  # unmount once no bind of this mount has stood this long (0: never)
     pid_file: str | None = None
     log_file: str | None = None
     log_level: str = "info"
@@ -118,6 +120,8 @@ class MountConfig:
             raise CliError("--readahead-pages must not be negative")
         if args.warm_wait < 0:
             raise CliError("--warm-wait must not be negative")
+        if args.warm_max_bytes < 0 or args.idle_exit < 0:
+            raise CliError("--warm-max-bytes and --idle-exit must not be negative")
         if args.cache_timeout < 0:
             raise CliError("--cache-timeout must not be negative")
         if args.search_dir is not None and (args.search_dir in ("", ".", "..") or "/" in args.search_dir):
@@ -139,6 +143,8 @@ class MountConfig:
             push_pages=args.push_pages,
             warm_kernel=args.warm_kernel,
             warm_wait_s=args.warm_wait,
+            warm_max_bytes=args.warm_max_bytes,
+            idle_exit_s=args.idle_exit,
             pid_file=args.pid_file,
             log_file=args.log_file,
             log_level=args.log_level,

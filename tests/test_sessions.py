@@ -181,6 +181,39 @@ def test_the_server_restarts_without_harm(
             assert (mountpoint / "quickstart.mdx").read_bytes() == (SAMPLE_SITE / "quickstart.mdx").read_bytes()
 
 
+def test_class_mounts_end_by_themselves_once_idle_when_no_server_runs(
+    shared_server: MountServer,
+    sample_chroma: Callable[[str], Path],
+    token_file: Callable[..., Path],
+    secret_file: Path,
+    tmp_path: Path,
+) -> None:
+    """A stopped server leaves no class mount behind after --class-idle (plus a few seconds'
+    grace), nor its daemon or watchdog; a class mount whose session stands goes on serving."""
+    chroma = sample_chroma("public")
+    anonymous, admin = tmp_path / "anonymous", tmp_path / "admin"
+    open_session(anonymous, session_args(chroma, shared_server, None, secret_file))
+    open_session(admin, session_args(chroma, shared_server, token_file(["admin"]), secret_file))
+    state = json.loads((shared_server.class_root / "state.json").read_text())
+    pids = {Path(c["path"]).name: c["pid"] for c in state["classes"]}
+    assert len(pids) == 2 and len(class_mounts(shared_server)) == 2
+    shared_server.stop()
+    unmount(anonymous)
+    deadline = time.monotonic() + shared_server.class_idle_s + 5.0 + 10.0
+    while len(class_mounts(shared_server)) > 1:
+        assert time.monotonic() < deadline, "an idle class mount outlived its server"
+        time.sleep(0.2)
+    assert (admin / "quickstart.mdx").read_bytes() == (SAMPLE_SITE / "quickstart.mdx").read_bytes()
+    unmount(admin)
+    while class_mounts(shared_server) or any(Path(f"/proc/{pid}").exists() for pid in pids.values()):
+        assert time.monotonic() < deadline + 10.0, "the last class mount or a daemon outlived its server"
+        time.sleep(0.2)
+    watchdogs = subprocess.run(
+        ["pgrep", "-f", f"chromafs-watchdog ({'|'.join(map(str, pids.values()))}) "], capture_output=True, text=True
+    )
+    assert watchdogs.stdout == "", f"watchdogs left: {watchdogs.stdout}"
+
+
 def test_a_class_mount_is_handed_out_warm(
     shared_server: MountServer, sample_chroma: Callable[[str], Path], secret_file: Path, tmp_path: Path
 ) -> None:

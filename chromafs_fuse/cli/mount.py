@@ -67,6 +67,22 @@ def build_parser() -> argparse.ArgumentParser:
         "(the mount server's class mounts do this)",
     )
     parser.add_argument(
+        "--warm-max-bytes",
+        type=int,
+        default=0,
+        metavar="N",
+        help="with --warm-kernel: warm sites of up to N visible bytes, streamed through to the kernel's page "
+        "cache (default 0: a sixteenth of the machine's memory)",
+    )
+    parser.add_argument(
+        "--idle-exit",
+        type=float,
+        default=0.0,
+        metavar="S",
+        help="unmount once no other mount of this one (a session's bind) has stood for S seconds "
+        "(the mount server's class mounts do this; default 0: never)",
+    )
+    parser.add_argument(
         "--search-dir",
         metavar="NAME",
         help="a directory NAME at the root, never listed, where reading NAME/<query> gives a semantic search",

@@ -27,6 +27,7 @@ VALUE_OPTIONS = frozenset(
         "--redis-prefix", "--redis-ttl", "--tree-ttl", "-o", "--cache-timeout", "--prefetch",
         "--prefetch-max-bytes", "--log-file", "--readahead-pages", "--refresh-interval", "--pid-file",
         "--log-format", "--metrics-addr", "--log-level", "--mountd", "--warm-wait", "--search-dir",
+        "--warm-max-bytes", "--idle-exit",
     }
 )  # fmt: skip
 

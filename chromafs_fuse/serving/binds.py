@@ -57,6 +57,16 @@ def detach(target: str) -> bool:
     return True
 
 
+def binds_of(mountpoint: str, table: str = "/proc/self/mountinfo") -> int | None:
+    """How many other mounts share the device mounted at `mountpoint` (the binds of a class
+    mount: its sessions); None when nothing is mounted there."""
+    devices = mounted_devices(table)
+    device = devices.get(mountpoint)
+    if device is None:
+        return None
+    return sum(1 for path, other in devices.items() if other == device and path != mountpoint)
+
+
 def mounted_devices(table: str = "/proc/self/mountinfo") -> dict[str, str]:
     """Mountpoint -> the device (`major:minor`) mounted there, topmost mount last wins. A bind
     of a class mount shows the class mount's device, which is how a session's bind is told

@@ -31,6 +31,7 @@ from chromafs_fuse.config import MountConfig
 from chromafs_fuse.filesystem import DocsFilesystem, FsError
 from chromafs_fuse.inodes import InodeTable
 from chromafs_fuse.readahead import ReadScheduler
+from chromafs_fuse.serving.binds import binds_of
 from chromafs_fuse.serving.fuse_ops import ChromaOperations, pyfuse3_passes_inode
 from chromafs_fuse.serving.kernel_push import walk_directories
 from chromafs_fuse.serving.page_source import PageSource
@@ -52,6 +53,7 @@ from chromafs_fuse.tree import PathEntry, TreeError
 log = logging.getLogger("chromafs.mount")
 STATUS_EVERY_S = 2.0
 PUSH_POLL_S = 0.005
+IDLE_CHECK_S = 5.0  # how often a mount with --idle-exit looks for binds of it
 SEARCH_DIR_RESULTS = 20  # pages a file of the search directory lists
 UNKNOWN_SIZE_ESTIMATE = 16 * 1024  # for deciding on auto prefetch when the tree has no sizes
 
@@ -223,6 +225,21 @@ def serve(
                 os.close(ready_fd)
         sd_notify(f"READY=1\nSTATUS=serving {config.site} on {mountpoint}")
 
+    async def end_when_unused(idle_s: float) -> None:
+        """A class mount: unmount once no session's bind of it has stood for `idle_s`, whether
+        or not a mount server is there to stop it."""
+        idle_since = time.monotonic()
+        while True:
+            await trio.sleep(min(idle_s / 4, IDLE_CHECK_S))
+            binds = await trio.to_thread.run_sync(binds_of, mountpoint)
+            if binds:
+                idle_since = time.monotonic()
+            elif time.monotonic() - idle_since >= idle_s:
+                log.warning("no session for %.0fs: unmounting", time.monotonic() - idle_since)
+                sd_notify("STOPPING=1")
+                pyfuse3.terminate()
+                return
+
     async def refresh_status() -> None:
         while True:
             await trio.sleep(STATUS_EVERY_S)
@@ -253,6 +270,8 @@ def serve(
             if principal.expires_at is not None:
                 nursery.start_soon(end_at_expiry, principal.expires_at)
             nursery.start_soon(announce_ready)
+            if config.idle_exit_s > 0:
+                nursery.start_soon(end_when_unused, config.idle_exit_s)
             nursery.start_soon(refresh_status)
             await pyfuse3.main()
             nursery.cancel_scope.cancel()

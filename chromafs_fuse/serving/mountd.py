@@ -210,6 +210,7 @@ def _fork_daemon(listeners: Sequence[socket.socket | MetricsEndpoint], serve: Ca
 
 
 HOUSEKEEPING_S = 0.5
+ORPHAN_GRACE_S = 5.0  # a class mount idle this much past --class-idle ends itself: no server stopped it
 
 
 def serve_forever(
@@ -247,6 +248,9 @@ def serve_forever(
         # every session's first grep finds the pages in the kernel, the class's first one too
         class_args.warm_kernel = True
         class_args.warm_wait = class_warm_wait_s
+        # a class mount ends by itself when idle, with no server to stop it (stopped or crashed);
+        # a live server stops it first, at class_idle_s
+        class_args.idle_exit = class_idle_s + ORPHAN_GRACE_S
         ours, theirs = socket.socketpair()
         with ours:
             config = MountConfig.from_args(class_args)
