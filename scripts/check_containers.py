@@ -31,6 +31,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+if __name__ == "__main__":  # re-run with the repository's .venv Python before importing from it
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from repo_venv import use_repo_venv
+
+    use_repo_venv()
+
 import yaml
 
 REPO = Path(__file__).resolve().parent.parent

@@ -30,6 +30,12 @@ import sys
 import time
 from pathlib import Path
 
+if __name__ == "__main__":  # re-run with the repository's .venv Python before importing from it
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from repo_venv import use_repo_venv
+
+    use_repo_venv()
+
 import jwt
 
 REPO = Path(__file__).resolve().parent.parent

@@ -24,6 +24,12 @@ import tempfile
 import time
 from pathlib import Path
 
+if __name__ == "__main__":  # re-run with the repository's .venv Python before importing from it
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from repo_venv import use_repo_venv
+
+    use_repo_venv()
+
 import pyfuse3
 import trio
 
@@ -98,8 +104,12 @@ def serve(source_dir: str, mountpoint: str) -> int:
 
 
 def main() -> int:
-    if sys.argv[1] == "--serve":
+    if len(sys.argv) == 4 and sys.argv[1] == "--serve":
         return serve(sys.argv[2], sys.argv[3])
+    if len(sys.argv) != 2 or sys.argv[1].startswith("-"):
+        asked = sys.argv[1:] in (["-h"], ["--help"])
+        print(f"usage: {sys.argv[0]} MOUNTED_CHROMAFS_DIR\n\n{__doc__}", file=sys.stdout if asked else sys.stderr)
+        return 0 if asked else 2
     chromafs_root = Path(sys.argv[1])
     files = [str(p) for p in chromafs_root.rglob("*") if p.is_file()]
     work = Path(tempfile.mkdtemp(prefix="pyfuse3-floor-"))
