@@ -73,7 +73,6 @@ class ReadScheduler:
         self._delivered = bytearray(files)  # by file order: the kernel holds the whole file
         self._listed = bytearray(len(table))  # by node index: the kernel has listed this directory
         self._swept = bytearray(len(table))  # by node index: the kernel holds its entries; loaded pages offered
-        self._held_dirs: list[int] = []  # the directories marked in _swept
         self._offered: dict[int, tuple[str, str | None]] = {}  # file order -> (key, sha256) offered
         self._frontier = 0  # file order where the batches requested so far end (push mode)
 
@@ -82,9 +81,6 @@ class ReadScheduler:
     def holds(self, order: int) -> bool:
         """The kernel has the whole file at this file order."""
         return self._delivered[order] == 1
-
-    def is_listed(self, index: int) -> bool:
-        return self._listed[index] == 1
 
     def push_through(self, pusher: Pusher) -> None:
         self.pusher = pusher
@@ -207,16 +203,15 @@ class ReadScheduler:
         if self.pusher is None or self._swept[index]:
             return
         self._swept[index] = self._listed[index] = 1
-        self._held_dirs.append(index)
         self._offer_files_of(index)
 
-    def offer_held(self) -> None:
-        """Offer every loaded page whose directory the kernel holds (after a warm-up batch)."""
+    def offer_loaded(self, indexes: Sequence[int]) -> None:
+        """Offer these files (node indexes) if they are in memory and the kernel holds their
+        directory: a warm-up batch that was just loaded."""
         if self.pusher is None:
             return
         self.take_outcomes()
-        for index in self._held_dirs:
-            self._offer_files_of(index)
+        self._offer_listed(indexes)
 
     def pushes_pending(self) -> int:
         """Pages offered to the kernel whose outcome has not come back yet."""
@@ -241,7 +236,7 @@ class ReadScheduler:
         self._offered[order] = page
         self.pusher.offer(order, self.table.inode_at(index), data)
 
-    def _offer_listed(self, indexes: list[int]) -> None:
+    def _offer_listed(self, indexes: Sequence[int]) -> None:
         listed, parent_at = self._listed, self.table.parent_at
         for index in indexes:
             if listed[parent_at(index)]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import shutil
 import socket
 import subprocess
 import time
@@ -15,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import SAMPLE_SITE, copy_subset, expected_visible, is_mounted, mounted, run, try_mount
+from helpers import SAMPLE_SITE, copy_subset, expected_visible, ingest, is_mounted, mounted, run, try_mount
 from infra import BIN, MountServer, free_port, mounts_under, running_mount_server, unmount
 
 EXPIRY_BOUND_S = 5.0
@@ -214,14 +215,16 @@ def test_class_mounts_end_by_themselves_once_idle_when_no_server_runs(
     assert watchdogs.stdout == "", f"watchdogs left: {watchdogs.stdout}"
 
 
+@pytest.mark.parametrize("memory", [[], ["--cache-bytes", "65536"]], ids=["default", "site-over-memory-cache"])
 def test_a_class_mount_is_handed_out_warm(
-    shared_server: MountServer, sample_chroma: Callable[[str], Path], secret_file: Path, tmp_path: Path
+    shared_server: MountServer, sample_chroma: Callable[[str], Path], secret_file: Path, tmp_path: Path, memory: list
 ) -> None:
     """Its first session finds every listing and every page in the kernel: a `grep -r` right
     after the mount sends not a single read or listing to the class mount's daemon (the two
-    images are lazy files in the blob store, read on demand: grep skips them here)."""
+    images are lazy files in the blob store, read on demand: grep skips them here). A site
+    larger than the daemon's memory cache is streamed through to the kernel all the same."""
     session = tmp_path / "first"
-    open_session(session, session_args(sample_chroma("public"), shared_server, None, secret_file))
+    open_session(session, [*session_args(sample_chroma("public"), shared_server, None, secret_file), *memory])
     [class_mount] = class_mounts(shared_server)
     log = Path(f"{class_mount}.log").read_text()
     assert log.index("warm in") < log.index("mounted on"), "the session was handed out before the warm-up ended"
@@ -239,8 +242,40 @@ def test_a_class_mount_is_handed_out_warm(
     sent = {op: n - before.get(op, 0) for op, n in status["requests"].items() if n != before.get(op, 0)}
     # (one `open` is how the kernel learns it need not send more; `statfs` is chromafs status)
     assert not {"read", "readdir", "opendir", "lookup", "getattr"} & set(sent), f"the first grep sent {sent}"
+    if memory:
+        assert status["cached_bytes"] <= int(memory[1]), "the pages handed to the kernel stayed in memory"
     diff = run(["diff", "-r", str(copy_subset(SAMPLE_SITE, visible, tmp_path / "expected")), str(session)])
     assert diff.returncode == 0, diff.stdout[:1000]
+
+
+def test_a_class_mount_warms_the_pages_a_reingest_changed(
+    shared_server: MountServer, secret_file: Path, tmp_path: Path
+) -> None:
+    """After a re-ingest, the changed page and the new one are in the kernel before anyone
+    reads them: reading them sends no read to the class mount's daemon."""
+    site = tmp_path / "site"
+    shutil.copytree(SAMPLE_SITE, site)
+    chroma = tmp_path / "chroma"
+    ingest(site, "--site", "acme", "--chroma-path", str(chroma), "--quiet")
+    session = tmp_path / "session"
+    open_session(session, [*session_args(chroma, shared_server, None, secret_file), "--refresh-interval", "0.5"])
+    [class_mount] = class_mounts(shared_server)
+    log = Path(f"{class_mount}.log")
+    changed = (site / "quickstart.mdx").read_bytes() + b"\nA line the re-ingest added.\n"
+    (site / "quickstart.mdx").write_bytes(changed)
+    (site / "new-page.md").write_bytes(b"# New\n\nA page the re-ingest added.\n")
+    ingest(site, "--site", "acme", "--chroma-path", str(chroma), "--quiet")
+    deadline = time.monotonic() + 30
+    while log.read_text().count("warm in") < 2:
+        assert time.monotonic() < deadline, f"no second warm-up after the switch:\n{log.read_text()[-2000:]}"
+        time.sleep(0.2)
+    time.sleep(2.5)  # the daemon's status is written every 2 s
+    before = next(s for s in statuses() if s["mountpoint"] == str(class_mount))["requests"]
+    assert (session / "quickstart.mdx").read_bytes() == changed
+    assert (session / "new-page.md").read_bytes() == b"# New\n\nA page the re-ingest added.\n"
+    time.sleep(2.5)
+    after = next(s for s in statuses() if s["mountpoint"] == str(class_mount))["requests"]
+    assert after.get("read", 0) == before.get("read", 0), "a page the re-ingest changed was read from the daemon"
 
 
 def _scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

@@ -17,7 +17,6 @@ import os
 import signal
 import sys
 import time
-from functools import partial
 from urllib.parse import urlsplit, urlunsplit
 
 import pyfuse3
@@ -33,7 +32,6 @@ from chromafs_fuse.inodes import InodeTable
 from chromafs_fuse.readahead import ReadScheduler
 from chromafs_fuse.serving.binds import binds_of
 from chromafs_fuse.serving.fuse_ops import ChromaOperations, pyfuse3_passes_inode
-from chromafs_fuse.serving.kernel_push import walk_directories
 from chromafs_fuse.serving.page_source import PageSource
 from chromafs_fuse.serving.refresh import TreeRefresher
 from chromafs_fuse.serving.search_dir import SearchDir
@@ -46,23 +44,27 @@ from chromafs_fuse.serving.service import (
     utc_text,
 )
 from chromafs_fuse.serving.site_loader import LoadedSite, Preloaded, SiteLoader, verify_reader
+from chromafs_fuse.serving.warm_up import (
+    all_files,
+    changed_files,
+    should_warm_kernel,
+    visible_bytes,
+    warm_kernel,
+)
 from chromafs_fuse.serving.watchdog import start_watchdog, stop_watchdog
 from chromafs_fuse.tokens import TokenError
 from chromafs_fuse.tree import PathEntry, TreeError
 
 log = logging.getLogger("chromafs.mount")
 STATUS_EVERY_S = 2.0
-PUSH_POLL_S = 0.005
 IDLE_CHECK_S = 5.0  # how often a mount with --idle-exit looks for binds of it
 SEARCH_DIR_RESULTS = 20  # pages a file of the search directory lists
-UNKNOWN_SIZE_ESTIMATE = 16 * 1024  # for deciding on auto prefetch when the tree has no sizes
 
 
 def should_prefetch(config: MountConfig, table: InodeTable) -> bool:
     if config.prefetch != "auto":
         return config.prefetch == "on"
-    total = table.total_bytes + table.unknown_sizes * UNKNOWN_SIZE_ESTIMATE
-    return total <= min(config.prefetch_max_bytes, config.session.cache_bytes // 2)
+    return visible_bytes(table) <= min(config.prefetch_max_bytes, config.session.cache_bytes // 2)
 
 
 def prepare(
@@ -155,38 +157,11 @@ def describe_mount(
     }
 
 
-async def warm_up(config: MountConfig, ops: ChromaOperations, source: PageSource, warm: trio.Event) -> None:
-    """After mounting: load every visible page into memory. With --warm-kernel, meanwhile list
-    every directory (so that the kernel holds every inode), then hand every page to the
-    kernel's page cache: a cold `grep -r` then reads like one on a local disk. `warm` is set
-    when that is done (or failed)."""
+async def prefetch_pages(source: PageSource, table: InodeTable) -> None:
+    """After mounting (without --warm-kernel): load every visible page into memory."""
     started = time.monotonic()
-    table, scheduler = ops.table, ops.fs.scheduler
-    if not (config.warm_kernel and ops.push_pages):
-        count = await source.prefetch(sorted(table.entries.values(), key=lambda e: e.key))
-        log.info("prefetched %d pages in %.2fs", count, time.monotonic() - started)
-        warm.set()
-        return
-    entries = [node.entry for node in table.files_from(0, len(table.file_order)) if node.entry is not None]
-    walked: list[int] = []
-    try:
-        async with trio.open_nursery() as nursery:
-            # stores wait while a listing is in flight: pages go to the kernel after the walk
-            walk = partial(trio.to_thread.run_sync, abandon_on_cancel=True)
-            nursery.start_soon(walk, walk_directories, config.mountpoint, table, walked.append)
-            count = await source.prefetch(entries)
-        for index in walked:
-            scheduler.holds_directory(index)
-        while scheduler.pushes_pending():
-            await trio.sleep(PUSH_POLL_S)
-        log.info(
-            "warm in %.2fs: %d directories listed, %d pages loaded and handed to the kernel's page cache",
-            time.monotonic() - started,
-            len(walked),
-            count,
-        )
-    finally:
-        warm.set()
+    count = await source.prefetch(sorted(table.entries.values(), key=lambda e: e.key))
+    log.info("prefetched %d pages in %.2fs", count, time.monotonic() - started)
 
 
 def serve(
@@ -208,15 +183,25 @@ def serve(
     source = ops.fs.pages
     assert isinstance(source, PageSource)
 
+    async def warm(files: list[int], done: trio.Event) -> None:
+        try:
+            await warm_kernel(mountpoint, ops, source, files, config.session.cache_bytes // 4)
+        except Exception:
+            log.exception("warm-up stopped")
+        finally:
+            done.set()
+
     async def announce_ready() -> None:
         await trio.to_thread.run_sync(os.listdir, mountpoint)
-        if prefetch:
-            warm = trio.Event()
-            assert source.nursery is not None
-            source.nursery.start_soon(warm_up, config, ops, source, warm)
-            if config.warm_kernel and config.warm_wait_s > 0:
+        assert source.nursery is not None
+        if should_warm_kernel(config, ops):
+            warmed = trio.Event()
+            source.nursery.start_soon(warm, all_files(ops.table), warmed)
+            if config.warm_wait_s > 0:
                 with trio.move_on_after(config.warm_wait_s):
-                    await warm.wait()
+                    await warmed.wait()
+        elif prefetch:
+            source.nursery.start_soon(prefetch_pages, source, ops.table)
         log.info("mounted on %s", mountpoint)
         status.write()
         if ready_fd is not None:
@@ -265,6 +250,10 @@ def serve(
             token = trio.lowlevel.current_trio_token()
             ops.start_pushing(token)
             if refresher is not None:
+                if should_warm_kernel(config, ops):  # pages a re-ingest changed go to the kernel too
+                    refresher.after_switch = lambda old, new: nursery.start_soon(
+                        warm, changed_files(old, new), trio.Event()
+                    )
                 nursery.start_soon(refresher.run, token)
             nursery.start_soon(watch_signals)
             if principal.expires_at is not None:

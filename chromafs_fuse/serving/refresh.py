@@ -55,6 +55,8 @@ class TreeRefresher:
         self.failures = 0
         self.announcements = loader.announcements()
         self.announced = 0  # switches checked because Redis announced a version
+        # (old table, new table), on the loop after each switch: the daemon warms what changed
+        self.after_switch: Callable[[InodeTable, InodeTable], None] | None = None
 
     def describe(self) -> dict[str, object]:
         return {
@@ -96,7 +98,8 @@ class TreeRefresher:
         if tree.version == self.source.tree_version:
             return False
         table = await trio.to_thread.run_sync(SiteLoader.prune, tree, self.principal)
-        change = await trio.to_thread.run_sync(diff_tables, self.ops.table, table)
+        old_table = self.ops.table
+        change = await trio.to_thread.run_sync(diff_tables, old_table, table)
         previous = self.source.tree_version
         replaced, dropped = self.ops.fs.carry_replaced(change.replaced, table)
         change.stale_inodes += dropped
@@ -105,6 +108,8 @@ class TreeRefresher:
         await trio.to_thread.run_sync(tell_kernel, old_pusher, change)
         self.ops.start_pushing(token)
         self.switches += 1
+        if self.after_switch is not None:
+            self.after_switch(old_table, table)
         self.applied_at = time.time()
         self.last_switch_s = time.perf_counter() - started
         log.info(

@@ -212,7 +212,7 @@ def measure_sessions(run: Any, corpus: corpora.Corpus, backend: list[str], chrom
         "shell_p90_le_100ms": out.get("shell_p90_s", 1) <= 0.1,
         "pss_per_session_le_2MiB": out.get("pss_per_extra_session_kb", 1e9) <= 2048,
         "second_session_grep_le_2x_tmpfs": out.get("second_session_grep_ratio", 1e9) <= 2,
-        "class_first_grep_le_10x_tmpfs": out.get("class_first_grep_ratio", 1e9) <= 10,
+        "class_first_grep_le_5x_tmpfs": out.get("class_first_grep_ratio", 1e9) <= 5,
         "no_leaks": out.get("leaks", 1) == 0,
         "expiry_le_5s": out.get("expiry_stop_after_exp_s", 1e9) <= EXPIRY_BOUND_S,
     }
