@@ -72,7 +72,8 @@ def test_a_nul_byte_never_makes_a_page_more_visible(tmp_path: Path) -> None:
     assert files["locked.md"].text == locked.decode(), "served as it is, from chunks"
     assert problems["locked.md"] == ("has a NUL byte: served as it is", INGESTED, 6)
     assert files["private.mdx"].access == Access(False) and files["private.mdx"].text is None
-    assert "nul-in-keys.md" not in files and problems["nul-in-keys.md"][1] == HIDDEN
+    assert "nul-in-keys.md" not in files and problems["nul-in-keys.md"][1:] == (HIDDEN, 2)
+    assert "U+0000 is not allowed" in problems["nul-in-keys.md"][0]
     assert files["data.bin"].text is None and "data.bin" not in problems
 
 

@@ -67,12 +67,19 @@ def _load_yaml(text: str) -> Any:
     return yaml.load(text, Loader=_TextDatesLoader)
 
 
-def _yaml_error_line(exc: Exception, first_line: int) -> int | None:
+def _yaml_error_line(exc: Exception, text: str, first_line: int) -> int | None:
     mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
-    return first_line + mark.line if mark is not None else None
+    if mark is not None:
+        return first_line + mark.line
+    if isinstance(exc, yaml.reader.ReaderError):  # a character YAML forbids (NUL, say): no mark
+        return first_line + text.count("\n", 0, exc.position)
+    return None
 
 
 def _yaml_error_text(exc: Exception) -> str:
+    if isinstance(exc, yaml.reader.ReaderError):
+        code = exc.character if isinstance(exc.character, int) else ord(exc.character)
+        return f"not valid YAML: character U+{code:04X} is not allowed"
     problem = getattr(exc, "problem", None)
     return f"not valid YAML: {problem}" if problem else f"not valid YAML: {exc.__class__.__name__}"
 
@@ -160,7 +167,7 @@ def _parse_yaml(text: str, first_line: int) -> Mapping[str, Any]:
     try:
         data = _load_yaml(text)
     except yaml.YAMLError as exc:
-        raise _BlockError(Issue(_yaml_error_line(exc, first_line), _yaml_error_text(exc))) from exc
+        raise _BlockError(Issue(_yaml_error_line(exc, text, first_line), _yaml_error_text(exc))) from exc
     except (ValueError, TypeError, RecursionError) as exc:  # a constructor that raised on a value
         raise _BlockError(Issue(first_line, f"not valid YAML: {exc}")) from exc
     if data is None:
