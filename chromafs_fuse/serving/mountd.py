@@ -321,6 +321,8 @@ def _handle(
     uid = _peer_uid(conn)
     if uid not in (0, os.getuid()):
         log.warning("refused a mount request from uid %d", uid)
+        with contextlib.suppress(Exception):  # read first: a close on an unread request resets the answer away
+            _read_request(conn)
         with contextlib.suppress(OSError):
             conn.sendall(b"permission denied: only root or the server's user may mount")
         return
