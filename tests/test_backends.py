@@ -162,6 +162,39 @@ def test_reingest_updates_in_place_and_never_mixes_versions(mnt: Path, tmp_path:
     assert len(shas) == len(pages), "stale chunks of an old page version were left behind"
 
 
+def test_a_mount_on_the_old_tree_reads_replaced_pages_from_chroma_during_the_grace_period(
+    mnt: Path, tmp_path: Path
+) -> None:
+    """A mount that does not follow re-ingests (--refresh-interval 0) keeps its tree. Two pages it
+    never read are replaced by a re-ingest, then another page by a second one, both well within
+    the grace period (--grace-period, 600 s by default): the first read of each replaced page,
+    one after each ingest, is its old version exactly, reassembled from the chunks kept in Chroma
+    (no prefetch, no read-ahead: nothing of them was in memory before)."""
+    site = shutil.copytree(SAMPLE_SITE, tmp_path / "site")
+    backend = ["--site", "acme", "--chroma-path", str(tmp_path / "chroma")]
+    ingest(site, *backend, "--quiet")
+    first, second, third = "quickstart.mdx", "guides/troubleshooting.md", "concepts/glossary.md"
+    old = {key: (site / key).read_bytes() for key in (first, second)}
+
+    def read(key: str) -> bytes | str:
+        try:
+            return (mnt / key).read_bytes()
+        except OSError as exc:
+            return f"{key}: {exc.strerror}"
+
+    with mounted(mnt, *backend, "--refresh-interval", "0", "--prefetch", "off", "--readahead-pages", "0"):
+        for key in (first, second):
+            (site / key).write_bytes(old[key].replace(b"the", b"THE") + b"\nRewritten by a re-ingest.\n")
+        ingest(site, *backend, "--quiet")
+        assert read(first) == old[first], "the replaced version, read after the ingest"
+        (site / third).write_bytes((site / third).read_bytes() + b"\nAnother change.\n")
+        ingest(site, *backend, "--quiet")
+        assert read(second) == old[second], "the replaced version, read after a second ingest"
+    with mounted(mnt, *backend, "--prefetch", "off"):
+        for key in (first, second, third):
+            assert read(key) == (site / key).read_bytes(), f"a new mount: {key}"
+
+
 @pytest.mark.skipif(not MINTLIFY.is_dir(), reason="shared corpus not present")
 def test_real_docs_site_ingests_and_mounts_byte_for_byte(mnt: Path, tmp_path: Path) -> None:
     chroma = tmp_path / "chroma"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import json
 import os
 import signal
 import subprocess
@@ -12,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import SAMPLE_SITE, expected_visible, ingest, mounted, try_mount
+from helpers import SAMPLE_SITE, copy_subset, expected_visible, ingest, mounted, run, try_mount
 from infra import ChromaServer
 
 
@@ -149,3 +150,41 @@ def test_tampered_chunk_gives_eio_never_wrong_bytes(mnt: Path, tmp_path: Path) -
         assert (mnt / "index.mdx").read_bytes() == (SAMPLE_SITE / "index.mdx").read_bytes()
     log = (mnt.parent / "mnt.log").read_text()
     assert "quickstart.mdx" in log and "sha256" in log
+
+
+def test_a_source_file_that_cannot_be_read_is_reported_and_the_rest_is_ingested(mnt: Path, tmp_path: Path) -> None:
+    """The ingest's source folder is a chromafs mount whose quickstart.mdx fails every read with EIO
+    (a chunk tampered with in its Chroma) while it lists and stats as any file. The ingest goes on:
+    exit status 3, the report names the file with "cannot read", every other file is ingested."""
+    import chromadb
+    from chromadb.config import Settings
+
+    source_chroma, chroma, broken = tmp_path / "source-chroma", tmp_path / "chroma", "quickstart.mdx"
+    ingest(SAMPLE_SITE, "--site", "acme", "--chroma-path", str(source_chroma), "--quiet")
+    client = chromadb.PersistentClient(str(source_chroma), settings=Settings(anonymized_telemetry=False))
+    collection = client.get_collection("acme", embedding_function=None)
+    found = collection.get(where={"page_slug": broken}, include=["documents", "embeddings"])
+    collection.update(ids=found["ids"][:1], documents=[found["documents"][0] + "!"], embeddings=found["embeddings"][:1])
+    report_path = tmp_path / "report.json"
+    with mounted(mnt, "--site", "acme", "--chroma-path", str(source_chroma), "--prefetch", "off"):
+        assert (mnt / broken).stat().st_size == (SAMPLE_SITE / broken).stat().st_size
+        with pytest.raises(OSError) as info:
+            (mnt / broken).read_bytes()
+        assert info.value.errno == errno.EIO
+        done = ingest(mnt, "--site", "acme", "--chroma-path", str(chroma), "--report", str(report_path), status=3)
+    assert f"error: {broken}: cannot read: Input/output error (not ingested)" in done.stderr
+    report = json.loads(report_path.read_text())
+    assert (report["status"], report["exit_status"]) == ("finished with errors", 3)
+    assert [p for p in report["problems"] if p["severity"] == "error"] == [
+        {
+            "path": broken,
+            "reason": "cannot read: Input/output error",
+            "outcome": "not ingested",
+            "line": None,
+            "severity": "error",
+        }
+    ]
+    others = expected_visible(SAMPLE_SITE, "public", None) - {broken}
+    with mounted(mnt, "--site", "acme", "--chroma-path", str(chroma)):
+        diff = run(["diff", "-r", str(copy_subset(SAMPLE_SITE, others, tmp_path / "expected")), str(mnt)])
+        assert diff.returncode == 0, diff.stdout + diff.stderr

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from chromafs_fuse.tree import tree_version
-from helpers import SAMPLE_SITE, ingest, mounted, try_mount
+from helpers import SAMPLE_SITE, expected_visible, ingest, mounted, try_mount
 from infra import BIN, ChromaServer, MountServer, free_port, unmount
 
 SITE = "live"
@@ -228,3 +228,34 @@ def test_a_reingest_under_four_grep_loops_reaches_a_mountd_mount_on_a_chroma_ser
         finally:
             unmount(anonymous)
             server.unmount_classes()
+
+
+def test_a_mount_whose_kernel_caches_for_an_hour_shows_the_new_listing_and_bytes(tmp_path: Path, mnt: Path) -> None:
+    """With --cache-timeout 3600 the kernel keeps what it listed and read for an hour. A re-ingest
+    adds a page to a listed folder (a name never looked up on the mount, in a folder where no other
+    name changed, so only the folder's own cached listing is wrong) and edits a page already read:
+    after the switch both show as the source does."""
+    site = shutil.copytree(SAMPLE_SITE, tmp_path / "site")
+    backend = ["--site", SITE, "--chroma-path", str(tmp_path / "chroma")]
+    ingest(site, *backend, "--quiet")
+    folder, edited, added = "concepts", "guides/troubleshooting.md", "concepts/zz-added-later.md"
+
+    def listing() -> list[str]:
+        """What `ls concepts` should show the anonymous reader."""
+        visible = expected_visible(site, "public", None)
+        return sorted({p.split("/")[1] for p in visible if p.startswith(f"{folder}/")})
+
+    with mounted(mnt, *backend, "--refresh-interval", "0.3", "--prefetch", "off", "--cache-timeout", "3600"):
+        for _ in range(2):  # the second pass comes from the kernel's caches
+            assert sorted(os.listdir(mnt / folder)) == listing()
+            assert (mnt / edited).read_bytes() == (site / edited).read_bytes()
+        with (site / edited).open("a") as f:
+            f.write("\nA paragraph added by the re-ingest.\n")
+        (site / added).write_text("# Added later\n\nA page the mount never looked up.\n")
+        ingest(site, *backend, "--quiet")
+        wait_for(lambda: (mnt / edited).read_bytes() == (site / edited).read_bytes(), "the edited page's new bytes")
+        wait_for(
+            lambda: sorted(os.listdir(mnt / folder)) == listing(),
+            f"the new listing of {folder} (with {added.split('/')[1]})",
+        )
+        assert (mnt / added).read_bytes() == (site / added).read_bytes()

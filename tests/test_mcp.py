@@ -4,6 +4,7 @@ tokens, and a hidden page is indistinguishable from a missing one in every answe
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -39,6 +40,24 @@ def over_http(url: str, token: str | None, calls: Calls) -> Any:
             return await calls(client)
 
     return anyio.run(session)
+
+
+@contextlib.contextmanager
+def serving_over_http(args: list[str], log_path: Path) -> Iterator[str]:
+    """`chromafs mcp --http` on a free port until the block ends (stopped by its PID); its URL."""
+    port = free_port()
+    with log_path.open("wb") as log:
+        server = subprocess.Popen(
+            [str(BIN / "chromafs"), "mcp", "--http", f"127.0.0.1:{port}", *args], stdout=log, stderr=log
+        )
+        try:
+            deadline = time.monotonic() + 60
+            while subprocess.run(["bash", "-c", f"exec 3<>/dev/tcp/127.0.0.1/{port}"], capture_output=True).returncode:
+                assert server.poll() is None and time.monotonic() < deadline, log_path.read_text()
+                time.sleep(0.1)
+            yield f"http://127.0.0.1:{port}/mcp"
+        finally:
+            stop_pid(server)
 
 
 @pytest.fixture
@@ -115,19 +134,7 @@ def test_mcp_over_http_takes_each_requests_token(
     make_token: Callable[..., str],
     tmp_path: Path,
 ) -> None:
-    port = free_port()
-    log = (tmp_path / "mcp.log").open("wb")
-    server = subprocess.Popen(
-        [str(BIN / "chromafs"), "mcp", "--http", f"127.0.0.1:{port}", *site_args(sample_chroma("public"), secret_file)],
-        stdout=log,
-        stderr=log,
-    )
-    url = f"http://127.0.0.1:{port}/mcp"
-    try:
-        deadline = time.monotonic() + 60
-        while subprocess.run(["bash", "-c", f"exec 3<>/dev/tcp/127.0.0.1/{port}"], capture_output=True).returncode:
-            assert server.poll() is None and time.monotonic() < deadline, (tmp_path / "mcp.log").read_text()
-            time.sleep(0.1)
+    with serving_over_http(site_args(sample_chroma("public"), secret_file), tmp_path / "mcp.log") as url:
 
         async def files(client: Client) -> tuple[bool, str]:
             return await text(client, "find", type="f")
@@ -141,9 +148,6 @@ def test_mcp_over_http_takes_each_requests_token(
         assert error and message.endswith("token refused: token has expired")
         error, message = over_http(url, make_token(["admin"]) + "x", files)
         assert error and message.endswith("token refused: token signature is invalid")
-    finally:
-        stop_pid(server)
-        log.close()
 
 
 def test_an_mcp_session_stops_reading_when_its_token_expires(
@@ -164,3 +168,49 @@ def test_an_mcp_session_stops_reading_when_its_token_expires(
     before, after = over_stdio(args, calls)
     assert before == (False, (SAMPLE_SITE / "quickstart.mdx").read_text())
     assert after[0] and after[1].endswith("the token expired")
+
+
+def test_mcp_over_http_gives_readers_of_different_groups_their_own_views(
+    sample_chroma: Callable[[str], Path], secret_file: Path, make_token: Callable[..., str], tmp_path: Path
+) -> None:
+    """One server, two valid tokens of different groups asked in turn (the admin first, so its
+    view is loaded and kept): each sees exactly its own pages in find, list, read and grep, and
+    a page only the other may read is missing, not shown."""
+    readers = {"admin": {"admin"}, "billing": {"billing"}}
+    visible = {name: expected_visible(SAMPLE_SITE, "public", groups) for name, groups in readers.items()}
+    only = {
+        "admin": sorted(p for p in visible["admin"] - visible["billing"] if p.startswith("admin/")),
+        "billing": sorted(p for p in visible["billing"] - visible["admin"] if p.startswith("api-reference/")),
+    }
+    assert only["admin"] and only["billing"]
+
+    async def calls(client: Client) -> dict[str, tuple[bool, str]]:
+        out = {"find": await text(client, "find", type="f")}
+        for name, pages in only.items():
+            page = pages[0]
+            folder = page.split("/", 1)[0]
+            out[f"list {name}"] = await text(client, "list", path=folder)
+            out[f"read {name}"] = await text(client, "read", path=page)
+            out[f"grep {name}"] = await text(client, "grep", pattern=".", path=folder, files_with_matches=True)
+        return out
+
+    with serving_over_http(site_args(sample_chroma("public"), secret_file), tmp_path / "mcp.log") as url:
+        for name in ("admin", "billing", "admin"):  # each after the other's view is loaded
+            got = over_http(url, make_token(sorted(readers[name])), calls)
+            other = "billing" if name == "admin" else "admin"
+            mine, theirs = only[name][0], only[other][0]
+            error, message = got[f"read {other}"]
+            assert error and message.endswith(f"read: {theirs}: No such file or directory"), f"{name}: read {theirs}"
+            assert got[f"read {name}"] == (False, (SAMPLE_SITE / mine).read_text()), f"{name}: read {mine}"
+            error, found = got["find"]
+            assert not error and set(found.splitlines()) == visible[name], f"{name}: find -type f"
+            for folder_of in (name, other):
+                folder = only[folder_of][0].split("/", 1)[0]
+                error, listing = got[f"list {folder_of}"]
+                shown = {f"{folder}/{entry}".rstrip("/") for entry in listing.splitlines()}
+                assert not error and shown == {
+                    f"{folder}/{p.split('/')[1]}" for p in visible[name] if p.startswith(f"{folder}/")
+                }, f"{name}: ls {folder}"
+                error, matches = got[f"grep {folder_of}"]
+                expected = sorted(p for p in visible[name] if p.startswith(f"{folder}/"))
+                assert (error, matches.splitlines()) == (False, expected), f"{name}: grep -rl . {folder}"

@@ -2,19 +2,23 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import shutil
 import signal
 import subprocess
 import time
+import traceback
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
+from chromafs_fuse.cli.mount_client import encode_request, request_mount
 from helpers import SAMPLE_SITE, copy_subset, expected_visible, ingest, is_mounted, run, try_mount
-from infra import BIN, MountServer, RedisServer, unmount
+from infra import BIN, MountServer, RedisServer, running_mount_server, unmount
 
 
 @pytest.fixture
@@ -181,3 +185,58 @@ def test_readers_of_different_groups_through_the_server_never_share_a_table(
     finally:
         for name in readers:
             unmount(tmp_path / name)
+
+
+NOBODY = 65534
+
+
+def request_as(uid: int, socket_path: Path, argv: list[str]) -> tuple[int, str]:
+    """chromafs-mount's own request for `argv`, sent to the server from a child running as `uid`
+    (no groups): its exit status and what it printed. The child reaches the socket through its
+    folder as its working directory, so only that folder needs to be open to others."""
+    reader, writer = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: never back into pytest
+        code = 99
+        printed = io.StringIO()
+        try:
+            os.close(reader)
+            os.chdir(socket_path.parent)
+            os.setgroups([])
+            os.setgid(uid)
+            os.setuid(uid)
+            with contextlib.redirect_stderr(printed):
+                code = request_mount(socket_path.name, encode_request(argv, None, "/"), argv[0], 30)
+        except BaseException:
+            printed.write(traceback.format_exc())
+        finally:
+            with contextlib.suppress(BaseException):
+                os.write(writer, printed.getvalue().encode())
+            os._exit(code)
+    os.close(writer)
+    with os.fdopen(reader, "rb") as answer:
+        printed = answer.read().decode()
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status), printed
+
+
+def test_a_mount_request_from_another_user_is_refused(sample_chroma: Callable[[str], Path], tmp_path: Path) -> None:
+    """Only root or the server's own user may ask chromafs-mountd for a mount. Its socket is
+    root's alone (0600); opened to everyone here, so that the server's own check of the peer's
+    uid is what a request from nobody meets: refused with the server's answer, nothing mounted.
+    The same request from root is served."""
+    folder, mnt = tmp_path / "server", tmp_path / "mnt"
+    folder.mkdir()
+    mnt.mkdir()
+    argv = [str(mnt), "--site", "acme", "--chroma-path", str(sample_chroma("public"))]
+    with running_mount_server(folder, 300.0, tmp_path) as server:
+        assert server.socket.stat().st_mode & 0o777 == 0o600
+        folder.chmod(0o711)
+        server.socket.chmod(0o666)
+        code, printed = request_as(NOBODY, server.socket, argv)
+        assert (code, printed) == (1, "chromafs-mount: permission denied: only root or the server's user may mount\n")
+        assert not is_mounted(mnt), "a mount made for uid 65534"
+        assert f"refused a mount request from uid {NOBODY}" in server.log.read_text()
+        served = try_mount(mnt, *argv[1:], "--mountd", str(server.socket))
+        assert served.returncode == 0, served.stderr
+        assert (mnt / "quickstart.mdx").read_bytes() == (SAMPLE_SITE / "quickstart.mdx").read_bytes()

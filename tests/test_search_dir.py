@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import errno
 import os
+import shutil
 import subprocess
+import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from helpers import SAMPLE_SITE, expected_visible, mounted
+from helpers import SAMPLE_SITE, expected_visible, ingest, mounted
 from infra import BIN
 
 
@@ -62,3 +64,29 @@ def test_reading_a_query_in_the_search_directory_searches_the_mounts_view(
         assert not (tmp_path / "plain" / ".search").exists()
         with pytest.raises(FileNotFoundError):
             (tmp_path / "plain" / ".search" / query).read_text()
+
+
+def test_the_search_directory_searches_the_tree_the_mount_shows_after_a_reingest(tmp_path: Path) -> None:
+    """A re-ingest locks a page away from the anonymous reader: once the mount has switched (the
+    page is gone from `ls`), the search directory's answer no longer names it."""
+    site = shutil.copytree(SAMPLE_SITE, tmp_path / "site")
+    backend = ["--site", "acme", "--chroma-path", str(tmp_path / "chroma")]
+    ingest(site, *backend, "--quiet")
+    page = "guides/troubleshooting.md"
+    query = "Troubleshooting common problems and how to fix them"
+    mnt = tmp_path / "mnt"
+
+    def found() -> set[str]:
+        return {line.split(":", 1)[0] for line in (mnt / ".search" / query).read_text().splitlines()}
+
+    with mounted(mnt, *backend, "--search-dir", ".search", "--refresh-interval", "0.3", "--prefetch", "off"):
+        assert page in found()
+        (site / page).write_text("---\ngroups: [admin]\n---\n" + (site / page).read_text())
+        ingest(site, *backend, "--quiet")
+        deadline = time.monotonic() + 20
+        while page.split("/")[1] in os.listdir(mnt / "guides"):
+            assert time.monotonic() < deadline, "the mount did not switch to the new tree"
+            time.sleep(0.1)
+        after = found()
+        assert page not in after, "the search directory names a page the mount no longer shows"
+        assert after and after <= expected_visible(site, "public", None)
