@@ -15,7 +15,28 @@ from dataclasses import dataclass
 from typing import Literal
 
 from chromafs_fuse.backends.chroma_store import ChromaLocation
-from chromafs_fuse.cli.common import CliError, chroma_location
+from chromafs_fuse.errors import UsageError
+
+
+def chroma_location(args: argparse.Namespace) -> ChromaLocation:
+    path = args.chroma_path
+    url = (args.chroma_url or os.environ.get("CHROMAFS_CHROMA_URL")) if not path else None
+    if not path and not url:
+        path = os.environ.get("CHROMAFS_CHROMA_PATH")
+    if not path and not url:
+        raise UsageError("no Chroma given: use --chroma-path DIR or --chroma-url URL")
+    headers = {}
+    api_key = os.environ.get("CHROMAFS_CHROMA_API_KEY") or os.environ.get("CHROMA_API_KEY")
+    if url and api_key:
+        headers["x-chroma-token"] = api_key  # Chroma Cloud / token auth; never taken from argv
+    return ChromaLocation(
+        path=os.path.abspath(path) if path else None,
+        url=url,
+        collection=args.collection or args.site,
+        headers=headers,
+        tenant=args.chroma_tenant,
+        database=args.chroma_database,
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,9 +54,9 @@ def redis_settings(args: argparse.Namespace) -> RedisSettings:
     try:
         parse_redis_url(args.redis_url)
     except RedisURLError as exc:
-        raise CliError(f"--redis-url: {exc}") from exc
+        raise UsageError(f"--redis-url: {exc}") from exc
     if args.redis_ca and not os.path.isfile(args.redis_ca):
-        raise CliError(f"--redis-ca {args.redis_ca}: no such file")
+        raise UsageError(f"--redis-ca {args.redis_ca}: no such file")
     return RedisSettings(
         args.redis_url,
         args.redis_prefix,
@@ -62,9 +83,9 @@ class SessionConfig:
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> SessionConfig:
         if args.backend_timeout <= 0:
-            raise CliError("--backend-timeout must be more than 0 seconds")
+            raise UsageError("--backend-timeout must be more than 0 seconds")
         if args.cache_bytes < 0:
-            raise CliError("--cache-bytes must not be negative")
+            raise UsageError("--cache-bytes must not be negative")
         redis = None
         if args.redis_url:
             redis = redis_settings(args)
@@ -117,20 +138,20 @@ class MountConfig:
         """From chromafs-mount's flags; the mountpoint is made absolute against the current
         directory (the caller's, for a mount server's request)."""
         if args.readahead_pages < 0:
-            raise CliError("--readahead-pages must not be negative")
+            raise UsageError("--readahead-pages must not be negative")
         if args.warm_wait < 0:
-            raise CliError("--warm-wait must not be negative")
+            raise UsageError("--warm-wait must not be negative")
         if args.warm_max_bytes < 0 or args.idle_exit < 0:
-            raise CliError("--warm-max-bytes and --idle-exit must not be negative")
+            raise UsageError("--warm-max-bytes and --idle-exit must not be negative")
         if args.cache_timeout < 0:
-            raise CliError("--cache-timeout must not be negative")
+            raise UsageError("--cache-timeout must not be negative")
         if args.search_dir is not None and (args.search_dir in ("", ".", "..") or "/" in args.search_dir):
-            raise CliError(f"--search-dir wants a name without /, not {args.search_dir!r}")
+            raise UsageError(f"--search-dir wants a name without /, not {args.search_dir!r}")
         refresh = args.refresh_interval
         if refresh is None:
             refresh = 1.0 if args.redis_url else 5.0  # a GET of a few bytes, or a query to Chroma
         if refresh < 0:
-            raise CliError("--refresh-interval must not be negative")
+            raise UsageError("--refresh-interval must not be negative")
         options = tuple(o.strip() for group in args.options for o in group.split(",") if o.strip())
         return cls(
             session=SessionConfig.from_args(args),

@@ -41,7 +41,7 @@ class PageTimedOut(PageUnavailable):
 
 
 class PageReader(Protocol):
-    """What the filesystem needs of the page tiers (serving/page_source.PageSource)."""
+    """What the filesystem needs of the page tiers (site/page_source.PageSource)."""
 
     async def read(self, entry: PathEntry, offset: int, size: int) -> bytes: ...
 

@@ -6,23 +6,20 @@ crowd out what the reader may see, and their count would leak. Their embeddings 
 with the query's exactly; each page is ranked by its nearest chunk, and that chunk's lines in
 the page are given. The query is embedded as the collection's pages were: chromafs-ingest records its
 embedder in the collection's metadata.
+
+Pure: the search that reads Chroma and embeds the query is site/view.py's `search_view`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from chromafs_fuse.names import EMBEDDER_FIELD, FORMAT_FIELD, PAGE_SHA_FIELD
 from chromafs_fuse.tree import PathEntry
-
-if TYPE_CHECKING:
-    from chromafs_fuse.frontends.view import ReaderView
-
-BATCH = 5000  # chunks read per call
 
 
 class SearchError(Exception):
@@ -104,50 +101,6 @@ def locate(hit: Hit, page: bytes) -> Hit:
         return hit
     first = page.count(b"\n", 0, at) + 1
     return Hit(hit.path, hit.distance, hit.chunk, first, first + chunk.rstrip(b"\n").count(b"\n"))
-
-
-def search_view(view: ReaderView, query: str, limit: int, embedder: str | None = None) -> list[Hit]:
-    """The `limit` pages of the reader's view nearest `query`, best first, each with its best
-    chunk and that chunk's lines. Blocking."""
-    from chromafs_fuse.backends.chroma_store import connect_client
-    from chromafs_fuse.ingest.embedding import make_embedder
-
-    if limit < 1:
-        raise SearchError("the number of results must be at least 1")
-    config = view.config
-    entries = list(view.site.table.entries.values())
-    if not any(e.blob is None for e in entries):
-        return []  # nothing the reader may see is searchable
-    where, by_slug = view_filter(entries, config.page_field)
-    collection = connect_client(config.chroma).get_collection(config.chroma.collection, embedding_function=None)
-    name = embedder_name(collection.metadata, embedder)
-    try:
-        embed = make_embedder(name)[0]
-        vector = [float(x) for x in embed([query])[0]]
-    except Exception as exc:  # an unknown name, or a function whose model or key is absent
-        raise SearchError(f"cannot embed the query with {name!r}: {exc}") from exc
-
-    def batches() -> Iterator[tuple[list[str], list[list[float]], list[Any]]]:
-        offset = 0
-        while True:
-            found = collection.get(where=where, include=["embeddings", "metadatas"], limit=BATCH, offset=offset)  # type: ignore[arg-type]
-            ids = list(found.get("ids") or [])
-            if not ids:
-                return
-            yield ids, found["embeddings"], list(found.get("metadatas") or [None] * len(ids))  # type: ignore[arg-type]
-            offset += len(ids)
-
-    ranked = rank_pages(batches(), vector, by_slug, config.page_field, limit)
-    if not ranked:
-        return []
-    chunks = collection.get(ids=[record_id for _, _, record_id in ranked], include=["documents"])  # type: ignore[list-item]
-    text = dict(zip(chunks["ids"], chunks.get("documents") or [], strict=False))
-    pages = view.load([view.site.table.entries[path] for path, _, _ in ranked], missing_ok=True)
-    hits = []
-    for path, distance, record_id in ranked:
-        hit, page = Hit(path, distance, text.get(record_id) or ""), pages.get(path)
-        hits.append(locate(hit, page) if page is not None else hit)
-    return hits
 
 
 def hit_line(hit: Hit) -> str:

@@ -16,7 +16,7 @@ from chromafs_fuse.backends.chroma_sqlite import SqliteCollection
 from chromafs_fuse.backends.chroma_store import ChromaLocation, ChromaPages
 from chromafs_fuse.names import TREE_RECORD_ID
 from chromafs_fuse.page_cache import PageCache
-from chromafs_fuse.serving.page_source import PageSource, PageUnavailable
+from chromafs_fuse.site.page_source import PageSource, PageUnavailable
 from chromafs_fuse.tree import parse_tree
 from helpers import SAMPLE_SITE, chromadb_libraries_loaded, expected_visible, mounted
 

@@ -9,7 +9,7 @@ import json
 import pytest
 
 from chromafs_fuse.cli.mount import build_parser
-from chromafs_fuse.cli.mount_client import FLAGS, VALUE_OPTIONS, encode_request, quick_options, server_argv
+from chromafs_fuse.cli.mount_request import FLAGS, VALUE_OPTIONS, encode_request, quick_options, server_argv
 
 # what the quick path hands to the full parser instead of reading itself
 FULL_PARSER_ONLY = {"-h", "--help", "--foreground", "-f", "--ready-fd", "--token-stdin"}

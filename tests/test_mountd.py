@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from chromafs_fuse.cli.mount_client import encode_request, request_mount
+from chromafs_fuse.cli.mount_request import encode_request, request_mount
 from helpers import SAMPLE_SITE, copy_subset, expected_visible, ingest, is_mounted, run, try_mount
 from infra import BIN, MountServer, RedisServer, running_mount_server, unmount
 

@@ -15,7 +15,7 @@ from chromafs_fuse.access import Principal
 from chromafs_fuse.backends.chroma_store import ChromaLocation
 from chromafs_fuse.config import RedisSettings, SessionConfig
 from chromafs_fuse.names import DEFAULT_CHUNK_INDEX_FIELD, DEFAULT_PAGE_FIELD
-from chromafs_fuse.serving.site_loader import SiteLoader
+from chromafs_fuse.site.loader import SiteLoader
 
 if TYPE_CHECKING:
     from infra import RedisServer

@@ -92,10 +92,10 @@ def run_status(args: argparse.Namespace) -> int:
 
 
 def run_grep(args: argparse.Namespace) -> int:
-    from chromafs_fuse.cli.common import resolve_token
     from chromafs_fuse.config import SessionConfig
-    from chromafs_fuse.frontends.view import open_view
     from chromafs_fuse.search import GrepQuery
+    from chromafs_fuse.site.view import open_view
+    from chromafs_fuse.token_source import resolve_token
 
     view = open_view(SessionConfig.from_args(args), resolve_token(args))
     query = GrepQuery(args.pattern, args.fixed_strings, args.ignore_case)
@@ -121,10 +121,10 @@ def run_grep(args: argparse.Namespace) -> int:
 def run_search(args: argparse.Namespace) -> int:
     import json
 
-    from chromafs_fuse.cli.common import resolve_token
     from chromafs_fuse.config import SessionConfig
-    from chromafs_fuse.frontends.view import open_view
     from chromafs_fuse.semantic import hit_line, hit_record
+    from chromafs_fuse.site.view import open_view
+    from chromafs_fuse.token_source import resolve_token
 
     view = open_view(SessionConfig.from_args(args), resolve_token(args))
     hits = view.search(args.query, args.n, args.embedder)
@@ -137,9 +137,10 @@ def run_search(args: argparse.Namespace) -> int:
 
 
 def run_mcp(args: argparse.Namespace) -> int:
-    from chromafs_fuse.cli.common import CliError, resolve_token
+    from chromafs_fuse.cli.common import CliError
     from chromafs_fuse.config import SessionConfig
     from chromafs_fuse.frontends.mcp_server import Views, build_server
+    from chromafs_fuse.token_source import resolve_token
 
     config = SessionConfig.from_args(args)
     if args.http:
@@ -163,15 +164,15 @@ def main(argv: list[str] | None = None) -> int:
         from chromafs_fuse.cli.shell import main as shell_main
 
         return shell_main(argv[1:])
-    from chromafs_fuse.cli.common import setup_logging
+    from chromafs_fuse.logs import setup_logging
 
     args = build_parser().parse_args(argv)
     setup_logging(args.log_level, None)
     from chromafs_fuse.chunks import CorruptPage
     from chromafs_fuse.cli.common import CliError
     from chromafs_fuse.filesystem import PageUnavailable
-    from chromafs_fuse.frontends.view import ViewError
     from chromafs_fuse.semantic import SearchError
+    from chromafs_fuse.site.view import ViewError
     from chromafs_fuse.tokens import TokenError
 
     try:

@@ -1,18 +1,18 @@
-"""Argument and logging helpers shared by the command-line entry points."""
+"""Argument helpers shared by the command-line entry points.
+
+What turns the flags into settings lives below the commands (`chroma_location` in config.py,
+`resolve_token` in token_source.py), and logging in logs.py: the daemon and the mount server
+use them too."""
 
 from __future__ import annotations
 
 import argparse
 import os
-import sys
 
-from chromafs_fuse.cli.mount_client import CliError, token_of
+from chromafs_fuse.errors import UsageError
 from chromafs_fuse.names import DEFAULT_CHUNK_INDEX_FIELD, DEFAULT_PAGE_FIELD
 
-TYPE_CHECKING = False  # not `from typing import ...`: typing costs the mount client ~3 ms of start-up
-
-if TYPE_CHECKING:
-    from chromafs_fuse.backends.chroma_store import ChromaLocation
+CliError = UsageError  # the name the commands have always used
 
 
 def add_chroma_arguments(parser: argparse.ArgumentParser) -> None:
@@ -33,73 +33,6 @@ def add_chroma_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--chunk-index-field", default=DEFAULT_CHUNK_INDEX_FIELD, help="chunk metadata field with its position"
     )
-
-
-def chroma_location(args: argparse.Namespace) -> ChromaLocation:
-    from chromafs_fuse.backends.chroma_store import ChromaLocation
-
-    path = args.chroma_path
-    url = (args.chroma_url or os.environ.get("CHROMAFS_CHROMA_URL")) if not path else None
-    if not path and not url:
-        path = os.environ.get("CHROMAFS_CHROMA_PATH")
-    if not path and not url:
-        raise CliError("no Chroma given: use --chroma-path DIR or --chroma-url URL")
-    headers = {}
-    api_key = os.environ.get("CHROMAFS_CHROMA_API_KEY") or os.environ.get("CHROMA_API_KEY")
-    if url and api_key:
-        headers["x-chroma-token"] = api_key  # Chroma Cloud / token auth; never taken from argv
-    return ChromaLocation(
-        path=os.path.abspath(path) if path else None,
-        url=url,
-        collection=args.collection or args.site,
-        headers=headers,
-        tenant=args.chroma_tenant,
-        database=args.chroma_database,
-    )
-
-
-def default_log_file() -> str:
-    """Where a background daemon logs when there is no syslog socket."""
-    for directory in ("/var/log/chromafs", os.path.join(os.environ.get("TMPDIR", "/tmp"), f"chromafs-{os.getuid()}")):
-        try:
-            os.makedirs(directory, mode=0o700, exist_ok=True)
-        except OSError:
-            continue
-        if os.access(directory, os.W_OK):
-            return os.path.join(directory, "chromafs.log")
-    return os.devnull
-
-
-def _private(path: str) -> str:
-    """Create a log file readable by its owner only: it names pages and groups."""
-    if path != os.devnull and not os.path.exists(path):
-        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600))
-    return path
-
-
-def setup_logging(level: str, log_file: str | None, background: bool = False, json_lines: bool = False) -> None:
-    import logging
-
-    handler: logging.Handler
-    if log_file:
-        handler = logging.FileHandler(_private(log_file))
-    elif background and os.path.exists("/dev/log"):
-        from logging.handlers import SysLogHandler
-
-        handler = SysLogHandler(address="/dev/log")
-    elif background:
-        handler = logging.FileHandler(_private(default_log_file()))
-    else:
-        handler = logging.StreamHandler(sys.stderr)
-    if json_lines:
-        handler.setFormatter(JsonFormatter())
-    else:
-        handler.setFormatter(logging.Formatter("%(asctime)s chromafs[%(process)d] %(levelname)s %(name)s: %(message)s"))
-    root = logging.getLogger()
-    root.handlers[:] = [handler]
-    root.setLevel(level.upper())
-    for noisy in ("chromadb", "httpx", "httpcore", "urllib3", "posthog", "botocore", "boto3"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
 def add_session_arguments(parser: argparse.ArgumentParser) -> None:
@@ -143,35 +76,3 @@ def add_session_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--redis-ttl", type=int, default=24 * 3600, help="seconds a cached page lives in Redis")
     parser.add_argument("--tree-ttl", type=int, default=300, help="seconds a cached path tree lives in Redis")
     parser.add_argument("--token-stdin", action="store_true", help=argparse.SUPPRESS)
-
-
-def resolve_token(args: argparse.Namespace) -> str | None:
-    if args.token_stdin:
-        return sys.stdin.read().strip() or None
-    return token_of(args.token, args.token_file)
-
-
-def _json_formatter_class() -> type:
-    import json
-    import logging
-
-    class _JsonFormatter(logging.Formatter):
-        """One JSON object per line: time, level, logger, pid, message."""
-
-        def format(self, record: logging.LogRecord) -> str:
-            entry = {
-                "time": self.formatTime(record, "%Y-%m-%dT%H:%M:%S"),
-                "level": record.levelname.lower(),
-                "logger": record.name,
-                "pid": record.process,
-                "message": record.getMessage(),
-            }
-            if record.exc_info:
-                entry["exception"] = self.formatException(record.exc_info)
-            return json.dumps(entry, ensure_ascii=False)
-
-    return _JsonFormatter
-
-
-def JsonFormatter() -> object:
-    return _json_formatter_class()()

@@ -17,8 +17,8 @@ import time
 from pathlib import Path
 
 from chromafs_fuse.backends.blobstore import BlobError, open_blob_store
-from chromafs_fuse.cli.common import CliError, add_chroma_arguments, chroma_location, setup_logging
-from chromafs_fuse.config import redis_settings
+from chromafs_fuse.cli.common import CliError, add_chroma_arguments
+from chromafs_fuse.config import chroma_location, redis_settings
 from chromafs_fuse.ingest.access_rules import AccessSpecError, parse_acl
 from chromafs_fuse.ingest.chroma_writes import DEFAULT_RETRIES, WriteFailed
 from chromafs_fuse.ingest.pipeline import (
@@ -30,6 +30,7 @@ from chromafs_fuse.ingest.pipeline import (
     ingest,
 )
 from chromafs_fuse.ingest.retention import DEFAULT_GRACE_PERIOD_S
+from chromafs_fuse.logs import setup_logging
 from chromafs_fuse.tree import tree_version
 
 log = logging.getLogger("chromafs.ingest")

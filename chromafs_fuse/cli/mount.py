@@ -13,17 +13,18 @@ import contextlib
 import os
 import sys
 
-from chromafs_fuse.cli.common import add_session_arguments, resolve_token
-from chromafs_fuse.cli.mount_client import (
-    CliError,
+from chromafs_fuse.cli.common import add_session_arguments
+from chromafs_fuse.cli.mount_request import (
     check_mountpoint,
     encode_request,
     request_mount,
     require_chroma_location,
     server_argv,
     unmount_lazily,
-    wait_for_ready,
 )
+from chromafs_fuse.errors import UsageError
+from chromafs_fuse.serving.handshake import wait_for_ready
+from chromafs_fuse.token_source import resolve_token
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -156,13 +157,29 @@ def start_daemon(argv: list[str], token: str | None, mountpoint: str, wait_s: fl
     return 1
 
 
+def serve_here(args: argparse.Namespace) -> int:
+    """Serve the mount in this process (--foreground, or the child `start_daemon` starts); its
+    exit status. The flags become a MountConfig here, once."""
+    from chromafs_fuse.config import MountConfig
+    from chromafs_fuse.logs import setup_logging
+    from chromafs_fuse.serving.daemon import mount_failure, run_daemon
+
+    background = args.ready_fd is not None
+    try:
+        config = MountConfig.from_args(args)
+    except Exception as exc:  # reported as the daemon reports any failure before it mounts
+        setup_logging(args.log_level, args.log_file, background=background, json_lines=args.log_format == "json")
+        return mount_failure(args.ready_fd, exc)
+    return run_daemon(config, args.ready_fd, background, read_token=lambda: resolve_token(args))
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
     if args.foreground or args.ready_fd is not None:
-        from chromafs_fuse.serving.daemon import exit_now, run_daemon  # the heavy imports: only in the serving process
+        from chromafs_fuse.serving.daemon import exit_now  # the heavy imports: only in the serving process
 
-        exit_now(run_daemon(args, args.ready_fd, background=args.ready_fd is not None))
+        exit_now(serve_here(args))
     try:
         token = resolve_token(args)
         check_mountpoint(args.mountpoint)
@@ -170,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
         wait_s = args.backend_timeout * 3 + 60
         if args.mountd:
             request = encode_request(server_argv(argv), token, os.getcwd())
-    except CliError as exc:
+    except UsageError as exc:
         print(f"chromafs-mount: {exc}", file=sys.stderr)
         return 1
     if args.mountd:

@@ -1,4 +1,4 @@
-"""`chromafs-mount`'s entry point, and the client side of a mount server's socket.
+"""`chromafs-mount`'s entry point.
 
 A session asked of `chromafs-mountd` is mostly this process's own start-up, so a plain request
 (`--mountd SOCKET` or CHROMAFS_MOUNTD_SOCKET, no -h/--foreground) is read from argv without
@@ -9,206 +9,20 @@ reports any mistake. Everything else goes to cli/mount.py. Nothing heavier than 
 from __future__ import annotations
 
 import os
-import select
 import sys
-import time
 
-from chromafs_fuse.names import MAX_TOKEN_BYTES
+from chromafs_fuse.cli.mount_request import (
+    check_mountpoint,
+    encode_request,
+    quick_options,
+    request_mount,
+    require_chroma_location,
+    server_argv,
+)
+from chromafs_fuse.errors import UsageError
+from chromafs_fuse.token_source import token_of
 
-READY = b"READY\n"
-
-# chromafs-mount's options as its parser defines them (a test keeps these in step with it)
-FLAGS = frozenset({"--isolated", "--push-pages", "--no-push-pages", "--warm-kernel", "--no-warm-kernel"})
-VALUE_OPTIONS = frozenset(
-    {
-        "--site", "--chroma-path", "--chroma-url", "--collection", "--chroma-tenant", "--chroma-database",
-        "--page-field", "--chunk-index-field", "--token", "--token-file", "--jwt-secret-file", "--jwt-public-key",
-        "--chunk-joiner", "--cache-bytes", "--backend-timeout", "--s3-endpoint-url", "--redis-url", "--redis-ca",
-        "--redis-prefix", "--redis-ttl", "--tree-ttl", "-o", "--cache-timeout", "--prefetch",
-        "--prefetch-max-bytes", "--log-file", "--readahead-pages", "--refresh-interval", "--pid-file",
-        "--log-format", "--metrics-addr", "--log-level", "--mountd", "--warm-wait", "--search-dir",
-        "--warm-max-bytes", "--idle-exit",
-    }
-)  # fmt: skip
-
-
-class CliError(Exception):
-    """A user-facing failure of any chromafs command: printed as one line, exit status 1."""
-
-
-def quick_options(argv: list[str]) -> tuple[dict[str, str], str] | None:
-    """(the value options given, the one positional) when argv is a plain request a mount
-    server can take as it is; None when only the full parser can tell (help, unknown or
-    abbreviated options, `--`, several positionals, serving in the foreground)."""
-    values: dict[str, str] = {}
-    positionals: list[str] = []
-    at = 0
-    while at < len(argv):
-        arg = argv[at]
-        at += 1
-        if not arg.startswith("-") or arg == "-":
-            positionals.append(arg)
-            continue
-        name, equals, value = arg.partition("=")
-        if name in FLAGS and not equals:
-            continue
-        if name not in VALUE_OPTIONS:
-            return None
-        if not equals:
-            if at == len(argv) or (argv[at].startswith("-") and argv[at] != "-"):
-                return None  # let argparse word the error
-            value = argv[at]
-            at += 1
-        values[name] = value
-    return (values, positionals[0]) if len(positionals) == 1 else None
-
-
-def read_token_file(path: str) -> str:
-    try:
-        with open(path, "rb") as f:
-            raw = f.read(MAX_TOKEN_BYTES + 1)
-    except OSError as exc:
-        raise CliError(f"cannot read token file {path}: {exc.strerror}") from exc
-    if len(raw) > MAX_TOKEN_BYTES:
-        raise CliError(f"token file {path} is larger than {MAX_TOKEN_BYTES} bytes")
-    try:
-        token = raw.decode("ascii").strip()
-    except UnicodeDecodeError as exc:
-        raise CliError(f"token file {path} does not hold a JWT") from exc
-    if not token:
-        raise CliError(f"token file {path} is empty")
-    return token
-
-
-def token_of(token: str | None, token_file: str | None) -> str | None:
-    """The session token: --token, --token-file, CHROMAFS_TOKEN_FILE, CHROMAFS_TOKEN, in that order."""
-    if token and token_file:
-        raise CliError("give --token or --token-file, not both")
-    if token:
-        return token
-    if token_file:
-        return read_token_file(token_file)
-    if os.environ.get("CHROMAFS_TOKEN_FILE"):
-        return read_token_file(os.environ["CHROMAFS_TOKEN_FILE"])
-    return os.environ.get("CHROMAFS_TOKEN") or None
-
-
-def check_mountpoint(path: str) -> None:
-    """The mountpoint must be a directory with nothing mounted on it; a dead chromafs mount
-    there is cleaned first."""
-    import errno
-
-    try:
-        os.stat(path)
-        if os.path.ismount(path):
-            os.statvfs(path)  # never answered from the kernel's caches: detects a dead daemon
-    except OSError as exc:
-        if exc.errno in (errno.ENOTCONN, errno.ECONNABORTED):  # daemon gone; aborted by its watchdog
-            unmount_lazily(path)
-            try:
-                os.stat(path)
-            except OSError as again:
-                raise CliError(f"{path}: stale mount could not be cleaned: {again.strerror}") from again
-        else:
-            raise CliError(f"{path}: {exc.strerror}") from exc
-    if not os.path.isdir(path):
-        raise CliError(f"{path}: not a directory")
-    if os.path.ismount(path):
-        raise CliError(f"{path}: something is already mounted there")
-
-
-def unmount_lazily(path: str) -> None:
-    import subprocess
-
-    subprocess.run(["fusermount3", "-u", "-z", path], capture_output=True, check=False)
-
-
-def require_chroma_location(chroma_path: str | None, chroma_url: str | None) -> None:
-    """Fail fast when no Chroma is given at all."""
-    if not (
-        chroma_path or chroma_url or os.environ.get("CHROMAFS_CHROMA_URL") or os.environ.get("CHROMAFS_CHROMA_PATH")
-    ):
-        raise CliError("no Chroma given: use --chroma-path DIR or --chroma-url URL")
-
-
-def wait_for_ready(fd: int, wait_s: float) -> tuple[bool, str]:
-    """Read a daemon's or server's report from `fd`: (True, "") once it says READY, or
-    (False, reason) when it reports a failure, closes, or the deadline passes."""
-    message = b""
-    deadline = time.monotonic() + wait_s
-    while not message.startswith(READY):
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            return False, "the daemon did not become ready in time"
-        ready, _, _ = select.select([fd], [], [], remaining)
-        if not ready:
-            continue
-        chunk = os.read(fd, 4096)
-        if not chunk:
-            break
-        message += chunk
-    if message.startswith(READY):
-        return True, ""
-    return False, message.decode("utf-8", "replace").strip()
-
-
-def _escaped(c: str) -> bool:
-    return c < " " or "\ud800" <= c <= "\udfff"  # control characters; undecodable argv bytes
-
-
-def _json_string(text: str) -> str:
-    out = text.replace("\\", "\\\\").replace('"', '\\"')
-    if any(_escaped(c) for c in out):
-        out = "".join(f"\\u{ord(c):04x}" if _escaped(c) else c for c in out)
-    return f'"{out}"'
-
-
-def encode_request(argv: list[str], token: str | None, cwd: str) -> bytes:
-    """The request line: {"argv": [...], "token": ..., "cwd": ...} as JSON."""
-    words = ", ".join(_json_string(a) for a in argv)
-    token_json = "null" if token is None else _json_string(token)
-    return f'{{"argv": [{words}], "token": {token_json}, "cwd": {_json_string(cwd)}}}\n'.encode()
-
-
-def request_mount(socket_path: str, request: bytes, mountpoint: str, wait_s: float) -> int:
-    """Ask the server for a mount; 0 once it answers READY, 1 with one line otherwise."""
-    import _socket
-
-    conn = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
-    try:
-        conn.settimeout(5)
-        conn.connect(socket_path)
-        conn.sendall(request)
-        conn.shutdown(_socket.SHUT_WR)
-        ok, reason = wait_for_ready(conn.fileno(), wait_s)
-    except OSError as exc:
-        print(f"chromafs-mount: cannot reach chromafs-mountd at {socket_path}: {exc.strerror or exc}", file=sys.stderr)
-        return 1
-    finally:
-        conn.close()
-    if ok:
-        return 0
-    if os.path.ismount(mountpoint) and not reason.startswith(f"{os.path.abspath(mountpoint)} is already mounted"):
-        unmount_lazily(mountpoint)
-    print(f"chromafs-mount: {reason or 'the mount server closed the connection'}", file=sys.stderr)
-    return 1
-
-
-def server_argv(argv: list[str]) -> list[str]:
-    """The arguments a serving process gets: the caller's minus the token."""
-    out: list[str] = []
-    skip = False
-    for arg in argv:
-        if skip:
-            skip = False
-            continue
-        if arg in ("--token", "--token-file"):
-            skip = True
-            continue
-        if arg.startswith(("--token=", "--token-file=")):
-            continue
-        out.append(arg)
-    return out
+CliError = UsageError  # the name this module has always exported
 
 
 def quick_request(argv: list[str]) -> int | None:
@@ -228,7 +42,7 @@ def quick_request(argv: list[str]) -> int | None:
         request = encode_request(server_argv(argv), token, os.getcwd())
     except ValueError:
         return None  # argparse words the error
-    except CliError as exc:
+    except UsageError as exc:
         print(f"chromafs-mount: {exc}", file=sys.stderr)
         return 1
     return request_mount(socket_path, request, mountpoint, wait_s)

@@ -15,7 +15,7 @@ import os
 import signal
 import sys
 
-from chromafs_fuse.cli import mount_client
+from chromafs_fuse.cli import mount_client, mount_request
 
 USAGE = """usage: chromafs shell [chromafs-mount options] [-- COMMAND [ARG...]]
 
@@ -49,7 +49,7 @@ def clean_stale(base: str) -> None:
         folder = os.path.join(base, name)
         docs = os.path.join(folder, "docs")
         if os.path.ismount(docs):
-            mount_client.unmount_lazily(docs)
+            mount_request.unmount_lazily(docs)
         remove_folder(folder)
 
 
@@ -73,7 +73,7 @@ def unmount(path: str) -> None:
         if not os.path.ismount(path):
             return
         time.sleep(0.1)  # still busy: the sandbox's last processes are going
-    mount_client.unmount_lazily(path)
+    mount_request.unmount_lazily(path)
 
 
 def remove_folder(folder: str) -> None:

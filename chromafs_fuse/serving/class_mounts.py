@@ -52,8 +52,8 @@ def _device(path: str) -> str:
     return f"{os.major(dev)}:{os.minor(dev)}"
 
 
-# (args of the session's request, the class's reader, the class mount's path) -> its daemon's pid
-StartClass = Callable[[object, Principal, str], int]
+# (the configuration of the session's request, the class's reader, the class mount's path) -> its daemon's pid
+StartClass = Callable[[MountConfig, Principal, str], int]
 
 
 class SessionKeeper:
@@ -69,7 +69,7 @@ class SessionKeeper:
 
     # -- sessions ---------------------------------------------------------------------
 
-    def open_session(self, args: object, config: MountConfig, principal: Principal, uid: int) -> Session:
+    def open_session(self, config: MountConfig, principal: Principal, uid: int) -> Session:
         """Bind the reader's class mount on the session's mountpoint (blocking: the first
         session of a class waits for its mount to be ready)."""
         mountpoint = config.mountpoint
@@ -81,7 +81,7 @@ class SessionKeeper:
         if mount is None or not self._alive(mount, devices):
             if mount is not None:
                 self._drop_class(mount, "its daemon is gone")
-            mount = self._start(key, args, config, principal, devices)
+            mount = self._start(key, config, principal, devices)
         try:
             bind_read_only(mount.path, mountpoint)
         except OSError as exc:
@@ -96,15 +96,13 @@ class SessionKeeper:
         )
         return session
 
-    def _start(
-        self, key: str, args: object, config: MountConfig, principal: Principal, devices: dict[str, str]
-    ) -> ClassMount:
+    def _start(self, key: str, config: MountConfig, principal: Principal, devices: dict[str, str]) -> ClassMount:
         path = os.path.join(self.root, key)
         if path in devices:
             detach(path)  # a class mount no state names (the state was lost): it drains
         os.makedirs(path, mode=0o755, exist_ok=True)
         started = time.perf_counter()
-        pid = self.start_class(args, principal.reader_class(), path)
+        pid = self.start_class(config, principal.reader_class(), path)
         mount = ClassMount(
             key,
             path,

@@ -8,7 +8,6 @@ Readiness and one-line failures go to `ready_fd` when one is given.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import errno
 import gc
@@ -17,6 +16,7 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Callable
 from urllib.parse import urlsplit, urlunsplit
 
 import pyfuse3
@@ -24,15 +24,15 @@ import trio
 
 from chromafs_fuse.access import Principal
 from chromafs_fuse.backends.chroma_store import BackendError, SiteNotFound
-from chromafs_fuse.cli.common import CliError, resolve_token, setup_logging
-from chromafs_fuse.cli.mount_client import READY
 from chromafs_fuse.config import MountConfig
+from chromafs_fuse.errors import UsageError
 from chromafs_fuse.filesystem import DocsFilesystem, FsError
 from chromafs_fuse.inodes import InodeTable
+from chromafs_fuse.logs import setup_logging
 from chromafs_fuse.readahead import ReadScheduler
 from chromafs_fuse.serving.binds import binds_of
 from chromafs_fuse.serving.fuse_ops import ChromaOperations, pyfuse3_passes_inode
-from chromafs_fuse.serving.page_source import PageSource
+from chromafs_fuse.serving.handshake import READY
 from chromafs_fuse.serving.refresh import TreeRefresher
 from chromafs_fuse.serving.search_dir import SearchDir
 from chromafs_fuse.serving.service import (
@@ -43,7 +43,6 @@ from chromafs_fuse.serving.service import (
     uptime_since,
     utc_text,
 )
-from chromafs_fuse.serving.site_loader import LoadedSite, Preloaded, SiteLoader, verify_reader
 from chromafs_fuse.serving.warm_up import (
     all_files,
     changed_files,
@@ -52,6 +51,8 @@ from chromafs_fuse.serving.warm_up import (
     warm_kernel,
 )
 from chromafs_fuse.serving.watchdog import start_watchdog, stop_watchdog
+from chromafs_fuse.site.loader import LoadedSite, Preloaded, SiteLoader, verify_reader
+from chromafs_fuse.site.page_source import PageSource
 from chromafs_fuse.tokens import TokenError
 from chromafs_fuse.tree import PathEntry, TreeError
 
@@ -94,8 +95,8 @@ def prepare(
 
 def search_directory(config: MountConfig, principal: Principal, site: LoadedSite, ops: ChromaOperations) -> SearchDir:
     """The --search-dir directory: its files search the pages the mount shows now."""
-    from chromafs_fuse.frontends.view import ReaderView, ViewError
     from chromafs_fuse.semantic import SearchError, hit_line
+    from chromafs_fuse.site.view import ReaderView, ViewError
 
     def search(query: str) -> bytes:
         now = LoadedSite(site.tree, ops.table, site.source)  # the table follows re-ingests
@@ -313,29 +314,46 @@ def exit_now(status: int) -> None:
     os._exit(status)
 
 
+# failures before the mount serves, reported as one line without a traceback
+EXPECTED_FAILURES = (UsageError, TokenError, BackendError, SiteNotFound, TreeError)
+
+
+def failure_text(exc: Exception) -> str:
+    """The one line saying why a mount could not start."""
+    if isinstance(exc, EXPECTED_FAILURES):
+        return str(exc)
+    return f"cannot mount: {exc.__class__.__name__}: {exc}"
+
+
+def mount_failure(ready_fd: int | None, exc: Exception) -> int:
+    """Report why a mount could not start (logged, and sent to `ready_fd` or printed); 1."""
+    if not isinstance(exc, EXPECTED_FAILURES):
+        log.error("cannot mount", exc_info=exc)
+    return report_failure(ready_fd, failure_text(exc))
+
+
 def run_daemon(
-    args: argparse.Namespace,
+    config: MountConfig,
     ready_fd: int | None,
     background: bool,
     preloaded: Preloaded | None = None,
     principal: Principal | None = None,
+    read_token: Callable[[], str | None] | None = None,
 ) -> int:
-    """Serve the mount chromafs-mount's flags describe; returns the exit status. The flags
-    become a MountConfig here, once. A mount server that already verified the token hands in
-    the reader with what it preloaded."""
+    """Serve the mount `config` describes; returns the exit status. A mount server that already
+    verified the token hands in the reader with what it preloaded; else `read_token` gives the
+    token to verify (called only then)."""
     limit_malloc_arenas()
-    setup_logging(args.log_level, args.log_file, background=background, json_lines=args.log_format == "json")
+    setup_logging(config.log_level, config.log_file, background=background, json_lines=config.log_format == "json")
     try:
-        config = MountConfig.from_args(args)
         if principal is None:  # else a mount server verified the token (a class mount has none)
-            token = None if preloaded is not None else resolve_token(args)
-            principal = preloaded.principal if preloaded is not None else verify_reader(token, config.session)
+            if preloaded is not None:
+                principal = preloaded.principal
+            else:
+                principal = verify_reader(read_token() if read_token else None, config.session)
         ops, refresher = prepare(config, principal, preloaded)
-    except (CliError, TokenError, BackendError, SiteNotFound, TreeError) as exc:
-        return report_failure(ready_fd, str(exc))
     except Exception as exc:
-        log.exception("cannot mount")
-        return report_failure(ready_fd, f"cannot mount: {exc.__class__.__name__}: {exc}")
+        return mount_failure(ready_fd, exc)
     try:
         serve(config, ops, refresher, principal, ready_fd, should_prefetch(config, ops.table))
     except RuntimeError as exc:  # pyfuse3.init failures (permissions, no /dev/fuse)

@@ -14,8 +14,8 @@ permissions are checked as the caller, and sends it over the socket.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
+import dataclasses
 import gc
 import json
 import logging
@@ -34,13 +34,20 @@ from typing import TYPE_CHECKING, Any
 import setproctitle
 
 from chromafs_fuse.config import MountConfig
-from chromafs_fuse.serving.class_mounts import DEFAULT_CLASS_ROOT, DEFAULT_IDLE_S, DEFAULT_WARM_WAIT_S
+from chromafs_fuse.errors import UsageError
+from chromafs_fuse.serving.class_mounts import DEFAULT_IDLE_S, DEFAULT_WARM_WAIT_S
 from chromafs_fuse.serving.mountd_metrics import MetricsEndpoint
 
 if TYPE_CHECKING:
+    import argparse
+
     from chromafs_fuse.access import Principal
     from chromafs_fuse.serving.class_mounts import SessionKeeper
-    from chromafs_fuse.serving.site_loader import Preloaded
+    from chromafs_fuse.site.loader import Preloaded
+
+# A request's argv (the caller's chromafs-mount flags, token left out) -> its parsed flags, as
+# chromafs-mount's parser gives them; SystemExit when they are wrong. Handed in by cli/mountd.py.
+ParseArgv = Callable[[list[str]], "argparse.Namespace"]
 
 log = logging.getLogger("chromafs.mountd")
 MAX_REQUEST_BYTES = 256 * 1024
@@ -100,7 +107,7 @@ class TreeCache:
         from chromafs_fuse.access import visibility_key
         from chromafs_fuse.backends.redis_cache import RedisCache
         from chromafs_fuse.serving.fuse_ops import table_attributes
-        from chromafs_fuse.serving.site_loader import Preloaded, SiteLoader
+        from chromafs_fuse.site.loader import Preloaded, SiteLoader
 
         settings = config.session.redis
         if settings is None:
@@ -132,25 +139,17 @@ class TreeCache:
         return Preloaded(principal, *cached)
 
 
-def _request_args(request: dict[str, object]) -> argparse.Namespace:
-    from chromafs_fuse.cli.mount import build_parser
-
-    argv = [str(a) for a in request["argv"]]  # type: ignore[union-attr]
-    args = build_parser().parse_args([*argv, "--foreground"])
-    args.token = request.get("token") or None
-    args.token_file = None
-    return args
-
-
 def _serve_in_child(
     conn: socket.socket,
-    request: dict[str, object],
-    parsed: argparse.Namespace | None,
+    cwd: str,
+    config: MountConfig,
     prepared: Preloaded | None,
     principal: Principal | None = None,
+    token: str | None = None,
 ) -> int:
     """In the forked child: become the mount's daemon."""
     from chromafs_fuse.serving.daemon import run_daemon
+    from chromafs_fuse.token_source import token_of
 
     os.setsid()
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD):
@@ -159,37 +158,57 @@ def _serve_in_child(
     for fd in (0, 1, 2):
         os.dup2(devnull, fd)
     os.close(devnull)
-    os.chdir(str(request.get("cwd") or "/"))
-    args = parsed if parsed is not None else _request_args(request)  # a bad argv fails here, reported
+    os.chdir(cwd)
     # Without this the child shows the server's command line, and `pkill chromafs-mountd` would take
     # every mount down with the server.
-    setproctitle.setproctitle(f"chromafs-mount {os.path.abspath(args.mountpoint)} --site {args.site}")
+    setproctitle.setproctitle(f"chromafs-mount {config.mountpoint} --site {config.site}")
     conn.setblocking(True)
-    return run_daemon(args, conn.detach(), background=True, preloaded=prepared, principal=principal)
+    return run_daemon(
+        config,
+        conn.detach(),
+        background=True,
+        preloaded=prepared,
+        principal=principal,
+        read_token=partial(token_of, token, None),
+    )
 
 
-def _prepare(request: dict[str, object]) -> tuple[argparse.Namespace | None, MountConfig | None, Principal | None, str]:
-    """In the server: the parsed arguments, the configuration and the verified reader for this
-    request, as far as they can be had, and why not. For an isolated mount any failure here
-    just means the child does the work (and reports errors)."""
-    from chromafs_fuse.config import MountConfig
-    from chromafs_fuse.serving.site_loader import verify_reader
+@dataclasses.dataclass
+class PreparedRequest:
+    """What the server makes of a request before it forks: as far as it gets, and why not."""
 
-    args = config = principal = None
+    args: argparse.Namespace | None = None  # None: the flags are wrong
+    config: MountConfig | None = None
+    principal: Principal | None = None
+    error: Exception | None = None
+
+
+def _prepare(request: dict[str, object], parse_argv: ParseArgv) -> PreparedRequest:
+    """In the server: the parsed arguments, the configuration (built here, once) and the verified
+    reader for this request, as far as they can be had, and why not. For an isolated mount a
+    failure to verify the reader just means the child does it (and reports errors)."""
+    from chromafs_fuse.site.loader import verify_reader
+
+    out = PreparedRequest()
     try:
         cwd = os.getcwd()
         os.chdir(str(request.get("cwd") or "/"))
         try:
-            args = _request_args(request)
-            config = MountConfig.from_args(args)
-            principal = verify_reader(args.token, config.session)
-            return args, config, principal, ""
+            argv = [str(a) for a in request["argv"]]  # type: ignore[union-attr]
+            out.args = parse_argv([*argv, "--foreground"])
+            out.config = MountConfig.from_args(out.args)
+            out.principal = verify_reader(_request_token(request), out.config.session)
         finally:
             os.chdir(cwd)
     except SystemExit:
-        return args, config, principal, "bad arguments"
+        pass
     except Exception as exc:
-        return args, config, principal, str(exc) or exc.__class__.__name__
+        out.error = exc
+    return out
+
+
+def _request_token(request: dict[str, object]) -> str | None:
+    return request.get("token") or None  # type: ignore[return-value]
 
 
 def _fork_daemon(listeners: Sequence[socket.socket | MetricsEndpoint], serve: Callable[[], int]) -> int:
@@ -215,16 +234,18 @@ ORPHAN_GRACE_S = 5.0  # a class mount idle this much past --class-idle ends itse
 
 def serve_forever(
     socket_path: str,
+    parse_argv: ParseArgv,
     class_root: str | None = None,
     class_idle_s: float = DEFAULT_IDLE_S,
     class_warm_wait_s: float = DEFAULT_WARM_WAIT_S,
     metrics_addr: str | None = None,
 ) -> None:
-    """Serve mount requests until SIGTERM. With `class_root` (root only), sessions are binds of
-    shared class mounts kept there, each handed out once warm or after `class_warm_wait_s`;
-    without it, or for `--isolated`, each session gets a daemon."""
-    from chromafs_fuse.cli.mount_client import wait_for_ready
+    """Serve mount requests until SIGTERM, each request's argv parsed by `parse_argv`. With
+    `class_root` (root only), sessions are binds of shared class mounts kept there, each handed
+    out once warm or after `class_warm_wait_s`; without it, or for `--isolated`, each session
+    gets a daemon."""
     from chromafs_fuse.serving.class_mounts import SessionError, SessionKeeper
+    from chromafs_fuse.serving.handshake import wait_for_ready
 
     os.makedirs(os.path.dirname(socket_path) or ".", mode=0o755, exist_ok=True)
     with contextlib.suppress(FileNotFoundError):
@@ -238,28 +259,26 @@ def serve_forever(
     cache = TreeCache()
     stopping = False
 
-    def start_class(args: object, principal: Principal, path: str) -> int:
-        class_args = argparse.Namespace(**vars(args))
-        class_args.mountpoint = path
-        class_args.log_file = f"{path}.log"
-        class_args.pid_file = None
-        class_args.metrics_addr = None
-        class_args.token = None
-        # every session's first grep finds the pages in the kernel, the class's first one too
-        class_args.warm_kernel = True
-        class_args.warm_wait = class_warm_wait_s
-        # a class mount ends by itself when idle, with no server to stop it (stopped or crashed);
-        # a live server stops it first, at class_idle_s
-        class_args.idle_exit = class_idle_s + ORPHAN_GRACE_S
+    def start_class(session: MountConfig, principal: Principal, path: str) -> int:
+        config = dataclasses.replace(
+            session,
+            mountpoint=path,
+            log_file=f"{path}.log",
+            pid_file=None,
+            metrics_addr=None,
+            # every session's first grep finds the pages in the kernel, the class's first one too
+            warm_kernel=True,
+            warm_wait_s=class_warm_wait_s,
+            # a class mount ends by itself when idle, with no server to stop it (stopped or crashed);
+            # a live server stops it first, at class_idle_s
+            idle_exit_s=class_idle_s + ORPHAN_GRACE_S,
+        )
         ours, theirs = socket.socketpair()
         with ours:
-            config = MountConfig.from_args(class_args)
             prepared = cache.prepared(config, principal)
-            pid = _fork_daemon(
-                listeners, partial(_serve_in_child, theirs, {"cwd": "/"}, class_args, prepared, principal)
-            )
+            pid = _fork_daemon(listeners, partial(_serve_in_child, theirs, "/", config, prepared, principal))
             theirs.close()
-            ok, reason = wait_for_ready(ours.fileno(), class_args.backend_timeout * 3 + 60)
+            ok, reason = wait_for_ready(ours.fileno(), config.session.backend_timeout_s * 3 + 60)
         if not ok:
             raise SessionError(reason or "the class mount's daemon exited")
         return pid
@@ -293,7 +312,7 @@ def serve_forever(
                 raise
             if conn is not None:
                 with conn:
-                    _handle(conn, listeners, cache, keeper)
+                    _handle(conn, listeners, cache, keeper, parse_argv)
             if keeper is not None:
                 try:
                     keeper.housekeep()
@@ -314,8 +333,10 @@ def _handle(
     listeners: Sequence[socket.socket | MetricsEndpoint],
     cache: TreeCache,
     keeper: SessionKeeper | None,
+    parse_argv: ParseArgv,
 ) -> None:
     from chromafs_fuse.serving.class_mounts import SessionError
+    from chromafs_fuse.serving.daemon import failure_text
 
     conn.settimeout(None)
     uid = _peer_uid(conn)
@@ -335,18 +356,30 @@ def _handle(
         with contextlib.suppress(OSError):
             conn.sendall(b"bad request")
         return
-    parsed, config, principal, problem = _prepare(request)
-    if keeper is None or parsed is None or parsed.isolated:
-        prepared = cache.prepared(config, principal) if config is not None and principal is not None else None
-        pid = _fork_daemon(listeners, partial(_serve_in_child, conn, request, parsed, prepared))
-        log.info("mount request from uid %d: daemon pid %d", uid, pid)
+    got = _prepare(request, parse_argv)
+    if got.args is None:  # flags chromafs-mount's parser refuses (its client parsed them first): no answer
+        log.warning("mount request from uid %d: bad arguments", uid)
         return
-    if config is None or principal is None:
+    config, principal, error = got.config, got.principal, got.error or UsageError("bad arguments")
+    if config is None:  # worded as the daemon (isolated) or the session's path would word it
+        problem = failure_text(error) if keeper is None or got.args.isolated else _problem(error)
+        log.warning("mount request from uid %d: %s", uid, problem)
         with contextlib.suppress(OSError):
             conn.sendall(problem.encode("utf-8", "replace"))
         return
+    if keeper is None or got.args.isolated:
+        prepared = cache.prepared(config, principal) if principal is not None else None
+        cwd = str(request.get("cwd") or "/")
+        serve = partial(_serve_in_child, conn, cwd, config, prepared, token=_request_token(request))
+        pid = _fork_daemon(listeners, serve)
+        log.info("mount request from uid %d: daemon pid %d", uid, pid)
+        return
+    if principal is None:
+        with contextlib.suppress(OSError):
+            conn.sendall(_problem(error).encode("utf-8", "replace"))
+        return
     try:
-        keeper.open_session(parsed, config, principal, uid)
+        keeper.open_session(config, principal, uid)
     except SessionError as exc:
         with contextlib.suppress(OSError):
             conn.sendall(str(exc).encode("utf-8", "replace"))
@@ -355,61 +388,16 @@ def _handle(
         conn.sendall(b"READY\n")
 
 
+def _problem(error: Exception) -> str:
+    return str(error) or error.__class__.__name__
+
+
 def main(argv: list[str] | None = None) -> int:
-    from chromafs_fuse.cli.common import setup_logging
-    from chromafs_fuse.serving.service import limit_malloc_arenas
+    """The entry point an installed `chromafs-mountd` script may still name (its metadata is from
+    before the command moved to cli/mountd.py): remove once every install points there."""
+    from chromafs_fuse.cli.mountd import main as command  # layering: entry-point forwarder
 
-    limit_malloc_arenas()  # inherited by every forked mount
-
-    parser = argparse.ArgumentParser(prog="chromafs-mountd", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--socket", default=os.environ.get("CHROMAFS_MOUNTD_SOCKET", DEFAULT_SOCKET))
-    parser.add_argument("--log-file", help="log here (default: stderr)")
-    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
-    parser.add_argument("--no-preload-chroma", action="store_true", help="do not import chromadb up front")
-    parser.add_argument(
-        "--class-root",
-        default=os.environ.get("CHROMAFS_CLASS_ROOT", DEFAULT_CLASS_ROOT),
-        help="root-only directory of the shared class mounts (default: %(default)s); sessions are binds of them",
-    )
-    parser.add_argument(
-        "--class-idle",
-        type=float,
-        default=DEFAULT_IDLE_S,
-        metavar="S",
-        help="unmount a class mount S seconds after its last session ended (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--class-warm-wait",
-        type=float,
-        default=DEFAULT_WARM_WAIT_S,
-        metavar="S",
-        help="a new class mount lists every directory and hands its pages to the kernel's page cache; its first "
-        "session waits for that up to S seconds (default: %(default)s; 0: it is warmed in the background)",
-    )
-    parser.add_argument(
-        "--metrics-addr",
-        metavar="HOST:PORT",
-        help="serve Prometheus metrics of the server's classes and sessions here (each class mount's traffic too)",
-    )
-    parser.add_argument(
-        "--isolated-only", action="store_true", help="no class mounts: every session gets a daemon of its own"
-    )
-    args = parser.parse_args(argv)
-    setup_logging(args.log_level, args.log_file)
-    # Imported once here, not in every child: the whole serving stack, the argument parser of
-    # each request, and the codec a socket's host name goes through (Redis, Chroma).
-    import encodings.idna  # noqa: F401
-
-    from chromafs_fuse.cli import mount  # noqa: F401
-    from chromafs_fuse.serving import daemon  # noqa: F401
-
-    if not args.no_preload_chroma:
-        import chromadb  # noqa: F401  - no threads start at import, so forking stays safe
-    shared = os.geteuid() == 0 and not args.isolated_only  # binds need CAP_SYS_ADMIN
-    serve_forever(
-        args.socket, args.class_root if shared else None, args.class_idle, args.class_warm_wait, args.metrics_addr
-    )
-    return 0
+    return command(argv)
 
 
 if __name__ == "__main__":

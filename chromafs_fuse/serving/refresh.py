@@ -24,8 +24,8 @@ from chromafs_fuse.filesystem import DocsFilesystem
 from chromafs_fuse.inodes import InodeTable
 from chromafs_fuse.serving.fuse_ops import ChromaOperations
 from chromafs_fuse.serving.kernel_push import KernelPusher
-from chromafs_fuse.serving.page_source import PageSource
-from chromafs_fuse.serving.site_loader import SiteLoader
+from chromafs_fuse.site.loader import SiteLoader
+from chromafs_fuse.site.page_source import PageSource
 from chromafs_fuse.tree import PathEntry
 from chromafs_fuse.tree_diff import TreeChange, diff_tables
 

@@ -23,7 +23,7 @@ from chromafs_fuse.config import MountConfig
 from chromafs_fuse.inodes import InodeTable
 from chromafs_fuse.serving.fuse_ops import ChromaOperations
 from chromafs_fuse.serving.kernel_push import walk_directories
-from chromafs_fuse.serving.page_source import PageSource
+from chromafs_fuse.site.page_source import PageSource
 from chromafs_fuse.tree import PathEntry
 
 log = logging.getLogger("chromafs.mount")

@@ -19,11 +19,11 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from chromafs_fuse.access import Principal, visible_entries
 from chromafs_fuse.backends.chroma_store import ChromaPages
-from chromafs_fuse.cli.common import CliError
 from chromafs_fuse.config import SessionConfig
+from chromafs_fuse.errors import UsageError
 from chromafs_fuse.inodes import InodeTable
 from chromafs_fuse.page_cache import PageCache
-from chromafs_fuse.serving.page_source import PageSource
+from chromafs_fuse.site.page_source import PageSource
 from chromafs_fuse.tokens import load_verification_key, principal_from_token
 from chromafs_fuse.tree import SiteTree, TreeError, parse_tree
 
@@ -57,7 +57,7 @@ def with_deadline(fn: Callable[[], T], seconds: float, what: str) -> T:
     worker.start()
     worker.join(seconds)
     if worker.is_alive():
-        raise CliError(f"{what}: no answer within {seconds:.0f}s")
+        raise UsageError(f"{what}: no answer within {seconds:.0f}s")
     if error:
         raise error[0]
     assert result

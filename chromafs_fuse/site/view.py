@@ -14,7 +14,7 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from chromafs_fuse.access import Principal
 from chromafs_fuse.inodes import Node
@@ -24,7 +24,9 @@ from chromafs_fuse.tree import PathEntry
 if TYPE_CHECKING:
     from chromafs_fuse.config import SessionConfig
     from chromafs_fuse.semantic import Hit
-    from chromafs_fuse.serving.site_loader import LoadedSite
+    from chromafs_fuse.site.loader import LoadedSite
+
+BATCH = 5000  # chunks read per call of a semantic search
 
 
 class ViewError(Exception):
@@ -145,8 +147,6 @@ class ReaderView:
             yield from lines
 
     def search(self, query: str, limit: int = 10, embedder: str | None = None) -> list[Hit]:
-        from chromafs_fuse.semantic import search_view
-
         self.check_live()
         return search_view(self, query, limit, embedder)
 
@@ -181,7 +181,52 @@ class ReaderView:
 
 def open_view(config: SessionConfig, token: str | None) -> ReaderView:
     """The reader's view: their token verified, the site's tree loaded and pruned for them."""
-    from chromafs_fuse.serving.site_loader import SiteLoader, verify_reader
+    from chromafs_fuse.site.loader import SiteLoader, verify_reader
 
     principal = verify_reader(token, config)
     return ReaderView(SiteLoader(config).load(principal), config, principal)
+
+
+def search_view(view: ReaderView, query: str, limit: int, embedder: str | None = None) -> list[Hit]:
+    """The `limit` pages of the reader's view nearest `query`, best first, each with its best
+    chunk and that chunk's lines. Blocking."""
+    from chromafs_fuse.backends.chroma_store import connect_client
+    from chromafs_fuse.ingest.embedding import make_embedder
+    from chromafs_fuse.semantic import Hit, SearchError, embedder_name, locate, rank_pages, view_filter
+
+    if limit < 1:
+        raise SearchError("the number of results must be at least 1")
+    config = view.config
+    entries = list(view.site.table.entries.values())
+    if not any(e.blob is None for e in entries):
+        return []  # nothing the reader may see is searchable
+    where, by_slug = view_filter(entries, config.page_field)
+    collection = connect_client(config.chroma).get_collection(config.chroma.collection, embedding_function=None)
+    name = embedder_name(collection.metadata, embedder)
+    try:
+        embed = make_embedder(name)[0]
+        vector = [float(x) for x in embed([query])[0]]
+    except Exception as exc:  # an unknown name, or a function whose model or key is absent
+        raise SearchError(f"cannot embed the query with {name!r}: {exc}") from exc
+
+    def batches() -> Iterator[tuple[list[str], list[list[float]], list[Any]]]:
+        offset = 0
+        while True:
+            found = collection.get(where=where, include=["embeddings", "metadatas"], limit=BATCH, offset=offset)  # type: ignore[arg-type]
+            ids = list(found.get("ids") or [])
+            if not ids:
+                return
+            yield ids, found["embeddings"], list(found.get("metadatas") or [None] * len(ids))  # type: ignore[arg-type]
+            offset += len(ids)
+
+    ranked = rank_pages(batches(), vector, by_slug, config.page_field, limit)
+    if not ranked:
+        return []
+    chunks = collection.get(ids=[record_id for _, _, record_id in ranked], include=["documents"])  # type: ignore[list-item]
+    text = dict(zip(chunks["ids"], chunks.get("documents") or [], strict=False))
+    pages = view.load([view.site.table.entries[path] for path, _, _ in ranked], missing_ok=True)
+    hits = []
+    for path, distance, record_id in ranked:
+        hit, page = Hit(path, distance, text.get(record_id) or ""), pages.get(path)
+        hits.append(locate(hit, page) if page is not None else hit)
+    return hits
