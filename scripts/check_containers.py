@@ -177,6 +177,11 @@ def check_compose(repo: Path) -> list[str]:
         return [f"{COMPOSE}: no services"]
     doc = resolve(raw, "", problems)
     services: dict[str, dict[str, Any]] = doc["services"]
+    # one file for compose v2 and Debian 12's docker-compose 1.29, which rejects these keys
+    if "name" in raw:
+        problems.append(f"{COMPOSE}: a top-level name: docker-compose 1.29 rejects it (set -p or COMPOSE_PROJECT_NAME)")
+    if "create_host_path" in json.dumps(raw):
+        problems.append(f"{COMPOSE}: create_host_path: docker-compose 1.29 rejects it (use the short bind syntax)")
     here = path.parent
 
     def bad(service: str, message: str) -> None:
@@ -392,6 +397,13 @@ def check_dockerfile(repo: Path, rel: Path, daemon: bool = False) -> list[str]:
     def bad(line: int, message: str) -> None:
         problems.append(f"{rel}:{line}: {message}")
 
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.startswith("#"):
+            break
+        if re.match(r"#\s*syntax\s*=", line, re.IGNORECASE):
+            bad(number, "a syntax directive: BuildKit pulls that frontend from Docker Hub, so offline builds fail")
+    build_ca = False  # docker/build-ca copied in: pip passes a TLS-inspecting proxy
+
     stages: set[str] = set()
     pipefail = False
     pip_no_cache = False
@@ -444,6 +456,8 @@ def check_dockerfile(repo: Path, rel: Path, daemon: bool = False) -> list[str]:
                 bad(line, "apt-get upgrade in an image: update the base instead")
             if re.search(r"\bpip3?\s+install\b", run) and "--no-cache-dir" not in run and not pip_no_cache:
                 bad(line, "pip install without --no-cache-dir")
+            if re.search(r"\bpip3?\s+install\b|build_pyfuse3", run) and not build_ca:
+                bad(line, "pip runs before docker/build-ca/ is copied in: it fails behind a TLS-inspecting proxy")
             if re.search(r"(?:^|&&|;)\s*cd\s", run):
                 bad(line, "cd in RUN: use WORKDIR")
             if re.search(r"\bsudo\b", run):
@@ -454,6 +468,10 @@ def check_dockerfile(repo: Path, rel: Path, daemon: bool = False) -> list[str]:
             bad(line, f"{ins} in shell form: use the JSON (exec) form")
         if ins == "COPY" and re.search(r"--from=\S+:latest\b", args):
             bad(line, "the tag latest")
+        if ins == "COPY" and "build-ca/" in args:
+            build_ca = True
+        elif ins == "FROM":
+            build_ca = False
 
     if daemon:
         final = [t for t in instructions if t[0] >= froms[-1][0]] if froms else []
@@ -602,6 +620,14 @@ def run_tools(repo: Path, report: list[str]) -> list[str]:
             run("docker compose config", [docker, "compose", "-f", str(COMPOSE), "config", "--quiet"], env=env)
     else:
         report.append("docker compose: not installed, skipped")
+    if compose_v1 := shutil.which("docker-compose"):  # Debian 12's 1.29: the same file must load
+        with tempfile.TemporaryDirectory() as tmp:
+            dummy = Path(tmp) / "secret"
+            dummy.write_text("x\n")
+            env = dict(os.environ, CHROMAFS_HOST_TOKEN_FILE=str(dummy), CHROMAFS_HOST_JWT_SECRET_FILE=str(dummy))
+            run("docker-compose (v1) config", [compose_v1, "-f", str(COMPOSE), "config", "-q"], env=env)
+    else:
+        report.append("docker-compose (v1): not installed, skipped")
     return problems
 
 

@@ -2,7 +2,9 @@
 
 1. An engine: docker if its daemon answers, else rootful podman (installed from apt if
    missing, configured for a host without systemd: cgroupfs, runc, a file event log, ulimits
-   no higher than this machine allows).
+   no higher than this machine allows). `--engine docker` where no daemon answers: Debian's
+   docker.io from apt, and dockerd started under systemd, or else as a child of this script
+   that it stops at the end, putting iptables, ip_forward and the bridge back as they were.
 2. A base: the Dockerfiles' public defaults when a registry answers; else a Debian bookworm
    base made here with mmdebstrap and imported (cached in /var/tmp/chromafs-containers).
 3. Every image: chromafs, the agent, Chroma (`chroma run`), Redis, S3 (moto) [, the tests].
@@ -13,8 +15,13 @@
 5. A bash agent container per session (non-root, no network, read-only root, the docs
    read-only): a scripted agent session whose file list must be exactly its token's pages,
    and whose write must fail.
-6. Teardown, then a check that no container, mount or process is left.
+6. Teardown, then a check that no container, volume, network, mount or process is left.
+7. docker/compose.yaml as a user runs it: `docker compose` (v2), else Debian's docker-compose
+   1.29 (v1, from apt), or podman-compose (PyPI) with podman.
 With --tests, the integration tests then run inside a container with /dev/fuse.
+Every build gets this machine's CA bundle as a file of its context (docker/build-ca/), so pip
+passes a TLS-inspecting proxy with docker or podman, BuildKit on or off. A run killed halfway
+leaves containers that the next run removes first (and a dockerd of its own that it adopts).
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ import json
 import os
 import resource
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -44,6 +52,17 @@ CACHE = Path("/var/tmp/chromafs-containers")
 LOCAL_BASE = "localhost/chromafs-base:bookworm"
 REGISTRY_PROBE = "docker.io/library/debian:bookworm-slim"
 HOST_CA = Path("/etc/ssl/certs/ca-certificates.crt")
+# where the builds find HOST_CA: a file of their context (docker/build-ca/README.md)
+BUILD_CA = REPO / "docker" / "build-ca" / "host-ca-bundle.crt"
+# Debian's docker: dockerd, containerd, runc, tini (docker-init), iptables; mmdebstrap for the base
+DOCKER_PACKAGES = ["docker.io", "mmdebstrap"]
+# dockerd started by this script: its pid file and what the firewall was before it started. In
+# /run, like dockerd itself: a run killed halfway leaves them for the next run, which adopts the
+# daemon, stops it at its end and restores the firewall from the snapshot.
+STATE = Path("/run/chromafs-containers")
+DOCKERD_PID = STATE / "dockerd.pid"
+FIREWALL = STATE / "firewall.json"
+LABEL = "org.chromafs.containers"  # on every container this script starts
 # dnsname: compose's service names resolve on podman's CNI networks; catatonit: `init: true`
 PODMAN_PACKAGES = [
     "podman", "runc", "fuse-overlayfs", "slirp4netns", "uidmap", "mmdebstrap",
@@ -127,28 +146,267 @@ def configure_podman() -> None:
     )
 
 
+def apt_install(packages: list[str]) -> None:
+    log(f"installing {' '.join(packages)} from apt")
+    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+    subprocess.run(["apt-get", "update", "-qq"], check=True, env=env)
+    subprocess.run(
+        ["apt-get", "install", "-y", "-qq", "--no-install-recommends", *packages],
+        check=True,
+        env=env,
+        stdout=subprocess.DEVNULL,
+    )
+
+
+def answers(argv: list[str], timeout: float = 20) -> bool:
+    try:
+        return subprocess.run(argv, capture_output=True, timeout=timeout, check=False).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+# The firewall dockerd changes: the nat and filter tables (its DOCKER* chains, MASQUERADE,
+# FORWARD's policy), ip_forward, and the docker0 bridge. Snapshot before it starts, put back
+# after it stops.
+SYSCTLS = ("net/ipv4/ip_forward", "net/bridge/bridge-nf-call-iptables", "net/bridge/bridge-nf-call-ip6tables")
+BUILTIN_CHAINS = {
+    "filter": ("INPUT", "FORWARD", "OUTPUT"),
+    "nat": ("PREROUTING", "INPUT", "OUTPUT", "POSTROUTING"),
+    "mangle": ("PREROUTING", "INPUT", "FORWARD", "OUTPUT", "POSTROUTING"),
+    "raw": ("PREROUTING", "OUTPUT"),
+    "security": ("INPUT", "FORWARD", "OUTPUT"),
+}
+
+
+def iptables_tables(text: str) -> dict[str, str]:
+    """iptables-save's output, table by table (each from `*table` to `COMMIT`)."""
+    tables: dict[str, list[str]] = {}
+    current: list[str] | None = None
+    for line in text.splitlines():
+        if line.startswith("*"):
+            current = tables.setdefault(line[1:].strip(), [])
+        if current is not None and line.strip() and not line.startswith("#"):
+            current.append(line.strip())
+        if line.strip() == "COMMIT":
+            current = None
+    return {name: "\n".join(lines) + "\n" for name, lines in tables.items()}
+
+
+def iptables_rules(text: str) -> dict[str, tuple[tuple[tuple[str, str], ...], tuple[str, ...]]]:
+    """The rules of iptables-save's output, without counters: table -> (chains with their
+    policies, rules). A table with only its built-in chains, accepting, and no rule counts as
+    no table (iptables-restore cannot delete a table)."""
+    out = {}
+    for name, section in iptables_tables(text).items():
+        chains = tuple(sorted(tuple(line[1:].split()[:2]) for line in section.splitlines() if line.startswith(":")))
+        rules = tuple(line for line in section.splitlines() if line.startswith("-"))
+        builtin = BUILTIN_CHAINS.get(name, ())
+        if rules or any(chain not in builtin or policy != "ACCEPT" for chain, policy in chains):
+            out[name] = (chains, rules)
+    return out
+
+
+def empty_table(name: str) -> str:
+    return f"*{name}\n" + "".join(f":{chain} ACCEPT [0:0]\n" for chain in BUILTIN_CHAINS.get(name, ())) + "COMMIT\n"
+
+
+def firewall_snapshot() -> dict[str, object]:
+    tables = {tool: sh([f"{tool}-save"], check=False, quiet=True) for tool in ("iptables", "ip6tables")
+              if shutil.which(f"{tool}-save")}  # fmt: skip
+    proc = Path("/proc/sys")
+    sysctls = {key: (proc / key).read_text().strip() for key in SYSCTLS if (proc / key).exists()}
+    links = sorted(os.listdir("/sys/class/net"))
+    # (os.path.ismount misses /run/netns: CNI binds it onto itself, on the same filesystem)
+    return {"tables": tables, "sysctls": sysctls, "links": links, "netns_mount": bool(mounts_under(("/run/netns",)))}
+
+
+# the bridges engines make: docker's, and podman's CNI networks (one per network, cni-podmanN)
+ENGINE_LINKS = ("docker0", "br-", "veth", "cni-podman")
+
+
+def restore_firewall(before: dict[str, object], who: str = "dockerd started") -> list[str]:
+    """Put the firewall back as `before` had it (iptables, ip6tables, the engines' bridges,
+    ip_forward, and the /run/netns mount CNI makes); what could not be."""
+    problems = []
+    for tool, text in before["tables"].items():  # type: ignore[attr-defined]
+        now = sh([f"{tool}-save"], check=False, quiet=True)
+        if iptables_rules(now) == iptables_rules(text):
+            continue
+        was = iptables_tables(text)
+        script = "".join(was.get(name) or empty_table(name) for name in sorted(set(iptables_tables(now)) | set(was)))
+        done = subprocess.run([f"{tool}-restore"], input=script, capture_output=True, text=True, check=False)
+        after = sh([f"{tool}-save"], check=False, quiet=True)
+        if done.returncode != 0 or iptables_rules(after) != iptables_rules(text):
+            problems.append(f"{tool} is not as it was before {who}: {done.stderr.strip()[-300:]}")
+        else:
+            log(f"{tool}: the rules are as they were before {who}")
+    for link in sorted(set(os.listdir("/sys/class/net")) - set(before["links"])):  # type: ignore[arg-type]
+        if link.startswith(ENGINE_LINKS):
+            sh(["ip", "link", "delete", link], check=False)
+    if before.get("netns_mount") is False and mounts_under(("/run/netns",)) and not os.listdir("/run/netns"):
+        sh(["umount", "/run/netns"], check=False)
+    for key, value in before["sysctls"].items():  # type: ignore[attr-defined]
+        path = Path("/proc/sys") / key
+        if path.exists() and path.read_text().strip() != value:
+            path.write_text(value + "\n")
+    left = sorted(set(os.listdir("/sys/class/net")) - set(before["links"]))  # type: ignore[arg-type]
+    problems += [f"network interface {link} is left" for link in left]
+    return problems
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        return "dockerd" in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+    except OSError:
+        return False
+
+
+class DockerDaemon:
+    """A dockerd this script started (a child, or a docker.service it started under systemd):
+    stopped at the end of the run, with the firewall put back as it was before."""
+
+    def __init__(self, pid: int | None, proc: subprocess.Popen[bytes] | None = None) -> None:
+        self.pid = pid  # None: systemd's docker.service
+        self.proc = proc
+
+    @classmethod
+    def adopt(cls) -> DockerDaemon | None:
+        """The dockerd of a run killed halfway, if it still runs: this run stops it."""
+        try:
+            text = DOCKERD_PID.read_text().strip()
+        except OSError:
+            return None
+        if not FIREWALL.exists() or not (text.isdigit() or text == "systemd"):
+            return None
+        if text == "systemd":
+            log("a previous run started docker.service: this run stops it at its end")
+            return cls(None)
+        pid = int(text)
+        if not pid_alive(pid):
+            return cls(pid)  # gone: only the firewall is left to restore (stop() does)
+        log(f"a previous run's dockerd (pid {pid}) still runs: this run stops it at its end")
+        return cls(pid)
+
+    @classmethod
+    def start(cls) -> DockerDaemon | None:
+        """dockerd, under systemd or as a child; None when installing docker.io started its own
+        service (an init script), which is then left running."""
+        if not shutil.which("dockerd"):
+            apt_install(DOCKER_PACKAGES)
+            if answers(["docker", "info"]):
+                log("docker.io's own service started dockerd: using it, and leaving it running")
+                return None
+        STATE.mkdir(parents=True, exist_ok=True)
+        if not FIREWALL.exists():
+            FIREWALL.write_text(json.dumps(firewall_snapshot()))
+        if Path("/run/systemd/system").is_dir():
+            log("starting docker.service (systemd)")
+            sh(["systemctl", "start", "docker.service"], timeout=120)
+            DOCKERD_PID.write_text("systemd\n")
+            daemon = cls(None)
+        else:
+            CACHE.mkdir(parents=True, exist_ok=True)
+            log_file = (CACHE / "dockerd.log").open("ab")
+            proc = subprocess.Popen(  # its own session: a ^C to this script does not reach it
+                ["dockerd", "--pidfile", str(DOCKERD_PID)], stdout=log_file, stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL, start_new_session=True,
+            )  # fmt: skip
+            log_file.close()
+            daemon = cls(proc.pid, proc)
+            log(f"started dockerd as a child (pid {proc.pid}, log {CACHE / 'dockerd.log'})")
+        started = time.monotonic()
+        while not answers(["docker", "info"], timeout=10):
+            if daemon.proc is not None and daemon.proc.poll() is not None:
+                tail = (CACHE / "dockerd.log").read_text(errors="replace")[-1500:]
+                daemon.stop()
+                raise StackError(f"dockerd exited {daemon.proc.returncode}:\n{tail}")
+            if time.monotonic() - started > 90:
+                daemon.stop()
+                raise StackError("dockerd did not answer in 90 s")
+            time.sleep(0.5)
+        log(f"dockerd answers after {time.monotonic() - started:.1f}s")
+        return daemon
+
+    def stop(self) -> list[str]:
+        """Stop it, put the firewall back; what is left that should not be."""
+        problems: list[str] = []
+        if self.pid is None:
+            sh(["systemctl", "stop", "docker.service", "docker.socket"], check=False, timeout=120)
+        elif pid_alive(self.pid):
+            os.kill(self.pid, signal.SIGTERM)
+            deadline = time.monotonic() + 60
+            while pid_alive(self.pid) and time.monotonic() < deadline:
+                if self.proc is not None and self.proc.poll() is not None:
+                    break
+                time.sleep(0.2)
+            if pid_alive(self.pid):
+                problems.append(f"dockerd (pid {self.pid}) did not stop in 60 s: killed")
+                os.kill(self.pid, signal.SIGKILL)
+            if self.proc is not None:
+                self.proc.wait(timeout=30)
+            log("dockerd stopped")
+        # its containerd (dockerd starts one of its own without systemd) and shims end with it
+        deadline = time.monotonic() + 30
+        while (stray := docker_processes()) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        problems += [f"process {line}" for line in stray]
+        for mount in mounts_under(("/run/docker", "/var/run/docker", "/var/lib/docker")):
+            sh(["umount", "-l", mount], check=False)
+            log(f"unmounted {mount}, which dockerd left")
+        try:
+            before = json.loads(FIREWALL.read_text())
+        except (OSError, ValueError):
+            before = None
+        if before is not None:
+            problems += restore_firewall(before)
+        for path in (FIREWALL, DOCKERD_PID):
+            path.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            STATE.rmdir()
+        return problems
+
+
+def docker_processes() -> list[str]:
+    """dockerd, the containerd it starts (its configuration is under /var/run/docker) and the
+    shims of its containers (namespace moby)."""
+    lines = []
+    for pattern in ("^dockerd$", "^containerd$", "^containerd-shim"):
+        lines += sh(["pgrep", "-a", pattern], check=False, quiet=True).splitlines()
+    return [line for line in lines if "dockerd" in line.split()[1] or "/var/run/docker/" in line or " moby" in line]
+
+
+def mounts_under(roots: tuple[str, ...]) -> list[str]:
+    """Mount points under these directories, deepest first."""
+    points = [line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines()]
+    return sorted((p for p in points if any(p == r or p.startswith(r + "/") for r in roots)), key=len, reverse=True)
+
+
+DAEMON: DockerDaemon | None = None  # a dockerd this run started or adopted: stopped at its end
+
+
 def pick_engine(wanted: str | None) -> str:
-    if wanted in (None, "docker") and shutil.which("docker"):
-        with contextlib.suppress(StackError):
-            sh(["docker", "info"], timeout=20)
+    """docker when it is asked for (set up here if need be) or answers; else podman."""
+    global DAEMON
+    if wanted in (None, "auto", "docker"):
+        DAEMON = DockerDaemon.adopt()
+        if answers(["docker", "info"]):
             return "docker"
+        if DAEMON is not None and wanted != "docker":  # a killed run's daemon, gone: tidy up
+            for problem in DAEMON.stop():
+                log(f"note: {problem}")
+            DAEMON = None
     if wanted == "docker":
-        raise StackError("docker was asked for, but its daemon does not answer")
+        if DAEMON is not None:
+            DAEMON.stop()
+        DAEMON = DockerDaemon.start()
+        return "docker"
     if (
         not shutil.which("podman")
         or not shutil.which("mmdebstrap")
         or not Path("/usr/libexec/podman/catatonit").exists()
         or not Path("/usr/lib/cni/dnsname").exists()
     ):
-        log(f"installing {' '.join(PODMAN_PACKAGES)} from apt")
-        env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-        subprocess.run(["apt-get", "update", "-qq"], check=True, env=env)
-        subprocess.run(
-            ["apt-get", "install", "-y", "-qq", "--no-install-recommends", *PODMAN_PACKAGES],
-            check=True,
-            env=env,
-            stdout=subprocess.DEVNULL,
-        )
+        apt_install(PODMAN_PACKAGES)
     configure_podman()
     sh(["podman", "info"], timeout=60)
     return "podman"
@@ -178,6 +436,8 @@ def local_base(engine: str) -> str:
     CACHE.mkdir(parents=True, exist_ok=True)
     rootfs = CACHE / "rootfs-bookworm.tar"
     if not rootfs.exists():
+        if not shutil.which("mmdebstrap"):
+            apt_install(["mmdebstrap"])
         log("no registry answers: making a Debian bookworm base with mmdebstrap")
         partial = rootfs.with_suffix(".partial")
         sh(
@@ -190,21 +450,27 @@ def local_base(engine: str) -> str:
 
 
 def build_images(engine: str, names: list[str], base: str | None) -> dict[str, float]:
+    """Each image, from `base` when given. This machine's CA bundle (a TLS-inspecting proxy's CA
+    may be in it) goes to the builds as a file of their context, docker/build-ca/, which the
+    Dockerfiles that run pip add to the image's bundle: the same with docker and podman, with
+    BuildKit on or off (a build volume is podman's alone, a build secret BuildKit's alone)."""
     took: dict[str, float] = {}
-    for name in names:
-        dockerfile, context = IMAGES[name]
-        argv = [engine, "build", "-q", "-f", dockerfile, "-t", f"localhost/chromafs-{name}:local"]
-        if base:
-            argv += ["--build-arg", f"BASE={base}"]
-        if engine == "podman":
-            argv += ["--format", "docker"]  # keeps HEALTHCHECK
-            if base and HOST_CA.exists():
-                # this machine's CA bundle (a TLS-inspecting proxy's CA may be in it) for apt and pip
-                argv += ["--volume", f"{HOST_CA}:{HOST_CA}:ro"]
-        started = time.monotonic()
-        sh([*argv, context], timeout=1800)
-        took[name] = round(time.monotonic() - started, 1)
-        log(f"built chromafs-{name} in {took[name]:.0f}s")
+    if HOST_CA.exists():
+        shutil.copyfile(HOST_CA, BUILD_CA)
+    try:
+        for name in names:
+            dockerfile, context = IMAGES[name]
+            argv = [engine, "build", "-q", "-f", dockerfile, "-t", f"localhost/chromafs-{name}:local"]
+            if base:
+                argv += ["--build-arg", f"BASE={base}"]
+            if engine == "podman":
+                argv += ["--format", "docker"]  # keeps HEALTHCHECK
+            started = time.monotonic()
+            sh([*argv, context], timeout=1800)
+            took[name] = round(time.monotonic() - started, 1)
+            log(f"built chromafs-{name} in {took[name]:.0f}s")
+    finally:
+        BUILD_CA.unlink(missing_ok=True)
     return took
 
 
@@ -298,13 +564,18 @@ class Stack:
         self.sessions = work / "sessions"  # shared: the daemon's binds reach the agents through it
         self.secrets = work / "secrets"
         self.started: list[str] = []
+        self.volumes: list[str] = []  # the anonymous volumes of the containers (Chroma's /data)
         self.figures: dict[str, float] = {}
 
     def run(self, name: str, argv: list[str], detach: bool = True) -> str:
-        full = [self.engine, "run", "--name", f"{P}-{name}", *(["-d"] if detach else ["--rm"]), *argv]
+        full = [self.engine, "run", "--name", f"{P}-{name}", "--label", f"{LABEL}=stack",
+                *(["-d"] if detach else ["--rm"]), *argv]  # fmt: skip
         if detach:
             self.started.append(f"{P}-{name}")
-        return sh(full, timeout=600)
+        out = sh(full, timeout=600)
+        if detach:
+            self.volumes += volumes_of(self.engine, f"{P}-{name}")
+        return out
 
     def exec(self, name: str, *argv: str) -> str:
         return sh([self.engine, "exec", f"{P}-{name}", *argv], timeout=300)
@@ -344,12 +615,30 @@ class Stack:
                             "--blob-store", f"s3://docs/{SITE}"], detach=False)  # fmt: skip
         self.figures["ingest_s"] = round(time.monotonic() - started, 1)
         log(f"sample site ingested in {self.figures['ingest_s']:.1f}s")
+        # CHROMAFS_MOUNTD_SOCKET: the image's health check probes mountd's socket (docker/healthcheck.py)
         self.run("mountd", [*net, *S3_ENV, "--device", "/dev/fuse", "--cap-add", "SYS_ADMIN",
-                            "--security-opt", "apparmor=unconfined",
+                            "--security-opt", "apparmor=unconfined", "-e", f"CHROMAFS_MOUNTD_SOCKET={MOUNTD_SOCKET}",
                             "-v", f"{self.sessions}:/sessions:rshared", "-v", f"{self.secrets}:/run/secrets:ro",
                             "--entrypoint", "chromafs-mountd", image("chromafs"), "--socket",
-                            "/run/chromafs/mountd.sock", "--class-root", "/run/chromafs/classes"])  # fmt: skip
-        wait_for("chromafs-mountd", [self.engine, "exec", f"{P}-mountd", "test", "-S", "/run/chromafs/mountd.sock"])
+                            MOUNTD_SOCKET, "--class-root", "/run/chromafs/classes"])  # fmt: skip
+        wait_for("chromafs-mountd", [self.engine, "exec", f"{P}-mountd", *HEALTHCHECK])
+
+    def mountd_health(self) -> str | None:
+        """The engine's own view of the mountd container's health: None when healthy. docker
+        runs the image's HEALTHCHECK itself; podman without systemd runs it when asked."""
+        name = f"{P}-mountd"
+        if self.engine == "podman":
+            done = subprocess.run(["podman", "healthcheck", "run", name], capture_output=True, text=True, check=False)
+            return None if done.returncode == 0 else f"podman healthcheck run {name}: {done.stdout}{done.stderr}"
+        deadline = time.monotonic() + 30
+        while True:
+            status = sh(["docker", "inspect", "-f", "{{.State.Health.Status}}", name], check=False).strip()
+            if status == "healthy":
+                return None
+            if time.monotonic() > deadline:
+                log_ = sh(["docker", "inspect", "-f", "{{json .State.Health.Log}}", name], check=False)
+                return f"docker says {name} is {status}: {log_[-400:]}"
+            time.sleep(1)
 
     def open_session(self, user: str) -> float:
         started = time.monotonic()
@@ -369,22 +658,87 @@ class Stack:
                                           image("agent"), "bash", "-c", AGENT_SESSION], detach=False)  # fmt: skip
 
     def down(self) -> list[str]:
-        """Tear everything down; what was left behind, if anything."""
+        """Tear everything down, say what was removed; what was left behind, if anything."""
+        left: list[str] = []
         for user in USERS:
             path = self.sessions / user
             if os.path.ismount(path):
                 sh(["umount", str(path)], check=False)
-        for name in reversed(self.started):
-            sh([self.engine, "rm", "-f", "-t", "10", name], check=False, timeout=120, quiet=True)
+        left += remove_containers(self.engine, list(reversed(self.started)), self.volumes)
         with contextlib.suppress(StackError):
             sh(["umount", "-R", str(self.sessions)], check=False, quiet=True)
-        left = [f"container {name}" for name in sh([self.engine, "ps", "-a", "--format", "{{.Names}}"]).split()
-                if name.startswith(P)]  # fmt: skip
-        mounts = Path("/proc/self/mountinfo").read_text()
-        left += [f"mount {line.split()[4]}" for line in mounts.splitlines() if str(self.work) in line.split()[4]]
-        stray = sh(["pgrep", "-af", "chromafs-mount|chroma run|moto_server"], check=False, quiet=True)
-        left += [f"process {line}" for line in stray.splitlines() if "/sessions/" in line or "127.0.0.1" in line]
+        left += [f"container {name}" for name in our_containers(self.engine)]
+        left += [f"volume {volume}" for volume in self.volumes if volume_exists(self.engine, volume)]
+        left += [f"mount {point}" for point in mounts_under((str(self.work),))]
+        left += [f"process {line}" for line in container_processes()]
         return left
+
+
+def container_processes() -> list[str]:
+    """Serving processes still running in a container (docker's or podman's cgroup): this
+    script's, once its containers are gone. The same programs run outside any container (a
+    test suite on the host) are not its own."""
+    stray = sh(["pgrep", "-af", "chromafs-mount|chromafs-mountd|chroma run|moto_server|redis-server"],
+               check=False, quiet=True)  # fmt: skip
+    left = []
+    for line in stray.splitlines():
+        try:
+            cgroup = Path(f"/proc/{line.split()[0]}/cgroup").read_text()
+        except OSError:
+            continue
+        if "docker" in cgroup or "libpod" in cgroup:
+            left.append(line)
+    return left
+
+
+MOUNTD_SOCKET = "/run/chromafs/mountd.sock"
+HEALTHCHECK = ["/opt/chromafs/bin/python", "/usr/local/bin/chromafs-healthcheck"]  # the image's (docker/Dockerfile)
+
+
+def volumes_of(engine: str, container: str) -> list[str]:
+    out = sh([engine, "inspect", "-f", '{{range .Mounts}}{{if eq .Type "volume"}}{{.Name}} {{end}}{{end}}', container],
+             check=False)  # fmt: skip
+    return out.split()
+
+
+def volume_exists(engine: str, volume: str) -> bool:
+    return answers([engine, "volume", "inspect", volume])
+
+
+def our_containers(engine: str) -> list[str]:
+    """Every container of this script's, running or not: labelled, or named P-... (compose's too)."""
+    out = sh([engine, "ps", "-a", "--format", "{{.Names}}"], check=False)
+    labelled = sh([engine, "ps", "-a", "--filter", f"label={LABEL}", "--format", "{{.Names}}"], check=False)
+    return sorted({n for n in out.split() if n.startswith(P)} | set(labelled.split()))
+
+
+def remove_containers(engine: str, names: list[str], volumes: list[str]) -> list[str]:
+    """Stop each container (SIGTERM, then 10 s: chromafs unmounts), remove it with its anonymous
+    volumes (-v), then the named `volumes`; log what was removed. What could not be removed."""
+    problems = []
+    removed = []
+    for name in names:
+        if not answers([engine, "container", "inspect", name]):
+            continue
+        volumes += [v for v in volumes_of(engine, name) if v not in volumes]
+        sh([engine, "stop", "-t", "10", name], check=False, timeout=120, quiet=True)
+        done = subprocess.run([engine, "rm", "-f", "-v", name], capture_output=True, text=True, timeout=120,
+                              check=False)  # fmt: skip
+        if done.returncode != 0 and answers([engine, "container", "inspect", name]):
+            problems.append(f"container {name}: {engine} rm: {(done.stderr or done.stdout).strip()[-300:]}")
+        else:
+            removed.append(name)
+    gone = []
+    for volume in volumes:
+        if volume_exists(engine, volume):
+            sh([engine, "volume", "rm", "-f", volume], check=False, quiet=True)
+        if volume_exists(engine, volume):
+            problems.append(f"volume {volume}: could not be removed")
+        else:
+            gone.append(volume)
+    if removed or gone:
+        log(f"removed {len(removed)} containers ({', '.join(removed)}) and {len(gone)} volumes")
+    return problems
 
 
 def run_stack(engine: str) -> dict[str, object]:
@@ -407,6 +761,9 @@ def run_stack(engine: str) -> dict[str, object]:
             log(f"{user}'s agent: {len(expected)} files expected; {'ok' if not found else '; '.join(found)}")
         if visible_files(USERS["alice"]) == visible_files(USERS["bob"]):
             problems.append("the two tokens see the same files: the check proves nothing")
+        health = stack.mountd_health()
+        problems += [f"mountd's container is not healthy: {health}"] if health else []
+        log(f"mountd's container: {health or 'healthy'}")
     finally:
         left = stack.down()
         shutil.rmtree(work, ignore_errors=True)
@@ -415,9 +772,14 @@ def run_stack(engine: str) -> dict[str, object]:
 
 
 def compose_cli(engine: str) -> list[str]:
-    """`docker compose`, or podman-compose (PyPI) in a venv of its own: podman 4.3 has no compose."""
+    """`docker compose` (v2) where the plugin is, else Debian's docker-compose (v1, 1.29: it
+    reads the same file); podman-compose (PyPI) in a venv of its own: podman 4.3 has no compose."""
     if engine == "docker":
-        return ["docker", "compose"]
+        if answers(["docker", "compose", "version"]):
+            return ["docker", "compose"]
+        if not shutil.which("docker-compose"):
+            apt_install(["docker-compose"])
+        return ["docker-compose"]
     venv = CACHE / "podman-compose"
     tool = venv / "bin" / "podman-compose"
     if not tool.exists():
@@ -439,8 +801,10 @@ def run_compose(engine: str) -> dict[str, object]:
     token = work / "token.jwt"
     write_token(token, "alice")
     env = dict(os.environ, CHROMAFS_MOUNT_ROOT=str(root), CHROMAFS_HOST_TOKEN_FILE=str(token),
-               CHROMAFS_HOST_JWT_SECRET_FILE=str(secret), COMPOSE_PROJECT_NAME=f"{P}-compose")  # fmt: skip
-    compose = [*compose_cli(engine), "-f", str(REPO / "docker" / "compose.yaml")]
+               CHROMAFS_HOST_JWT_SECRET_FILE=str(secret), COMPOSE_PROJECT_NAME=COMPOSE_PROJECT)  # fmt: skip
+    cli = compose_cli(engine)
+    log(f"compose: {sh([*cli, 'version'], check=False).splitlines()[0] if cli else ''}")
+    compose = [*cli, "-f", str(REPO / "docker" / "compose.yaml")]
     for name in ("agent", "chroma", "redis", "s3"):  # compose names them without the registry part
         sh([engine, "tag", image(name), f"chromafs-{name}:local"])
     sh([engine, "tag", image("chromafs"), "chromafs:local"])
@@ -479,14 +843,49 @@ def run_compose(engine: str) -> dict[str, object]:
     except StackError as exc:
         problems.append(str(exc))
     finally:
-        with contextlib.suppress(StackError, subprocess.TimeoutExpired):
+        try:
             step("down", "-v", "-t", "20", timeout=300)
+        except (StackError, subprocess.TimeoutExpired) as exc:
+            problems.append(f"compose down: {exc}")
         if os.path.ismount(root / "docs"):
             problems.append("compose: the daemon left its mount behind")
             sh(["umount", "-l", str(root / "docs")], check=False)
         sh(["umount", "-R", str(root)], check=False, quiet=True)
+        left = compose_leftovers(engine)
+        problems += [f"compose down left {item}" for item in left]
+        remove_compose_leftovers(engine)
+        problems += [f"compose: still left after removing it: {item}" for item in compose_leftovers(engine)]
         shutil.rmtree(work, ignore_errors=True)
     return {"compose_s": round(time.monotonic() - started, 1), "problems": problems}
+
+
+COMPOSE_PROJECT = f"{P}-compose"
+
+
+def compose_leftovers(engine: str) -> list[str]:
+    """The compose project's containers, networks and volumes (all named after the project)."""
+    prefix = f"{COMPOSE_PROJECT}_"
+    containers = sh([engine, "ps", "-a", "--filter", f"label=com.docker.compose.project={COMPOSE_PROJECT}",
+                     "--format", "{{.Names}}"], check=False).split()  # fmt: skip
+    containers += [n for n in sh([engine, "ps", "-a", "--format", "{{.Names}}"], check=False).split()
+                   if n.startswith(prefix) and n not in containers]  # fmt: skip
+    networks = [n for n in sh([engine, "network", "ls", "--format", "{{.Name}}"], check=False).split()
+                if n.startswith(prefix)]  # fmt: skip
+    volumes = [n for n in sh([engine, "volume", "ls", "--format", "{{.Name}}"], check=False).split()
+               if n.startswith(prefix)]  # fmt: skip
+    return [*(f"container {n}" for n in containers), *(f"network {n}" for n in networks),
+            *(f"volume {n}" for n in volumes)]  # fmt: skip
+
+
+def remove_compose_leftovers(engine: str) -> None:
+    for item in compose_leftovers(engine):
+        kind, name = item.split(" ", 1)
+        if kind == "container":
+            sh([engine, "rm", "-f", "-v", name], check=False, quiet=True)
+    for item in compose_leftovers(engine):
+        kind, name = item.split(" ", 1)
+        if kind in ("network", "volume"):
+            sh([engine, kind, "rm", name], check=False, quiet=True)
 
 
 def run_tests(engine: str) -> dict[str, object]:
@@ -494,18 +893,54 @@ def run_tests(engine: str) -> dict[str, object]:
     started = time.monotonic()
     # this machine's CA bundle: a few tests install an old chromadb with pip
     trust = ["-v", f"{HOST_CA}:{HOST_CA}:ro"] if HOST_CA.exists() else []
+    # what `chromafs shell` needs in a container, so that its tests run here too: no seccomp
+    # filter of the engine's (bwrap's unshare, pivot_root) and an unmasked /proc (a new proc
+    # mount in a user namespace); docs/CONTAINERS.md, "chromafs shell inside a container"
+    shell = ["--security-opt", "seccomp=unconfined",
+             "--security-opt", "systempaths=unconfined" if engine == "docker" else "unmask=ALL"]  # fmt: skip
     done = subprocess.run(
-        [engine, "run", "--rm", "--name", f"{P}-tests", "--device", "/dev/fuse", "--cap-add", "SYS_ADMIN",
-         "--security-opt", "apparmor=unconfined", *trust, image("test"), "scripts/test"],
+        [engine, "run", "--rm", "--name", f"{P}-tests", "--label", f"{LABEL}=tests", "--device", "/dev/fuse",
+         "--cap-add", "SYS_ADMIN", "--security-opt", "apparmor=unconfined", *shell, *trust, image("test"),
+         "scripts/test"],
         check=False,
     )  # fmt: skip
     took = round(time.monotonic() - started, 1)
     return {"tests_in_container_s": took, "problems": [] if done.returncode == 0 else [f"tests failed ({took}s)"]}
 
 
+def clean_previous(engine: str) -> None:
+    """What a run killed halfway left behind: its containers (with their volumes), the compose
+    project, its mounts and work directories. Removed, and said so."""
+    names = our_containers(engine)
+    if names:
+        log(f"a previous run left {len(names)} containers: removing them")
+        problems = remove_containers(engine, names, [])
+        if problems:
+            raise StackError("cannot remove what a previous run left: " + "; ".join(problems))
+    if left := compose_leftovers(engine):
+        log(f"a previous run left {', '.join(left)}: removing them")
+        remove_compose_leftovers(engine)
+    works = [str(d) for pattern in ("run-*", "compose-*") for d in CACHE.glob(pattern) if d.is_dir()]
+    for mount in mounts_under(tuple(works)):
+        sh(["umount", "-l", mount], check=False)
+        log(f"unmounted {mount}, left by a previous run")
+    for work in works:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _terminated(signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 def main() -> int:
+    global DAEMON
     parser = argparse.ArgumentParser(prog="scripts/containers", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--engine", choices=["docker", "podman"], help="default: docker if it answers, else podman")
+    parser.add_argument(
+        "--engine",
+        choices=["auto", "docker", "podman"],
+        default="auto",
+        help="auto (default): docker if its daemon answers, else podman; docker: set up here if need be",
+    )
     parser.add_argument("--tests", action="store_true", help="also run the integration tests in a container")
     parser.add_argument("--no-stack", action="store_true", help="only the images (and --tests)")
     parser.add_argument("--json", type=Path, help="write the figures here")
@@ -516,41 +951,82 @@ def main() -> int:
     if os.geteuid() != 0:
         print("scripts/containers: run as root (FUSE mounts, mount propagation, rootful containers)", file=sys.stderr)
         return 1
+    signal.signal(signal.SIGTERM, _terminated)  # a killed run still tears down (then exits 130)
+    signal.signal(signal.SIGHUP, _terminated)
     result: dict[str, object] = {"problems": []}
+
+    def problem(*items: str) -> None:
+        result["problems"] = [*result.get("problems", []), *items]  # type: ignore[misc]
+
+    engine = None
+    interrupted = False
+    podman_firewall = STATE / "podman-firewall.json"  # what it was before this (or a killed) podman run
     try:
         try:
-            engine = pick_engine(args.engine)
-            log(f"engine: {sh([engine, '--version']).strip()}")
-            base = None if registry_answers(engine) else local_base(engine)
-        except (StackError, subprocess.CalledProcessError, OSError) as exc:
-            if not args.if_possible:
-                raise StackError(f"no container engine and base image: {exc}") from exc
-            log(f"skipping the containers: no engine and base image can be set up here: {exc}")
-            return 0
-        log(f"base: {base or 'the Dockerfiles defaults (a registry answers)'}")
-        names = [n for n in IMAGES if n != "test" or args.tests]
-        if args.no_stack:
-            names = ["test"] if args.tests else []
-        result["build_s"] = build_images(engine, names, base)
-        if not args.no_stack:
-            result.update(run_stack(engine))
-            compose = run_compose(engine)
-            result["compose_s"] = compose["compose_s"]
-            result["problems"] = [*result.get("problems", []), *compose["problems"]]  # type: ignore[misc]
-        if args.tests:
-            tests = run_tests(engine)
-            result["tests_in_container_s"] = tests["tests_in_container_s"]
-            result["problems"] = [*result.get("problems", []), *tests["problems"]]  # type: ignore[misc]
+            try:
+                engine = pick_engine(None if args.engine == "auto" else args.engine)
+                if engine == "podman" and not podman_firewall.exists():
+                    STATE.mkdir(parents=True, exist_ok=True)
+                    podman_firewall.write_text(json.dumps(firewall_snapshot()))
+                version = sh([engine, "--version"]).strip()
+                if engine == "docker":
+                    version += f"; server {sh(['docker', 'version', '--format', '{{.Server.Version}}']).strip()}"
+                log(f"engine: {version}")
+                result["engine"] = version
+                base = None if registry_answers(engine) else local_base(engine)
+            except (StackError, subprocess.CalledProcessError, OSError) as exc:
+                if not args.if_possible:
+                    raise StackError(f"no container engine and base image: {exc}") from exc
+                log(f"skipping the containers: no engine and base image can be set up here: {exc}")
+                return 0
+            clean_previous(engine)
+            log(f"base: {base or 'the Dockerfiles defaults (a registry answers)'}")
+            names = [n for n in IMAGES if n != "test" or args.tests]
+            if args.no_stack:
+                names = ["test"] if args.tests else []
+            result["build_s"] = build_images(engine, names, base)
+            if not args.no_stack:
+                result.update(run_stack(engine))
+                compose = run_compose(engine)
+                result["compose_s"] = compose["compose_s"]
+                problem(*compose["problems"])  # type: ignore[arg-type]
+            if args.tests:
+                tests = run_tests(engine)
+                result["tests_in_container_s"] = tests["tests_in_container_s"]
+                problem(*tests["problems"])  # type: ignore[arg-type]
+        except StackError as exc:
+            problem(str(exc))
+        except KeyboardInterrupt as exc:
+            interrupted = True
+            problem(f"interrupted ({exc or 'SIGINT'}): tearing down")
+        finally:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)  # the teardown runs to its end
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            if engine is not None and answers([engine, "info"], timeout=60):
+                if left := our_containers(engine):
+                    problem(f"left behind: containers {', '.join(left)}")
+                    problem(*remove_containers(engine, left, []))
+                remove_compose_leftovers(engine)
+            if DAEMON is not None:
+                problem(*DAEMON.stop())
+                DAEMON = None
+            # podman's CNI networks (builds, compose) leave their chains, DNS rules, bridges and
+            # ip_forward behind: put them back once no podman container runs (none of another's)
+            if engine == "podman" and podman_firewall.exists() and not sh(["podman", "ps", "-q"], check=False).strip():
+                problem(*restore_firewall(json.loads(podman_firewall.read_text()), "this run"))
+                podman_firewall.unlink()
+                with contextlib.suppress(OSError):
+                    STATE.rmdir()
     except StackError as exc:
-        result["problems"] = [*result.get("problems", []), str(exc)]  # type: ignore[misc]
+        problem(str(exc))
     result["total_s"] = round(time.monotonic() - STARTED, 1)
     if args.json:
         args.json.write_text(json.dumps(result, indent=2) + "\n")
     problems = result.get("problems") or []
-    for problem in problems:  # type: ignore[union-attr]
-        log(f"PROBLEM: {problem}")
+    for item in problems:  # type: ignore[union-attr]
+        log(f"PROBLEM: {item}")
     log(f"{'failed' if problems else 'all checks passed'} in {result['total_s']:.0f}s: {json.dumps(result)}")
-    return 1 if problems else 0
+    return 130 if interrupted else 1 if problems else 0
 
 
 if __name__ == "__main__":
