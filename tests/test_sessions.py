@@ -200,7 +200,7 @@ def test_class_mounts_end_by_themselves_once_idle_when_no_server_runs(
     assert len(pids) == 2 and len(class_mounts(shared_server)) == 2
     shared_server.stop()
     unmount(anonymous)
-    deadline = time.monotonic() + shared_server.class_idle_s + 5.0 + 10.0
+    deadline = time.monotonic() + shared_server.class_idle_s + 5.0 + 30.0  # a loaded machine: generous
     while len(class_mounts(shared_server)) > 1:
         assert time.monotonic() < deadline, "an idle class mount outlived its server"
         time.sleep(0.2)
