@@ -171,17 +171,59 @@ def _plan(files: list[SourceFile], options: IngestOptions, summary: IngestSummar
     return kept
 
 
-def ingest(options: IngestOptions, show_progress: bool = False) -> IngestSummary:
-    started = time.monotonic()
-    summary = IngestSummary()
-    scan = scan_site(ScanOptions(options.source_dir, options.default_access, options.acl_rules, options.include_hidden))
-    summary.problems = scan.problems
-    files = _plan(scan.files, options, summary)
-    if not files:  # never replace a site with nothing: a wrong or empty folder leaves it as it was
-        summary.seconds = time.monotonic() - started
-        return summary
-    embed, dimensions = make_embedder(options.embedder)
+class ChunkWriter:
+    """Chunks queued for upsert, written in batches never above the server's bound (whatever a
+    page holds). Chunk ids name the page's sha256: a chunk already stored (an ingest that
+    stopped half way wrote it) is written again only if its text differs."""
 
+    def __init__(
+        self, collection: RetryingCollection, embed: Any, batch_size: int, page_field: str, summary: IngestSummary
+    ) -> None:
+        self.collection = collection
+        self.embed = embed
+        self.batch_size = batch_size
+        self.page_field = page_field
+        self.summary = summary
+        self.dimensions: int | None = None
+        self._ids: list[str] = []
+        self._docs: list[str] = []
+        self._titles: list[str] = []
+        self._meta: list[dict[str, Any]] = []
+
+    def add(self, chunk_id: str, document: str, title: str, metadata: dict[str, Any]) -> None:
+        self._ids.append(chunk_id)
+        self._docs.append(document)
+        self._titles.append(title)
+        self._meta.append(metadata)
+        if len(self._ids) >= self.batch_size:
+            self.flush()
+
+    def flush(self) -> None:
+        if not self._ids:
+            return
+        what = f"upsert of {len(self._ids)} chunks ({self._meta[0][self.page_field]} to "
+        what += f"{self._meta[-1][self.page_field]})"
+        present = self.collection.get(what.replace("upsert", "check", 1), ids=list(self._ids), include=["documents"])
+        stored = dict(zip(present["ids"], present["documents"] or [], strict=False))
+        todo = [i for i, chunk in enumerate(self._ids) if stored.get(chunk) != self._docs[i]]
+        if todo:
+            docs = [self._docs[i] for i in todo]
+            vectors = embed_with_titles(self.embed, docs, [self._titles[i] for i in todo])
+            self.dimensions = self.dimensions or len(vectors[0])
+            self.collection.upsert(
+                what,
+                ids=[self._ids[i] for i in todo],
+                documents=docs,
+                metadatas=[self._meta[i] for i in todo],
+                embeddings=vectors,
+            )
+        self.summary.chunks_written += len(todo)
+        for pending in (self._ids, self._docs, self._titles, self._meta):
+            pending.clear()
+
+
+def _open_collection(options: IngestOptions) -> tuple[RetryingCollection, int]:
+    """The site's collection (made if new) and the number of records one upsert may carry."""
     client = retried(
         "connect to Chroma", connect_client, options.retries, location=options.location, timeout_s=options.timeout_s
     )
@@ -193,47 +235,28 @@ def ingest(options: IngestOptions, show_progress: bool = False) -> IngestSummary
         embedding_function=None,
         metadata={"hnsw:space": "l2", FORMAT_FIELD: FORMAT_VERSION, EMBEDDER_FIELD: options.embedder},
     )
-    collection = RetryingCollection(created, options.retries)
     server_bound = retried(
         "read of the batch bound", getattr(client, "get_max_batch_size", lambda: UPSERT_BATCH), options.retries
     )
-    batch_size = max(1, min(UPSERT_BATCH, int(server_bound)))
+    return RetryingCollection(created, options.retries), max(1, min(UPSERT_BATCH, int(server_bound)))
+
+
+def ingest(options: IngestOptions, show_progress: bool = False) -> IngestSummary:
+    started = time.monotonic()
+    summary = IngestSummary()
+    scan = scan_site(ScanOptions(options.source_dir, options.default_access, options.acl_rules, options.include_hidden))
+    summary.problems = scan.problems
+    files = _plan(scan.files, options, summary)
+    if not files:  # never replace a site with nothing: a wrong or empty folder leaves it as it was
+        summary.seconds = time.monotonic() - started
+        return summary
+    embed, dimensions = make_embedder(options.embedder)
+    collection, batch_size = _open_collection(options)
     old_pages = _existing_pages(collection)
+    writer = ChunkWriter(collection, embed, batch_size, options.page_field, summary)
+    writer.dimensions = dimensions
 
     tree: dict[str, dict[str, Any]] = {}
-    pending_ids: list[str] = []
-    pending_docs: list[str] = []
-    pending_titles: list[str] = []
-    pending_meta: list[dict[str, Any]] = []
-
-    def flush() -> None:
-        nonlocal dimensions
-        if not pending_ids:
-            return
-        what = f"upsert of {len(pending_ids)} chunks ({pending_meta[0][options.page_field]} to "
-        what += f"{pending_meta[-1][options.page_field]})"
-        # Chunk ids name the page's sha256: a chunk already there (an ingest that stopped half
-        # way wrote it) is written again only if its text differs.
-        present = collection.get(what.replace("upsert", "check", 1), ids=list(pending_ids), include=["documents"])
-        stored = dict(zip(present["ids"], present["documents"] or [], strict=False))
-        todo = [i for i, chunk in enumerate(pending_ids) if stored.get(chunk) != pending_docs[i]]
-        if todo:
-            docs = [pending_docs[i] for i in todo]
-            vectors = embed_with_titles(embed, docs, [pending_titles[i] for i in todo])
-            dimensions = dimensions or len(vectors[0])
-            collection.upsert(
-                what,
-                ids=[pending_ids[i] for i in todo],
-                documents=docs,
-                metadatas=[pending_meta[i] for i in todo],
-                embeddings=vectors,
-            )
-        summary.chunks_written += len(todo)
-        pending_ids.clear()
-        pending_docs.clear()
-        pending_titles.clear()
-        pending_meta.clear()
-
     with _progress(len(files), show_progress, f"ingest {options.site}") as bar:
         for source in files:
             bar.update(1)
@@ -262,15 +285,10 @@ def ingest(options: IngestOptions, show_progress: bool = False) -> IngestSummary
             entry["chunks"] = len(chunks)
             title = page_title(source.text)
             for index, chunk in enumerate(chunks):
-                pending_ids.append(chunk_id(source.key, sha, index))
-                pending_docs.append(chunk)
-                pending_titles.append(title)
-                pending_meta.append(
-                    {options.page_field: source.key, options.chunk_index_field: index, PAGE_SHA_FIELD: sha}
-                )
-                if len(pending_ids) >= batch_size:  # never above the server's bound, whatever a page holds
-                    flush()
-        flush()
+                metadata = {options.page_field: source.key, options.chunk_index_field: index, PAGE_SHA_FIELD: sha}
+                writer.add(chunk_id(source.key, sha, index), chunk, title, metadata)
+        writer.flush()
+    dimensions = writer.dimensions
 
     summary.tree_document = encode_tree_document(tree)
     zero_vector = [0.0] * (dimensions or len(embed([""])[0]))
