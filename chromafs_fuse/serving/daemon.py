@@ -165,6 +165,46 @@ async def prefetch_pages(source: PageSource, table: InodeTable) -> None:
     log.info("prefetched %d pages in %.2fs", count, time.monotonic() - started)
 
 
+def _unmount_now() -> None:
+    sd_notify("STOPPING=1")
+    pyfuse3.terminate()
+
+
+async def end_when_unused(mountpoint: str, idle_s: float) -> None:
+    """A class mount: unmount once no session's bind of it has stood for `idle_s`, whether or
+    not a mount server is there to stop it."""
+    idle_since = time.monotonic()
+    while True:
+        await trio.sleep(min(idle_s / 4, IDLE_CHECK_S))
+        binds = await trio.to_thread.run_sync(binds_of, mountpoint)
+        if binds:
+            idle_since = time.monotonic()
+        elif time.monotonic() - idle_since >= idle_s:
+            log.warning("no session for %.0fs: unmounting", time.monotonic() - idle_since)
+            _unmount_now()
+            return
+
+
+async def end_at_expiry(expires_at: float) -> None:
+    await trio.sleep(max(0.0, expires_at - time.time()))
+    log.warning("the token expired (exp %s): unmounting", utc_text(expires_at))
+    _unmount_now()
+
+
+async def watch_signals() -> None:
+    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
+        async for signum in signals:
+            log.info("signal %s: unmounting", signal.Signals(signum).name)
+            _unmount_now()
+            return
+
+
+async def keep_written(status: StatusFile) -> None:
+    while True:
+        await trio.sleep(STATUS_EVERY_S)
+        status.write()
+
+
 def serve(
     config: MountConfig,
     ops: ChromaOperations,
@@ -211,40 +251,6 @@ def serve(
                 os.close(ready_fd)
         sd_notify(f"READY=1\nSTATUS=serving {config.site} on {mountpoint}")
 
-    async def end_when_unused(idle_s: float) -> None:
-        """A class mount: unmount once no session's bind of it has stood for `idle_s`, whether
-        or not a mount server is there to stop it."""
-        idle_since = time.monotonic()
-        while True:
-            await trio.sleep(min(idle_s / 4, IDLE_CHECK_S))
-            binds = await trio.to_thread.run_sync(binds_of, mountpoint)
-            if binds:
-                idle_since = time.monotonic()
-            elif time.monotonic() - idle_since >= idle_s:
-                log.warning("no session for %.0fs: unmounting", time.monotonic() - idle_since)
-                sd_notify("STOPPING=1")
-                pyfuse3.terminate()
-                return
-
-    async def refresh_status() -> None:
-        while True:
-            await trio.sleep(STATUS_EVERY_S)
-            status.write()
-
-    async def end_at_expiry(expires_at: float) -> None:
-        await trio.sleep(max(0.0, expires_at - time.time()))
-        log.warning("the token expired (exp %s): unmounting", utc_text(expires_at))
-        sd_notify("STOPPING=1")
-        pyfuse3.terminate()
-
-    async def watch_signals() -> None:
-        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
-            async for signum in signals:
-                log.info("signal %s: unmounting", signal.Signals(signum).name)
-                sd_notify("STOPPING=1")
-                pyfuse3.terminate()
-                return
-
     async def run() -> None:
         async with trio.open_nursery() as nursery:
             source.nursery = nursery
@@ -261,8 +267,8 @@ def serve(
                 nursery.start_soon(end_at_expiry, principal.expires_at)
             nursery.start_soon(announce_ready)
             if config.idle_exit_s > 0:
-                nursery.start_soon(end_when_unused, config.idle_exit_s)
-            nursery.start_soon(refresh_status)
+                nursery.start_soon(end_when_unused, mountpoint, config.idle_exit_s)
+            nursery.start_soon(keep_written, status)
             await pyfuse3.main()
             nursery.cancel_scope.cancel()
 
