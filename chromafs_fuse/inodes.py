@@ -60,6 +60,22 @@ class _Dir:
         self.children: dict[str, _Dir | PathEntry] = {}
 
 
+def _nest(entries: Mapping[str, PathEntry]) -> _Dir:
+    """The entries as nested directories."""
+    root = _Dir("")
+    for key, entry in entries.items():
+        parts = key.split("/")
+        directory = root
+        for depth in range(1, len(parts)):
+            child = directory.children.get(parts[depth - 1])
+            if child is None:
+                child = directory.children[parts[depth - 1]] = _Dir("/".join(parts[:depth]))
+            assert isinstance(child, _Dir), key  # parse_tree drops keys that are also directories
+            directory = child
+        directory.children[parts[-1]] = entry
+    return root
+
+
 class InodeTable:
     """Maps inode numbers to nodes and (parent, name) to inode numbers.
 
@@ -69,18 +85,11 @@ class InodeTable:
 
     def __init__(self, entries: Mapping[str, PathEntry]) -> None:
         self.entries = entries  # the visible entries, by key
-        root = _Dir("")
-        for key, entry in entries.items():
-            parts = key.split("/")
-            directory = root
-            for depth in range(1, len(parts)):
-                child = directory.children.get(parts[depth - 1])
-                if child is None:
-                    child = directory.children[parts[depth - 1]] = _Dir("/".join(parts[:depth]))
-                assert isinstance(child, _Dir), key  # parse_tree drops keys that are also directories
-                directory = child
-            directory.children[parts[-1]] = entry
+        self._add_nodes(_nest(entries))
+        self._order_files()
 
+    def _add_nodes(self, root: _Dir) -> None:
+        """One node per directory and file, breadth first, each directory's children by name."""
         self._inode = array("Q")
         self._parent = array("l")
         self._first = array("l")  # a directory's first child
@@ -172,6 +181,7 @@ class InodeTable:
         self._by_inode = array("Q", sorted(self._inode))
         self._index_by_inode = array("l", sorted(range(len(self._inode)), key=self._inode.__getitem__))
 
+    def _order_files(self) -> None:
         # Files in the order `grep -r`, `find` and `rg` (per thread) visit them: depth first,
         # each directory's files by name, then its subdirectories by name.
         self.file_order = array("l")
