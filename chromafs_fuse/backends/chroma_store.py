@@ -9,12 +9,12 @@ Calls here are blocking; the filesystem runs them on worker threads.
 from __future__ import annotations
 
 import logging
-import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
+from chromafs_fuse.backends.deadline import with_deadline
 from chromafs_fuse.names import (
     DEFAULT_CHUNK_INDEX_FIELD,
     DEFAULT_PAGE_FIELD,
@@ -80,7 +80,10 @@ def connect_client(location: ChromaLocation, timeout_s: float = 10.0) -> Any:
                 settings=_settings(),
                 **extra,
             )
-            client = _within(timeout_s, make, location)
+            try:
+                client = with_deadline(make, timeout_s)  # chromadb asks the server with no deadline
+            except TimeoutError as exc:
+                raise BackendError(f"Chroma at {location.describe()} did not answer within {timeout_s:g}s") from exc
             _bound_http_timeout(client, timeout_s)
             return client
         if not location.path:
@@ -90,28 +93,6 @@ def connect_client(location: ChromaLocation, timeout_s: float = 10.0) -> Any:
         raise
     except Exception as exc:  # chromadb raises many kinds for an unreachable server
         raise BackendError(f"cannot connect to Chroma at {location.describe()}: {exc}") from exc
-
-
-def _within(timeout_s: float, make: Callable[[], Any], location: ChromaLocation) -> Any:
-    """chromadb's HttpClient asks the server for its tenant and database with no deadline: a
-    hung server would hang the caller. Make it on a thread, and give up after `timeout_s`."""
-    made: list[Any] = []
-    failed: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            made.append(make())
-        except BaseException as exc:
-            failed.append(exc)
-
-    thread = threading.Thread(target=run, name="chroma-connect", daemon=True)
-    thread.start()
-    thread.join(timeout_s)
-    if failed:
-        raise failed[0]
-    if not made:
-        raise BackendError(f"Chroma at {location.describe()} did not answer within {timeout_s:g}s") from TimeoutError()
-    return made[0]
 
 
 def _server_address(url: str) -> tuple[bool, str, int]:

@@ -12,13 +12,13 @@ one tree kept between requests) alike:
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from chromafs_fuse.access import Principal, visible_entries
 from chromafs_fuse.backends.chroma_store import ChromaPages
+from chromafs_fuse.backends.deadline import with_deadline
 from chromafs_fuse.config import SessionConfig
 from chromafs_fuse.errors import UsageError
 from chromafs_fuse.inodes import InodeTable
@@ -41,27 +41,12 @@ def verify_reader(token: str | None, config: SessionConfig) -> Principal:
     return principal_from_token(token, key, config.site)
 
 
-def with_deadline(fn: Callable[[], T], seconds: float, what: str) -> T:
-    """Run a blocking call that may hang (a dead server) with a deadline; before the mount
-    serves, so there is no trio loop yet to hand it to."""
-    result: list[T] = []
-    error: list[BaseException] = []
-
-    def target() -> None:
-        try:
-            result.append(fn())
-        except BaseException as exc:
-            error.append(exc)
-
-    worker = threading.Thread(target=target, daemon=True)
-    worker.start()
-    worker.join(seconds)
-    if worker.is_alive():
-        raise UsageError(f"{what}: no answer within {seconds:.0f}s")
-    if error:
-        raise error[0]
-    assert result
-    return result[0]
+def within(fn: Callable[[], T], seconds: float, what: str) -> T:
+    """A blocking call that may hang (a dead server), before the mount serves (no trio loop yet)."""
+    try:
+        return with_deadline(fn, seconds)
+    except TimeoutError:
+        raise UsageError(f"{what}: no answer within {seconds:.0f}s") from None
 
 
 @dataclass(frozen=True)
@@ -191,11 +176,11 @@ class SiteLoader:
             log.info("path tree %s and its pruned table handed over by the mount server", preloaded.tree.version)
             tree, table = preloaded.tree, preloaded.table
         else:
-            tree = with_deadline(self.tree_from_redis, timeout_s, "Redis") if self.redis else None
+            tree = within(self.tree_from_redis, timeout_s, "Redis") if self.redis else None
             if tree is not None:
                 log.info("path tree %s loaded from Redis", tree.version)
             else:
-                tree, opened = with_deadline(
+                tree, opened = within(
                     self.tree_from_chroma, timeout_s + CHROMA_OPEN_GRACE_S, f"Chroma at {config.chroma.describe()}"
                 )
             table = self.prune(tree, principal)
