@@ -134,3 +134,23 @@ def copy_subset(site: Path, files: set[str], dest: Path) -> Path:
         shutil.copyfile(site / rel, target)
     dest.mkdir(parents=True, exist_ok=True)
     return dest
+
+
+def source_files(root: Path) -> dict[str, Path]:
+    """Every regular file a default ingest takes (dot files and dot folders are skipped)."""
+    return {
+        p.relative_to(root).as_posix(): p
+        for p in root.rglob("*")
+        if p.is_file() and not any(part.startswith(".") for part in p.relative_to(root).parts)
+    }
+
+
+def expand(spec: str | list[str], everything: set[str], errors: set[str]) -> set[str]:
+    if isinstance(spec, list):
+        return set(spec)
+    if spec == "all":
+        return everything
+    if spec == "all but errors":
+        return everything - errors
+    assert spec.startswith("all but "), spec
+    return everything - set(spec.removeprefix("all but ").split(", "))

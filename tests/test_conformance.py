@@ -32,7 +32,7 @@ from urllib.parse import urlparse
 import pytest
 import yaml
 
-from helpers import INGEST, MOUNT, REPO
+from helpers import INGEST, MOUNT, REPO, expand, source_files
 from infra import (
     ChromaServer,
     MountServer,
@@ -168,27 +168,6 @@ def generate_big(root: Path) -> Generated:
 
 
 # -- expectations ----------------------------------------------------------------------------------
-
-
-def source_files(root: Path) -> dict[str, Path]:
-    """Every regular file a default ingest takes (dot files and dot folders are skipped)."""
-    return {
-        p.relative_to(root).as_posix(): p
-        for p in root.rglob("*")
-        if p.is_file() and not any(part.startswith(".") for part in p.relative_to(root).parts)
-    }
-
-
-def expand(spec: str | list[str], everything: set[str], errors: set[str]) -> set[str]:
-    """sites.yaml's notation: a list, "all", "all but errors", "all but a, b"."""
-    if isinstance(spec, list):
-        return set(spec)
-    if spec == "all":
-        return everything
-    if spec == "all but errors":
-        return everything - errors
-    assert spec.startswith("all but "), spec
-    return everything - set(spec.removeprefix("all but ").split(", "))
 
 
 ACCESS_LINE = re.compile(r"^\s*(?:public|groups)\s*:", re.MULTILINE)

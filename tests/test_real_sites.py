@@ -11,20 +11,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from helpers import INGEST, REPO, mounted
+from helpers import INGEST, REPO, expand, mounted, source_files
 
 SITES = REPO / "tests" / "data" / "sites"
 EXPECTED = yaml.safe_load((REPO / "tests" / "data" / "sites.yaml").read_text())
 CORPORA = REPO.parent / "shared" / "corpora"
-
-
-def source_files(root: Path) -> dict[str, Path]:
-    """Every regular file a default ingest takes (dot files and dot folders are skipped)."""
-    return {
-        p.relative_to(root).as_posix(): p
-        for p in root.rglob("*")
-        if p.is_file() and not any(part.startswith(".") for part in p.relative_to(root).parts)
-    }
 
 
 def mounted_files(root: Path) -> dict[str, bytes]:
@@ -43,17 +34,6 @@ def ingest_site(source: Path, chroma: Path, report: Path, *args: str) -> tuple[i
     )
     assert proc.returncode in (0, 3), proc.stderr
     return proc.returncode, json.loads(report.read_text())
-
-
-def expand(spec: str | list[str], everything: set[str], errors: set[str]) -> set[str]:
-    if isinstance(spec, list):
-        return set(spec)
-    if spec == "all":
-        return everything
-    if spec == "all but errors":
-        return everything - errors
-    assert spec.startswith("all but "), spec
-    return everything - set(spec.removeprefix("all but ").split(", "))
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED))
