@@ -104,7 +104,7 @@ class SessionConfig:
         )
 
 
-Prefetch = Literal["auto", "on", "off"]
+Preload = Literal["auto", "on", "off"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,11 +113,11 @@ class MountConfig:
     mountpoint: str  # absolute
     fuse_options: tuple[str, ...] = ()  # from -o, as given; the daemon adds its own and drops rw
     cache_timeout_s: float = 3600.0
-    prefetch: Prefetch = "auto"
-    prefetch_max_bytes: int = 64 * 1024 * 1024
+    preload: Preload = "auto"
+    preload_max_bytes: int = 64 * 1024 * 1024
     readahead_pages: int = 32
     push_pages: bool = True
-    warm_kernel: bool = False  # after mounting: list every directory, push every prefetched page
+    warm_kernel: bool = False  # after mounting: list every directory, push every preloaded page
     warm_wait_s: float = 0.0  # how long READY waits for that warm-up (0: it runs in the background)
     warm_max_bytes: int = 0  # sites larger than this are not warmed (0: a sixteenth of the memory)
     idle_exit_s: float = 0.0  # unmount once no bind of this mount has stood this long (0: never)
@@ -158,8 +158,8 @@ class MountConfig:
             mountpoint=os.path.abspath(args.mountpoint),
             fuse_options=options,
             cache_timeout_s=args.cache_timeout,
-            prefetch=args.prefetch,
-            prefetch_max_bytes=args.prefetch_max_bytes,
+            preload=args.preload,
+            preload_max_bytes=args.preload_max_bytes,
             readahead_pages=args.readahead_pages,
             push_pages=args.push_pages,
             warm_kernel=args.warm_kernel,

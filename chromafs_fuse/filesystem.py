@@ -4,7 +4,7 @@ lists, whether a file may be opened, what a read returns, and with which errno i
 `DocsFilesystem` works on the reader's pruned inode table, so a hidden name and a missing
 one take the same path and get the same answer. Reads go through a `PageReader` (the page
 tiers) and tell the `ReadScheduler` what happened. The pyfuse3 adapter
-(serving/fuse_ops.py) only translates; the semantics are tested in-process against a fake
+(serving/fuse_adapter.py) only translates; the semantics are tested in-process against a fake
 page source (tests/test_filesystem.py) as well as through real mounts.
 See docs/SEMANTICS.md for the user-visible contract.
 """

@@ -1,120 +1,118 @@
-"""Two-stage grep over a site: Chroma narrows the candidates, exact matching decides.
+"""Semantic search inside a reader's view of a site.
 
-Stage one asks Chroma which of the reader's visible pages have a chunk that
-could match (`$contains` for a literal, `$regex` otherwise). Chunks are cut at
-newlines, so a line never spans two chunks and no match is lost. Stage two
-loads the candidates (cache, Redis, Chroma) and matches line by line.
+Only chunks of the current version of pages the reader may see are read (a `where` filter in
+Chroma), so hidden pages are never ranked at all: a filter after a fixed top-k would let them
+crowd out what the reader may see, and their count would leak. Their embeddings are compared
+with the query's exactly; each page is ranked by its nearest chunk, and that chunk's lines in
+the page are given. The query is embedded as the collection's pages were: chromafs-ingest records its
+embedder in the collection's metadata.
+
+Pure: the search that reads Chroma and embeds the query is site/view.py's `search_view`.
 """
 
 from __future__ import annotations
 
-import logging
-import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+import numpy as np
+
+from chromafs_fuse.names import EMBEDDER_FIELD, FORMAT_FIELD, PAGE_SHA_FIELD
 from chromafs_fuse.tree import PathEntry
 
-if TYPE_CHECKING:
-    from chromafs_fuse.backends.chroma_store import ChromaPages
 
-log = logging.getLogger(__name__)
-SLUG_BATCH = 500
+class SearchError(Exception):
+    """A search that cannot run; the message says why."""
 
 
 @dataclass(frozen=True)
-class GrepQuery:
-    pattern: str
-    fixed: bool = False
-    ignore_case: bool = False
-
-    def compiled(self) -> re.Pattern[bytes]:
-        source = re.escape(self.pattern) if self.fixed else self.pattern
-        flags = re.MULTILINE | (re.IGNORECASE if self.ignore_case else 0)
-        return re.compile(source.encode("utf-8"), flags)
-
-    def document_filter(self) -> dict[str, str]:
-        if self.fixed and not self.ignore_case:
-            return {"$contains": self.pattern}
-        source = re.escape(self.pattern) if self.fixed else self.pattern
-        # Multi-line: ^ and $ anchor at line ends inside a chunk, as grep's do.
-        return {"$regex": f"(?im){source}" if self.ignore_case else f"(?m){source}"}
+class Hit:
+    path: str
+    distance: float
+    chunk: str  # the page's best chunk
+    first_line: int = 0  # its lines in the page, 1-based (0: not located)
+    last_line: int = 0
 
 
-def candidate_pages(pages: ChromaPages, entries: Sequence[PathEntry], query: GrepQuery) -> set[str] | None:
-    """Keys of the entries that have a chunk matching the query; None if Chroma
-    cannot evaluate the pattern (the caller then checks every entry)."""
+def embedder_name(collection_metadata: Mapping[str, Any] | None, override: str | None = None) -> str:
+    """How the collection's chunks were embedded: `override`, else what chromafs-ingest
+    recorded; collections it wrote before recording it used the hashing embedder."""
+    if override:
+        return override
+    metadata = collection_metadata or {}
+    name = metadata.get(EMBEDDER_FIELD)
+    if isinstance(name, str) and name:
+        return name
+    if FORMAT_FIELD in metadata:
+        return "hashing"
+    raise SearchError(
+        "the collection does not say how its chunks were embedded (it was not written by chromafs-ingest): "
+        "name the embedding function with --embedder"
+    )
+
+
+def view_filter(entries: Sequence[PathEntry], page_field: str) -> tuple[dict[str, Any], dict[str, str]]:
+    """The `where` filter admitting only chunks of these pages' current versions, and the map
+    from the page field's values back to paths."""
     by_slug: dict[str, str] = {}
     for entry in entries:
-        by_slug[entry.key] = entry.key
-        by_slug["/" + entry.key] = entry.key
-        by_slug[entry.source_key] = entry.key
-    slugs = sorted(by_slug)
-    found: set[str] = set()
-    for start in range(0, len(slugs), SLUG_BATCH):
-        batch = slugs[start : start + SLUG_BATCH]
-        try:
-            result: dict[str, Any] = pages.collection.get(
-                where={pages.page_field: {"$in": batch}},
-                where_document=query.document_filter(),  # type: ignore[arg-type]
-                include=["metadatas"],
-            )
-        except Exception as exc:  # e.g. a regex Chroma's engine does not accept
-            log.info("stage one skipped, Chroma cannot evaluate the pattern: %s", exc)
-            return None
-        for metadata in result.get("metadatas") or []:
-            slug = (metadata or {}).get(pages.page_field)
-            if isinstance(slug, str) and slug in by_slug:
-                found.add(by_slug[slug])
-    return found
+        if entry.blob is None:
+            by_slug[entry.source_key] = entry.key
+    shas = sorted({e.sha256 for e in entries if e.blob is None and e.sha256})
+    page_clause: dict[str, Any] = {page_field: {"$in": sorted(by_slug)}}
+    if shas and len(shas) == len(by_slug):  # every page names its version: old ones are left out
+        return {"$and": [page_clause, {PAGE_SHA_FIELD: {"$in": shas}}]}, by_slug
+    return page_clause, by_slug
 
 
-def matching_lines(data: bytes, pattern: re.Pattern[bytes]) -> Iterator[tuple[int, bytes]]:
-    """(line number, line) for every line that matches, as `grep -n` numbers them."""
-    if not pattern.search(data):
-        return
-    lines = data.split(b"\n")
-    if lines and lines[-1] == b"":
-        lines.pop()
-    for number, line in enumerate(lines, 1):
-        if pattern.search(line):
-            yield number, line
+# batches of one view's chunks: (ids, embeddings, metadatas)
+ChunkBatches = Iterable[tuple[Sequence[str], Sequence[Sequence[float]], Sequence[Mapping[str, Any] | None]]]
 
 
-def grep_page(
-    data: bytes, pattern: re.Pattern[bytes], name: bytes, files_only: bool = False, context: int = 0
-) -> Iterator[bytes]:
-    """One file's output lines of `grep -rn` (no line ends): `name:n:line` for a match,
-    `name-n-line` for up to `context` lines around one, `--` between groups of one file;
-    `name` alone with `files_only`; `Binary file name matches` for a binary file."""
-    if is_binary(data):
-        if pattern.search(data):
-            yield b"Binary file " + name + b" matches"
-        return
-    if files_only:
-        if pattern.search(data) and next(matching_lines(data, pattern), None) is not None:
-            yield name
-        return
-    if not context:
-        for number, line in matching_lines(data, pattern):
-            yield name + b":" + str(number).encode() + b":" + line
-        return
-    matches = {number for number, _ in matching_lines(data, pattern)}
-    if not matches:
-        return
-    lines = data.split(b"\n")
-    if lines and lines[-1] == b"":
-        lines.pop()
-    shown = sorted({n for m in matches for n in range(max(1, m - context), min(len(lines), m + context) + 1)})
-    previous = 0
-    for number in shown:
-        if previous and number > previous + 1:
-            yield b"--"
-        mark = b":" if number in matches else b"-"
-        yield name + mark + str(number).encode() + mark + lines[number - 1]
-        previous = number
+def rank_pages(
+    batches: ChunkBatches, query: Sequence[float], by_slug: Mapping[str, str], page_field: str, limit: int
+) -> list[tuple[str, float, str]]:
+    """The `limit` pages nearest the query, each by its nearest chunk: (path, squared L2
+    distance, that chunk's id). Exact: every chunk of the view is compared, none is missed
+    the way an approximate index can miss one (HNSW does, among many equal vectors)."""
+    target = np.asarray(query, dtype=np.float32)
+    best: dict[str, tuple[float, str]] = {}
+    for ids, embeddings, metadatas in batches:
+        if not len(ids):
+            continue
+        vectors = np.asarray(embeddings, dtype=np.float32)
+        distances = ((vectors - target) ** 2).sum(axis=1)
+        for record_id, metadata, distance in zip(ids, metadatas, distances.tolist(), strict=True):
+            path = by_slug.get(str((metadata or {}).get(page_field)))
+            if path is None:  # the filter admits only the view's pages; anything else is never shown
+                continue
+            if path not in best or distance < best[path][0]:
+                best[path] = (distance, record_id)
+    ranked = sorted(best.items(), key=lambda item: (item[1][0], item[0]))[:limit]
+    return [(path, distance, record_id) for path, (distance, record_id) in ranked]
 
 
-def is_binary(data: bytes) -> bool:
-    return b"\x00" in data[:65536]
+def locate(hit: Hit, page: bytes) -> Hit:
+    """The hit with its chunk's line numbers in the page (chunks are cut at line ends)."""
+    chunk = hit.chunk.encode("utf-8")
+    at = page.find(chunk) if chunk else -1
+    if at < 0:
+        return hit
+    first = page.count(b"\n", 0, at) + 1
+    return Hit(hit.path, hit.distance, hit.chunk, first, first + chunk.rstrip(b"\n").count(b"\n"))
+
+
+def hit_line(hit: Hit) -> str:
+    """`path:first-last: snippet`, as `chromafs search` prints a hit."""
+    return f"{hit.path}:{hit.first_line}-{hit.last_line}: {snippet(hit)}"
+
+
+def hit_record(hit: Hit) -> dict[str, Any]:
+    """A hit as `chromafs search --json` and the MCP tool give it."""
+    lines = [hit.first_line, hit.last_line]
+    return {"path": hit.path, "lines": lines, "distance": round(hit.distance, 6), "snippet": snippet(hit)}
+
+
+def snippet(hit: Hit) -> str:
+    return hit.chunk.strip().splitlines()[0][:160] if hit.chunk.strip() else ""

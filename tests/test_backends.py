@@ -182,7 +182,7 @@ def test_a_mount_on_the_old_tree_reads_replaced_pages_from_chroma_during_the_gra
         except OSError as exc:
             return f"{key}: {exc.strerror}"
 
-    with mounted(mnt, *backend, "--refresh-interval", "0", "--prefetch", "off", "--readahead-pages", "0"):
+    with mounted(mnt, *backend, "--refresh-interval", "0", "--preload", "off", "--readahead-pages", "0"):
         for key in (first, second):
             (site / key).write_bytes(old[key].replace(b"the", b"THE") + b"\nRewritten by a re-ingest.\n")
         ingest(site, *backend, "--quiet")
@@ -190,7 +190,7 @@ def test_a_mount_on_the_old_tree_reads_replaced_pages_from_chroma_during_the_gra
         (site / third).write_bytes((site / third).read_bytes() + b"\nAnother change.\n")
         ingest(site, *backend, "--quiet")
         assert read(second) == old[second], "the replaced version, read after a second ingest"
-    with mounted(mnt, *backend, "--prefetch", "off"):
+    with mounted(mnt, *backend, "--preload", "off"):
         for key in (first, second, third):
             assert read(key) == (site / key).read_bytes(), f"a new mount: {key}"
 

@@ -17,8 +17,8 @@ from chromadb.config import Settings
 from chromafs_fuse.backends.chroma_http import ChromaHttpError, HttpCollection, check_server_version
 from chromafs_fuse.backends.chroma_http import ChromaServer as ChromaServerClient
 from chromafs_fuse.backends.chroma_store import BackendError, ChromaLocation, ChromaPages, SiteNotFound
+from chromafs_fuse.grep import GrepQuery, candidate_pages
 from chromafs_fuse.names import DEFAULT_PAGE_FIELD, TREE_RECORD_ID
-from chromafs_fuse.search import GrepQuery, candidate_pages
 from chromafs_fuse.tree import parse_tree
 from helpers import SAMPLE_SITE, chromadb_libraries_loaded, expected_visible, ingest, mounted, try_mount
 from infra import ChromaServer
@@ -141,7 +141,7 @@ def test_mount_reads_through_the_adapter_without_chromadb(
 ) -> None:
     monkeypatch.delenv("CHROMAFS_MOUNTD_SOCKET", raising=False)  # a daemon of its own, not a mount server's child
     visible = sorted(expected_visible(SAMPLE_SITE, "public", None))
-    with mounted(mnt, "--site", SITE, "--chroma-url", served_site, "--prefetch", "off"):
+    with mounted(mnt, "--site", SITE, "--chroma-url", served_site, "--preload", "off"):
         for rel in visible:
             assert (mnt / rel).read_bytes() == (SAMPLE_SITE / rel).read_bytes(), rel
         loaded = chromadb_libraries_loaded(mnt)
@@ -172,7 +172,7 @@ def test_tenant_and_database(chroma_server, mnt: Path, tmp_path: Path) -> None: 
     pages.collection.close()
 
     visible = sorted(p for p in expected_visible(SAMPLE_SITE, "public", None) if p.endswith((".md", ".mdx")))
-    with mounted(mnt, *args, "--prefetch", "off"):
+    with mounted(mnt, *args, "--preload", "off"):
         for rel in visible:
             assert (mnt / rel).read_bytes() == (SAMPLE_SITE / rel).read_bytes(), rel
     # Not in the default tenant and database: the site is refused with one line.

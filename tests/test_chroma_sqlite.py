@@ -110,7 +110,7 @@ def test_an_embedded_mount_never_loads_chromadb(
 ) -> None:
     monkeypatch.delenv("CHROMAFS_MOUNTD_SOCKET", raising=False)  # a daemon of its own
     path = sample_chroma("public")
-    with mounted(mnt, "--site", SITE, "--chroma-path", str(path), "--prefetch", "off"):
+    with mounted(mnt, "--site", SITE, "--chroma-path", str(path), "--preload", "off"):
         for rel in sorted(expected_visible(SAMPLE_SITE, "public", None)):
             assert (mnt / rel).read_bytes() == (SAMPLE_SITE / rel).read_bytes(), rel
         loaded = chromadb_libraries_loaded(mnt)

@@ -61,7 +61,7 @@ def test_an_embedded_collection_written_by_the_oldest_chromadb(
 ) -> None:
     chroma = tmp_path / "chroma"
     ingest_with(oldest_chromadb, "--chroma-path", str(chroma))
-    with mounted(mnt, "--site", "old", "--chroma-path", str(chroma), "--prefetch", "off"):
+    with mounted(mnt, "--site", "old", "--chroma-path", str(chroma), "--preload", "off"):
         assert_reads_the_site(mnt)
 
 
@@ -73,5 +73,5 @@ def test_a_server_of_the_oldest_chromadb(
         monkeypatch.delenv("PYTHONPATH")
         blobs = f"file://{tmp_path / 'blobs'}"  # binary files: embedded Chroma keeps them beside its data
         ingest_with(oldest_chromadb, "--chroma-url", server.url, "--blob-store", blobs)
-        with mounted(mnt, "--site", "old", "--chroma-url", server.url, "--prefetch", "off"):
+        with mounted(mnt, "--site", "old", "--chroma-url", server.url, "--preload", "off"):
             assert_reads_the_site(mnt)

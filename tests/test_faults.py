@@ -32,7 +32,7 @@ def test_chroma_down_then_back_without_remount(mnt: Path, tmp_path: Path) -> Non
             "--quiet",
         )
         pages = sorted(p for p in expected_visible(SAMPLE_SITE, "public", None) if not p.endswith(".png"))
-        one_page_per_read = ["--prefetch", "off", "--readahead-pages", "0"]  # else one read loads the whole sample
+        one_page_per_read = ["--preload", "off", "--readahead-pages", "0"]  # else one read loads the whole sample
         with mounted(mnt, "--site", "acme", "--chroma-url", chroma.url, *one_page_per_read, "--backend-timeout", "3"):
             cached = pages[0]
             assert (mnt / cached).read_bytes() == (SAMPLE_SITE / cached).read_bytes()
@@ -51,7 +51,7 @@ def test_chroma_down_then_back_without_remount(mnt: Path, tmp_path: Path) -> Non
 
 def test_reader_of_a_dead_mount_gets_an_error_not_a_hang(sample_chroma: Callable[[str], Path], mnt: Path) -> None:
     chroma = str(sample_chroma("public"))
-    with mounted(mnt, "--site", "acme", "--chroma-path", chroma, "--prefetch", "off"):
+    with mounted(mnt, "--site", "acme", "--chroma-path", chroma, "--preload", "off"):
         pid = int((mnt.parent / "mnt.pid").read_text())
         os.kill(pid, signal.SIGSTOP)  # the daemon hangs: a reader now blocks in the kernel
         reader = subprocess.Popen(["cat", str(mnt / "changelog.md")], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
@@ -97,7 +97,7 @@ def test_frozen_chroma_fails_a_read_within_the_backend_timeout(mnt: Path, tmp_pa
         ingest(SAMPLE_SITE, "--site", "acme", "--chroma-url", chroma.url, "--quiet")
         pages = sorted(p for p in expected_visible(SAMPLE_SITE, "public", None) if p.endswith((".md", ".mdx")))
         timeout = 3.0
-        flags = ["--prefetch", "off", "--no-push-pages", "--backend-timeout", str(timeout)]
+        flags = ["--preload", "off", "--no-push-pages", "--backend-timeout", str(timeout)]
         with mounted(mnt, "--site", "acme", "--chroma-url", chroma.url, *flags):
             assert (mnt / pages[0]).read_bytes() == (SAMPLE_SITE / pages[0]).read_bytes()
             assert chroma.proc is not None
@@ -142,7 +142,7 @@ def test_tampered_chunk_gives_eio_never_wrong_bytes(mnt: Path, tmp_path: Path) -
         same_length = original[:-1] + ("X" if original[-1] != "X" else "Y")
         forged = same_length if page == "quickstart.mdx" else original + " (edited)"
         collection.update(ids=[found["ids"][first]], documents=[forged], embeddings=[found["embeddings"][first]])
-    with mounted(mnt, "--site", "acme", "--chroma-path", str(chroma), "--prefetch", "off"):
+    with mounted(mnt, "--site", "acme", "--chroma-path", str(chroma), "--preload", "off"):
         for page in tampered:
             with pytest.raises(OSError) as info:
                 (mnt / page).read_bytes()
@@ -166,7 +166,7 @@ def test_a_source_file_that_cannot_be_read_is_reported_and_the_rest_is_ingested(
     found = collection.get(where={"page_slug": broken}, include=["documents", "embeddings"])
     collection.update(ids=found["ids"][:1], documents=[found["documents"][0] + "!"], embeddings=found["embeddings"][:1])
     report_path = tmp_path / "report.json"
-    with mounted(mnt, "--site", "acme", "--chroma-path", str(source_chroma), "--prefetch", "off"):
+    with mounted(mnt, "--site", "acme", "--chroma-path", str(source_chroma), "--preload", "off"):
         assert (mnt / broken).stat().st_size == (SAMPLE_SITE / broken).stat().st_size
         with pytest.raises(OSError) as info:
             (mnt / broken).read_bytes()

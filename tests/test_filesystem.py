@@ -17,7 +17,7 @@ from chromafs_fuse.access import Principal, visible_entries
 from chromafs_fuse.filesystem import DocsFilesystem, PageUnavailable
 from chromafs_fuse.inodes import ROOT_INODE, InodeTable
 from chromafs_fuse.readahead import ReadScheduler
-from chromafs_fuse.serving.fuse_ops import ChromaOperations
+from chromafs_fuse.serving.fuse_adapter import FuseAdapter
 from chromafs_fuse.tree import PathEntry, parse_tree
 
 PAGES = {
@@ -68,14 +68,14 @@ class FakePages:
         pass
 
 
-def build(principal: Principal, no_open: bool = False, sized: bool = False) -> tuple[ChromaOperations, FakePages]:
+def build(principal: Principal, no_open: bool = False, sized: bool = False) -> tuple[FuseAdapter, FakePages]:
     tree = dict(TREE)
     if sized:
         tree["guides/deep/nested.md"] = {"isPublic": True, "size": 7}
     table = InodeTable(visible_entries(parse_tree(json.dumps(tree)).entries, principal))
     pages = FakePages()
     fs = DocsFilesystem(table, pages, ReadScheduler(table, pages, 32), no_open=no_open)
-    return ChromaOperations(fs, cache_timeout_s=60), pages
+    return FuseAdapter(fs, cache_timeout_s=60), pages
 
 
 def call(fn: Any, *args: Any) -> Any:
@@ -91,7 +91,7 @@ def errno_of(fn: Any, *args: Any) -> int:
     return info.value.errno
 
 
-def inode(ops: ChromaOperations, path: str) -> int:
+def inode(ops: FuseAdapter, path: str) -> int:
     parent = ROOT_INODE
     for part in path.split("/"):
         attrs = call(ops.lookup, parent, part.encode(), None)
@@ -100,7 +100,7 @@ def inode(ops: ChromaOperations, path: str) -> int:
     return parent
 
 
-def listing(ops: ChromaOperations, ino: int) -> list[bytes]:
+def listing(ops: FuseAdapter, ino: int) -> list[bytes]:
     names: list[bytes] = []
     original = pyfuse3.readdir_reply
     try:

@@ -47,11 +47,11 @@ def test_the_first_read_in_a_directory_pushes_its_siblings(
     port = free_port()
     flag = "--push-pages" if push else "--no-push-pages"
     chroma = str(sample_chroma("public"))
-    args = ("--site", "acme", "--chroma-path", chroma, "--prefetch", "on", "--metrics-addr", f"127.0.0.1:{port}")
+    args = ("--site", "acme", "--chroma-path", chroma, "--preload", "on", "--metrics-addr", f"127.0.0.1:{port}")
     with mounted(mnt, *args, flag):
         log = mnt.parent / "mnt.log"
         deadline = time.monotonic() + 10
-        while "prefetched" not in log.read_text() and time.monotonic() < deadline:
+        while "preloaded" not in log.read_text() and time.monotonic() < deadline:
             time.sleep(0.05)
         names = sorted(os.listdir(mnt / "guides"))  # the kernel now holds every file's inode
         files = [n for n in names if (mnt / "guides" / n).is_file()]
@@ -83,7 +83,7 @@ def test_pushing_never_shows_a_hidden_page(sample_chroma: Callable[[str], Path],
     every = sorted(str(p.relative_to(SAMPLE_SITE)) for p in SAMPLE_SITE.rglob("*") if p.is_file())
     hidden = [r for r in every if r not in visible]
     assert hidden, "the sample site must have hidden pages"
-    with mounted(mnt, "--site", "acme", "--chroma-path", chroma, "--prefetch", "on"):
+    with mounted(mnt, "--site", "acme", "--chroma-path", chroma, "--preload", "on"):
         run(["grep", "-rl", "e", str(mnt)])  # every visible page pushed or read
         for relative in hidden:
             with pytest.raises(FileNotFoundError):
@@ -124,7 +124,7 @@ def test_a_killed_daemon_never_leaves_a_hung_mount(sample_chroma: Callable[[str]
     seconds, the reader gets an error or its output, and the next mount works."""
     chroma = str(sample_chroma("public"))
     for attempt in range(5):
-        with mounted(mnt, "--site", "acme", "--chroma-path", chroma, "--prefetch", "off", "--readahead-pages", "4"):
+        with mounted(mnt, "--site", "acme", "--chroma-path", chroma, "--preload", "off", "--readahead-pages", "4"):
             daemon = int((mnt.parent / "mnt.pid").read_text())
             (watchdog,) = _children(daemon)
             reader = subprocess.Popen(

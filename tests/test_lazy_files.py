@@ -54,7 +54,7 @@ def test_ranged_reads_move_only_what_is_asked(s3_server: S3Server, mnt: Path, tm
         "acme",
         "--chroma-path",
         str(tmp_path / "chroma"),
-        "--prefetch",
+        "--preload",
         "off",
         "--log-level",
         "debug",
@@ -74,7 +74,7 @@ def test_ranged_reads_move_only_what_is_asked(s3_server: S3Server, mnt: Path, tm
 def test_s3_down_fails_that_file_only(s3_server: S3Server, mnt: Path, tmp_path: Path) -> None:
     _ingest_to_s3(s3_server, tmp_path / "chroma")
     with mounted(
-        mnt, "--site", "acme", "--chroma-path", str(tmp_path / "chroma"), "--prefetch", "off", env=s3_server.env
+        mnt, "--site", "acme", "--chroma-path", str(tmp_path / "chroma"), "--preload", "off", env=s3_server.env
     ):
         assert (mnt / "images/logo.png").read_bytes() == (SAMPLE_SITE / "images/logo.png").read_bytes()
         s3_server.stop()

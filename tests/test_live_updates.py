@@ -58,7 +58,7 @@ def test_a_mount_follows_a_reingest(
     ingest(site, *backend, "--default-access", "public", "--quiet")
     port = free_port()
     metrics = ["--metrics-addr", f"127.0.0.1:{port}"]
-    with mounted(mnt, *backend, "--refresh-interval", "0.5", "--prefetch", "off", *metrics):
+    with mounted(mnt, *backend, "--refresh-interval", "0.5", "--preload", "off", *metrics):
         edited, removed, locked = "guides/troubleshooting.md", "changelog.md", "guides/migration.mdx"
         unchanged = "quickstart.mdx"
         for key in (edited, removed, locked, unchanged):  # everything in the kernel's caches
@@ -120,7 +120,7 @@ def test_an_ingest_published_to_redis_reaches_mounts_at_once(
     backend = ["--site", SITE, "--chroma-path", str(tmp_path / "chroma")]
     backend += ["--redis-url", request.getfixturevalue("redis_server").url]
     ingest(site, *backend, "--quiet")
-    with mounted(mnt, *backend, "--refresh-interval", "60", "--prefetch", "off"):
+    with mounted(mnt, *backend, "--refresh-interval", "60", "--preload", "off"):
         page = "quickstart.mdx"
         assert (mnt / page).read_bytes() == (site / page).read_bytes()
         time.sleep(1)  # the mount has subscribed
@@ -143,7 +143,7 @@ def test_a_file_open_across_a_switch_reads_one_version_and_a_hidden_one_stops(tm
     ingest(site, *backend, "--quiet")
     old = (site / big).read_bytes()
     assert len(old) > 4 * 128 * 1024
-    with mounted(mnt, *backend, "--refresh-interval", "0.3", "--prefetch", "off", "--push-pages"):
+    with mounted(mnt, *backend, "--refresh-interval", "0.3", "--preload", "off", "--push-pages"):
         held = os.open(mnt / big, os.O_RDONLY)
         held_locked = os.open(mnt / locked, os.O_RDONLY)
         try:
@@ -245,7 +245,7 @@ def test_a_mount_whose_kernel_caches_for_an_hour_shows_the_new_listing_and_bytes
         visible = expected_visible(site, "public", None)
         return sorted({p.split("/")[1] for p in visible if p.startswith(f"{folder}/")})
 
-    with mounted(mnt, *backend, "--refresh-interval", "0.3", "--prefetch", "off", "--cache-timeout", "3600"):
+    with mounted(mnt, *backend, "--refresh-interval", "0.3", "--preload", "off", "--cache-timeout", "3600"):
         for _ in range(2):  # the second pass comes from the kernel's caches
             assert sorted(os.listdir(mnt / folder)) == listing()
             assert (mnt / edited).read_bytes() == (site / edited).read_bytes()

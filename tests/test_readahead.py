@@ -24,7 +24,7 @@ def test_reading_a_directory_in_order_fetches_pages_in_batches(
     chroma = tmp_path / "chroma"
     ingest(site, "--site", "readahead", "--chroma-path", str(chroma), "--default-access", "public", "--quiet")
     base = ["--site", "readahead", "--chroma-path", str(chroma), "--redis-url", redis_server.url]
-    with mounted(tmp_path / "prime", *base, "--prefetch", "on"):
+    with mounted(tmp_path / "prime", *base, "--preload", "on"):
         run(["grep", "-rq", "never-matches", str(tmp_path / "prime")])  # every page into Redis
 
     monitor = subprocess.Popen(
@@ -32,7 +32,7 @@ def test_reading_a_directory_in_order_fetches_pages_in_batches(
     )
     try:
         time.sleep(0.3)
-        with mounted(mnt, *base, "--prefetch", "off"):
+        with mounted(mnt, *base, "--preload", "off"):
             for i in range(FILES):  # one reader, in order, like `cat many/*`
                 name = f"page-{i:03d}.md"
                 assert (mnt / "many" / name).read_bytes() == (site / "many" / name).read_bytes()

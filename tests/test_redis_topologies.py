@@ -68,7 +68,7 @@ def test_a_failover_costs_no_read_and_the_mount_follows_the_new_master(
     backend = ["--site", SITE, "--chroma-path", str(tmp_path / "chroma"), "--redis-url", redis.url]
     ingest(site, *backend, "--quiet")
     # a poll a minute away: only an announcement on the new master can switch the mount in time
-    options = ["--refresh-interval", "60", "--prefetch", "off", "--readahead-pages", "0", "--backend-timeout", "5"]
+    options = ["--refresh-interval", "60", "--preload", "off", "--readahead-pages", "0", "--backend-timeout", "5"]
     with mounted(mnt, *backend, *options):
         pages = [f"many/page-{n:03d}.md" for n in range(GENERATED_PAGES)]
         problems, _ = read_during(mnt, site, pages[:10], 0)
@@ -137,7 +137,7 @@ def test_a_cluster_serves_a_second_mount_with_chroma_gone(
     chroma = tmp_path / "chroma"
     backend = ["--site", SITE, "--chroma-path", str(chroma), "--redis-url", cluster.url]
     ingest(SAMPLE_SITE, *backend, "--quiet")
-    with mounted(mnt, *backend, "--prefetch", "on"):
+    with mounted(mnt, *backend, "--preload", "on"):
         subprocess.run(["grep", "-rq", "never-matches-anything", str(mnt)], check=False, timeout=60)
     shutil.rmtree(chroma)
     second = tmp_path / "second"

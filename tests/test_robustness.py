@@ -49,7 +49,7 @@ def test_redis_flapping_during_reads(
         "300000",
         "--cache-timeout",
         "0",
-        "--prefetch",
+        "--preload",
         "off",
     ]
     with mounted(mnt, *args):
@@ -97,7 +97,7 @@ def test_s3_flapping_fails_only_lazy_reads_and_recovers(s3_server: S3Server, mnt
         str(chroma),
         "--cache-bytes",
         "1",
-        "--prefetch",
+        "--preload",
         "off",
         "--backend-timeout",
         "5",

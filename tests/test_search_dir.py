@@ -79,7 +79,7 @@ def test_the_search_directory_searches_the_tree_the_mount_shows_after_a_reingest
     def found() -> set[str]:
         return {line.split(":", 1)[0] for line in (mnt / ".search" / query).read_text().splitlines()}
 
-    with mounted(mnt, *backend, "--search-dir", ".search", "--refresh-interval", "0.3", "--prefetch", "off"):
+    with mounted(mnt, *backend, "--search-dir", ".search", "--refresh-interval", "0.3", "--preload", "off"):
         assert page in found()
         (site / page).write_text("---\ngroups: [admin]\n---\n" + (site / page).read_text())
         ingest(site, *backend, "--quiet")

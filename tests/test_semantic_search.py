@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from chromafs_fuse.semantic import SearchError, embedder_name, rank_pages
+from chromafs_fuse.search import SearchError, embedder_name, rank_pages
 from helpers import SAMPLE_SITE, expected_visible
 from infra import BIN
 

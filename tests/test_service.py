@@ -19,7 +19,8 @@ import pytest
 from chromafs_fuse.cli.mount import build_parser
 from chromafs_fuse.cli.mount_helper import mount_flags, translate
 from chromafs_fuse.serving.mounttable import escape, unescape
-from chromafs_fuse.serving.service import process_start, read_statuses, runtime_dir
+from chromafs_fuse.serving.process import process_start
+from chromafs_fuse.serving.status import read_statuses, runtime_dir
 from helpers import MOUNT, REPO, SAMPLE_SITE, is_mounted, mounted
 from infra import BIN, free_port, unmount
 

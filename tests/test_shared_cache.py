@@ -31,7 +31,7 @@ def test_second_mount_boots_from_redis_with_chroma_down(redis_server: RedisServe
             redis_server.url,
             "--quiet",
         )
-        args = ["--site", "acme", "--chroma-url", chroma.url, "--redis-url", redis_server.url, "--prefetch", "on"]
+        args = ["--site", "acme", "--chroma-url", chroma.url, "--redis-url", redis_server.url, "--preload", "on"]
         with mounted(mnt, *args):
             run(["grep", "-rq", "never-matches-anything", str(mnt)])  # every visible page read once
     finally:
@@ -55,7 +55,7 @@ def test_public_mount_never_touches_hidden_keys(
     secret_file: Path,
 ) -> None:
     chroma = str(sample_chroma("public"))
-    base = ["--site", "acme", "--chroma-path", chroma, "--redis-url", redis_server.url, "--prefetch", "on"]
+    base = ["--site", "acme", "--chroma-path", chroma, "--redis-url", redis_server.url, "--preload", "on"]
     admin = ["--token-file", str(token_file(["admin", "billing"])), "--jwt-secret-file", str(secret_file)]
     with mounted(tmp_path / "admin", *base, *admin):
         run(["grep", "-rq", "never-matches-anything", str(tmp_path / "admin")])
@@ -95,7 +95,7 @@ def test_reads_survive_redis_outage_and_use_it_again(
         str(sample_chroma("public")),
         "--redis-url",
         redis_server.url,
-        "--prefetch",
+        "--preload",
         "off",
         "--readahead-pages",
         "0",  # one page per read: read-ahead would load the whole sample site at the first read
@@ -123,7 +123,7 @@ def test_wrong_bytes_in_redis_are_never_served(redis_server: RedisServer, mnt: P
     warning: the mount reads the page from Chroma."""
     chroma = str(tmp_path / "chroma")
     ingest(SAMPLE_SITE, "--site", "acme", "--chroma-path", chroma, "--redis-url", redis_server.url, "--quiet")
-    args = ["--site", "acme", "--chroma-path", chroma, "--redis-url", redis_server.url, "--prefetch", "off"]
+    args = ["--site", "acme", "--chroma-path", chroma, "--redis-url", redis_server.url, "--preload", "off"]
     page = "quickstart.mdx"
     with mounted(mnt, *args):
         assert (mnt / page).read_bytes() == (SAMPLE_SITE / page).read_bytes()
@@ -147,14 +147,14 @@ def test_a_reingest_keeps_unchanged_pages_in_the_shared_cache(
     backend = ["--site", "acme", "--chroma-path", str(chroma), "--redis-url", redis_server.url]
     ingest(site, *backend, "--quiet")
     visible = [rel for rel in expected_visible(site, "public", None) if rel.endswith((".md", ".mdx"))]
-    with mounted(mnt, *backend, "--prefetch", "off"):
+    with mounted(mnt, *backend, "--preload", "off"):
         for rel in visible:
             assert (mnt / rel).read_bytes() == (site / rel).read_bytes(), rel
     changed = "quickstart.mdx"
     (site / changed).write_bytes((site / changed).read_bytes() + b"\nOne more line.\n")
     ingest(site, *backend, "--quiet")
     chroma.rename(tmp_path / "chroma-away")  # the new tree is in Redis; Chroma cannot answer
-    with mounted(mnt, *backend, "--prefetch", "off", "--readahead-pages", "0", "--backend-timeout", "3"):
+    with mounted(mnt, *backend, "--preload", "off", "--readahead-pages", "0", "--backend-timeout", "3"):
         for rel in visible:
             if rel != changed:
                 assert (mnt / rel).read_bytes() == (site / rel).read_bytes(), rel

@@ -56,7 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
 def run_status(args: argparse.Namespace) -> int:
     import json
 
-    from chromafs_fuse.serving.service import read_statuses
+    from chromafs_fuse.serving.status import read_statuses
 
     statuses = read_statuses()
     if args.json:
@@ -93,7 +93,7 @@ def run_status(args: argparse.Namespace) -> int:
 
 def run_grep(args: argparse.Namespace) -> int:
     from chromafs_fuse.config import SessionConfig
-    from chromafs_fuse.search import GrepQuery
+    from chromafs_fuse.grep import GrepQuery
     from chromafs_fuse.site.view import open_view
     from chromafs_fuse.token_source import resolve_token
 
@@ -122,7 +122,7 @@ def run_search(args: argparse.Namespace) -> int:
     import json
 
     from chromafs_fuse.config import SessionConfig
-    from chromafs_fuse.semantic import hit_line, hit_record
+    from chromafs_fuse.search import hit_line, hit_record
     from chromafs_fuse.site.view import open_view
     from chromafs_fuse.token_source import resolve_token
 
@@ -171,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     from chromafs_fuse.chunks import CorruptPage
     from chromafs_fuse.cli.common import CliError
     from chromafs_fuse.filesystem import PageUnavailable
-    from chromafs_fuse.semantic import SearchError
+    from chromafs_fuse.search import SearchError
     from chromafs_fuse.site.view import ViewError
     from chromafs_fuse.tokens import TokenError
 

@@ -37,13 +37,18 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-o", dest="options", action="append", default=[], help="FUSE mount options, e.g. allow_other")
     parser.add_argument("--cache-timeout", type=float, default=3600.0, help="kernel entry/attr cache seconds")
     parser.add_argument(
+        "--preload",
         "--prefetch",
         choices=["auto", "on", "off"],
         default="auto",
-        help="warm the cache with every visible page after mounting (auto: small sites)",
+        help="load every visible page into memory after mounting (auto: small sites)",
     )
     parser.add_argument(
-        "--prefetch-max-bytes", type=int, default=64 * 1024 * 1024, help="auto prefetch only sites up to this size"
+        "--preload-max-bytes",
+        "--prefetch-max-bytes",
+        type=int,
+        default=64 * 1024 * 1024,
+        help="auto preload only sites up to this size",
     )
     parser.add_argument(
         "--log-file", help="log here (default: stderr in the foreground; syslog, else a file, in the background)"
@@ -64,7 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--warm-kernel",
         action=argparse.BooleanOptionalAction,
         default=False,
-        help="after mounting, list every directory and hand every prefetched page to the kernel's page cache "
+        help="after mounting, list every directory and hand every preloaded page to the kernel's page cache "
         "(the mount server's class mounts do this)",
     )
     parser.add_argument(

@@ -18,9 +18,9 @@ VALUE_OPTIONS = frozenset(
         "--site", "--chroma-path", "--chroma-url", "--collection", "--chroma-tenant", "--chroma-database",
         "--page-field", "--chunk-index-field", "--token", "--token-file", "--jwt-secret-file", "--jwt-public-key",
         "--chunk-joiner", "--cache-bytes", "--backend-timeout", "--s3-endpoint-url", "--redis-url", "--redis-ca",
-        "--redis-prefix", "--redis-ttl", "--tree-ttl", "-o", "--cache-timeout", "--prefetch",
-        "--prefetch-max-bytes", "--log-file", "--readahead-pages", "--refresh-interval", "--pid-file",
-        "--log-format", "--metrics-addr", "--log-level", "--mountd", "--warm-wait", "--search-dir",
+        "--redis-prefix", "--redis-ttl", "--tree-ttl", "-o", "--cache-timeout", "--preload", "--prefetch",
+        "--preload-max-bytes", "--prefetch-max-bytes", "--log-file", "--readahead-pages", "--refresh-interval",
+        "--pid-file", "--log-format", "--metrics-addr", "--log-level", "--mountd", "--warm-wait", "--search-dir",
         "--warm-max-bytes", "--idle-exit",
     }
 )  # fmt: skip

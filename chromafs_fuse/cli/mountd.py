@@ -13,7 +13,7 @@ from chromafs_fuse.cli.mount import build_parser as mount_parser
 from chromafs_fuse.logs import setup_logging
 from chromafs_fuse.serving.class_mounts import DEFAULT_CLASS_ROOT, DEFAULT_IDLE_S, DEFAULT_WARM_WAIT_S
 from chromafs_fuse.serving.mountd import DEFAULT_SOCKET, serve_forever
-from chromafs_fuse.serving.service import limit_malloc_arenas
+from chromafs_fuse.serving.process import limit_malloc_arenas
 
 
 def parse_request_argv(argv: list[str]) -> argparse.Namespace:

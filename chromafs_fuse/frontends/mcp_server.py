@@ -25,8 +25,8 @@ from pydantic import Field
 
 from chromafs_fuse.access import Principal, visibility_key
 from chromafs_fuse.config import SessionConfig
-from chromafs_fuse.search import GrepQuery
-from chromafs_fuse.semantic import SearchError, hit_line
+from chromafs_fuse.grep import GrepQuery
+from chromafs_fuse.search import SearchError, hit_line
 from chromafs_fuse.site.loader import SiteLoader, verify_reader
 from chromafs_fuse.site.view import ReaderView, ViewError
 from chromafs_fuse.tokens import TokenError

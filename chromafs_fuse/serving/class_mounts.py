@@ -22,8 +22,9 @@ from collections.abc import Callable
 from chromafs_fuse.access import Principal
 from chromafs_fuse.config import MountConfig
 from chromafs_fuse.serving.binds import bind_read_only, detach, mounted_devices
-from chromafs_fuse.serving.service import process_start, runtime_dir, utc_text, write_private_json
+from chromafs_fuse.serving.process import process_start
 from chromafs_fuse.serving.sessions import ClassMount, Session, SessionTable, class_key
+from chromafs_fuse.serving.status import runtime_dir, utc_text, write_private_json
 
 log = logging.getLogger("chromafs.mountd")
 DEFAULT_CLASS_ROOT = "/run/chromafs/classes"

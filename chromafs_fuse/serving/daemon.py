@@ -31,18 +31,13 @@ from chromafs_fuse.inodes import InodeTable
 from chromafs_fuse.logs import setup_logging
 from chromafs_fuse.readahead import ReadScheduler
 from chromafs_fuse.serving.binds import binds_of
-from chromafs_fuse.serving.fuse_ops import ChromaOperations, pyfuse3_passes_inode
+from chromafs_fuse.serving.fuse_adapter import FuseAdapter, pyfuse3_passes_inode
 from chromafs_fuse.serving.handshake import READY
+from chromafs_fuse.serving.mount_metrics import start_metrics_server
+from chromafs_fuse.serving.process import limit_malloc_arenas, sd_notify
 from chromafs_fuse.serving.refresh import TreeRefresher
 from chromafs_fuse.serving.search_dir import SearchDir
-from chromafs_fuse.serving.service import (
-    StatusFile,
-    limit_malloc_arenas,
-    sd_notify,
-    start_metrics_server,
-    uptime_since,
-    utc_text,
-)
+from chromafs_fuse.serving.status import StatusFile, uptime_since, utc_text
 from chromafs_fuse.serving.warm_up import (
     all_files,
     changed_files,
@@ -62,15 +57,15 @@ IDLE_CHECK_S = 5.0  # how often a mount with --idle-exit looks for binds of it
 SEARCH_DIR_RESULTS = 20  # pages a file of the search directory lists
 
 
-def should_prefetch(config: MountConfig, table: InodeTable) -> bool:
-    if config.prefetch != "auto":
-        return config.prefetch == "on"
-    return visible_bytes(table) <= min(config.prefetch_max_bytes, config.session.cache_bytes // 2)
+def should_preload(config: MountConfig, table: InodeTable) -> bool:
+    if config.preload != "auto":
+        return config.preload == "on"
+    return visible_bytes(table) <= min(config.preload_max_bytes, config.session.cache_bytes // 2)
 
 
 def prepare(
     config: MountConfig, principal: Principal, preloaded: Preloaded | None = None
-) -> tuple[ChromaOperations, TreeRefresher | None]:
+) -> tuple[FuseAdapter, TreeRefresher | None]:
     loader = SiteLoader(config.session)
     site = loader.load(principal, preloaded)
     no_open = pyfuse3_passes_inode()
@@ -79,7 +74,7 @@ def prepare(
         scheduler = ReadScheduler(table, site.source, config.readahead_pages)
         return DocsFilesystem(table, site.source, scheduler, no_open, replaced)
 
-    ops = ChromaOperations(
+    ops = FuseAdapter(
         make_fs(site.table),
         config.cache_timeout_s,
         attributes=preloaded.attributes if preloaded else None,
@@ -93,9 +88,9 @@ def prepare(
     return ops, refresher
 
 
-def search_directory(config: MountConfig, principal: Principal, site: LoadedSite, ops: ChromaOperations) -> SearchDir:
+def search_directory(config: MountConfig, principal: Principal, site: LoadedSite, ops: FuseAdapter) -> SearchDir:
     """The --search-dir directory: its files search the pages the mount shows now."""
-    from chromafs_fuse.semantic import SearchError, hit_line
+    from chromafs_fuse.search import SearchError, hit_line
     from chromafs_fuse.site.view import ReaderView, ViewError
 
     def search(query: str) -> bytes:
@@ -123,7 +118,7 @@ def _public_backend(config: MountConfig) -> str:
 
 
 def describe_mount(
-    config: MountConfig, ops: ChromaOperations, principal: Principal, started: float, refresher: TreeRefresher | None
+    config: MountConfig, ops: FuseAdapter, principal: Principal, started: float, refresher: TreeRefresher | None
 ) -> dict:
     source = ops.fs.pages
     assert isinstance(source, PageSource)
@@ -158,11 +153,11 @@ def describe_mount(
     }
 
 
-async def prefetch_pages(source: PageSource, table: InodeTable) -> None:
+async def preload_pages(source: PageSource, table: InodeTable) -> None:
     """After mounting (without --warm-kernel): load every visible page into memory."""
     started = time.monotonic()
-    count = await source.prefetch(sorted(table.entries.values(), key=lambda e: e.key))
-    log.info("prefetched %d pages in %.2fs", count, time.monotonic() - started)
+    count = await source.preload(sorted(table.entries.values(), key=lambda e: e.key))
+    log.info("preloaded %d pages in %.2fs", count, time.monotonic() - started)
 
 
 def _unmount_now() -> None:
@@ -207,11 +202,11 @@ async def keep_written(status: StatusFile) -> None:
 
 def serve(
     config: MountConfig,
-    ops: ChromaOperations,
+    ops: FuseAdapter,
     refresher: TreeRefresher | None,
     principal: Principal,
     ready_fd: int | None,
-    prefetch: bool,
+    preload: bool,
 ) -> None:
     started = time.time()
     status = StatusFile(lambda: describe_mount(config, ops, principal, started, refresher))
@@ -232,17 +227,16 @@ def serve(
         finally:
             done.set()
 
-    async def announce_ready() -> None:
+    async def announce_ready(nursery: trio.Nursery) -> None:
         await trio.to_thread.run_sync(os.listdir, mountpoint)
-        assert source.nursery is not None
         if should_warm_kernel(config, ops):
             warmed = trio.Event()
-            source.nursery.start_soon(warm, all_files(ops.table), warmed)
+            nursery.start_soon(warm, all_files(ops.table), warmed)
             if config.warm_wait_s > 0:
                 with trio.move_on_after(config.warm_wait_s):
                     await warmed.wait()
-        elif prefetch:
-            source.nursery.start_soon(prefetch_pages, source, ops.table)
+        elif preload:
+            nursery.start_soon(preload_pages, source, ops.table)
         log.info("mounted on %s", mountpoint)
         status.write()
         if ready_fd is not None:
@@ -252,8 +246,7 @@ def serve(
         sd_notify(f"READY=1\nSTATUS=serving {config.site} on {mountpoint}")
 
     async def run() -> None:
-        async with trio.open_nursery() as nursery:
-            source.nursery = nursery
+        async with source.running(), trio.open_nursery() as nursery:
             token = trio.lowlevel.current_trio_token()
             ops.start_pushing(token)
             if refresher is not None:
@@ -265,7 +258,7 @@ def serve(
             nursery.start_soon(watch_signals)
             if principal.expires_at is not None:
                 nursery.start_soon(end_at_expiry, principal.expires_at)
-            nursery.start_soon(announce_ready)
+            nursery.start_soon(announce_ready, nursery)
             if config.idle_exit_s > 0:
                 nursery.start_soon(end_when_unused, mountpoint, config.idle_exit_s)
             nursery.start_soon(keep_written, status)
@@ -361,7 +354,7 @@ def run_daemon(
     except Exception as exc:
         return mount_failure(ready_fd, exc)
     try:
-        serve(config, ops, refresher, principal, ready_fd, should_prefetch(config, ops.table))
+        serve(config, ops, refresher, principal, ready_fd, should_preload(config, ops.table))
     except RuntimeError as exc:  # pyfuse3.init failures (permissions, no /dev/fuse)
         return report_failure(ready_fd, f"mounting {config.mountpoint} failed: {exc}")
     except Exception as exc:  # never die silently: the log says why

@@ -24,7 +24,6 @@ import select
 import signal
 import socket
 import struct
-import sys
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
@@ -106,7 +105,7 @@ class TreeCache:
     def _prepared(self, config: MountConfig, principal: Any) -> Preloaded | None:
         from chromafs_fuse.access import visibility_key
         from chromafs_fuse.backends.redis_cache import RedisCache
-        from chromafs_fuse.serving.fuse_ops import table_attributes
+        from chromafs_fuse.serving.fuse_adapter import table_attributes
         from chromafs_fuse.site.loader import Preloaded, SiteLoader
 
         settings = config.session.redis
@@ -390,15 +389,3 @@ def _handle(
 
 def _problem(error: Exception) -> str:
     return str(error) or error.__class__.__name__
-
-
-def main(argv: list[str] | None = None) -> int:
-    """The entry point an installed `chromafs-mountd` script may still name (its metadata is from
-    before the command moved to cli/mountd.py): remove once every install points there."""
-    from chromafs_fuse.cli.mountd import main as command  # layering: entry-point forwarder
-
-    return command(argv)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

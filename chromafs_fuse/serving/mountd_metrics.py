@@ -20,8 +20,8 @@ from typing import Any
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from chromafs_fuse.serving.service import runtime_dir
 from chromafs_fuse.serving.sessions import SessionTable
+from chromafs_fuse.serving.status import runtime_dir
 
 log = logging.getLogger("chromafs.mountd")
 SCRAPE_TIMEOUT_S = 0.2  # a scraper that dawdles must not hold up mount requests

@@ -22,7 +22,7 @@ import trio
 from chromafs_fuse.access import Principal
 from chromafs_fuse.filesystem import DocsFilesystem
 from chromafs_fuse.inodes import InodeTable
-from chromafs_fuse.serving.fuse_ops import ChromaOperations
+from chromafs_fuse.serving.fuse_adapter import FuseAdapter
 from chromafs_fuse.serving.kernel_push import KernelPusher
 from chromafs_fuse.site.loader import SiteLoader
 from chromafs_fuse.site.page_source import PageSource
@@ -38,7 +38,7 @@ class TreeRefresher:
         self,
         loader: SiteLoader,
         principal: Principal,
-        ops: ChromaOperations,
+        ops: FuseAdapter,
         source: PageSource,
         make_fs: Callable[[InodeTable, dict[int, PathEntry]], DocsFilesystem],
         interval_s: float,

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 
 from chromafs_fuse.access import Principal, visibility_key
-from chromafs_fuse.serving.service import write_private_json
+from chromafs_fuse.serving.status import write_private_json
 
 
 def class_key(mount_settings: Mapping[str, object], principal: Principal) -> str:

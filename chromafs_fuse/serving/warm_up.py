@@ -21,7 +21,7 @@ import trio
 
 from chromafs_fuse.config import MountConfig
 from chromafs_fuse.inodes import InodeTable
-from chromafs_fuse.serving.fuse_ops import ChromaOperations
+from chromafs_fuse.serving.fuse_adapter import FuseAdapter
 from chromafs_fuse.serving.kernel_push import walk_directories
 from chromafs_fuse.site.page_source import PageSource
 from chromafs_fuse.tree import PathEntry
@@ -43,7 +43,7 @@ def warm_budget(config: MountConfig) -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // MEMORY_SHARE
 
 
-def should_warm_kernel(config: MountConfig, ops: ChromaOperations) -> bool:
+def should_warm_kernel(config: MountConfig, ops: FuseAdapter) -> bool:
     """--warm-kernel, pages can be pushed (a watchdog runs), and the site fits the budget."""
     if not (config.warm_kernel and ops.push_pages):
         return False
@@ -83,7 +83,7 @@ def batches(table: InodeTable, files: Sequence[int], max_bytes: int) -> Iterator
 
 
 async def warm_kernel(
-    mountpoint: str, ops: ChromaOperations, source: PageSource, files: Sequence[int], batch_bytes: int
+    mountpoint: str, ops: FuseAdapter, source: PageSource, files: Sequence[int], batch_bytes: int
 ) -> int:
     """List every directory and hand every page of `files` to the kernel; returns how many
     pages were loaded. Stops early when the mount switches to another tree."""
@@ -107,7 +107,7 @@ async def warm_kernel(
     async with trio.open_nursery() as nursery:
         # every directory: the kernel then holds each listing, and accepts a store for any file
         nursery.start_soon(walk, walk_directories, mountpoint, table, walked.append)
-        loaded = await source.prefetch(entries(first))
+        loaded = await source.preload(entries(first))
     for index in walked:
         scheduler.holds_directory(index)
     await drained()
@@ -115,7 +115,7 @@ async def warm_kernel(
         if ops.fs is not fs:
             log.info("warm-up stopped: the mount switched to another tree")
             break
-        loaded += await source.prefetch(entries(batch))
+        loaded += await source.preload(entries(batch))
         scheduler.offer_loaded(batch)
         await drained()
     log.info(

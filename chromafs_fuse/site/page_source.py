@@ -9,11 +9,12 @@ inode table, never a path.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import TypeVar
 
 import trio
@@ -60,9 +61,20 @@ class PageSource:
         # reader waits one --backend-timeout, not two. The backend is tried again after this.
         self._timed_out: TTLCache[str, bool] = TTLCache(maxsize=4096, ttl=min(1.0, timeout_s))
         self.learned_sizes: dict[str, int] = {}
-        self.nursery: trio.Nursery | None = None  # set while serving: where read-ahead batches run
+        self._nursery: trio.Nursery | None = None  # while running(): where read-ahead batches run
         self.backend_errors: Counter[str] = Counter()
         self.backend_seconds: Counter[str] = Counter()
+
+    @contextlib.asynccontextmanager
+    async def running(self) -> AsyncIterator[None]:
+        """Run read-ahead batches in the background while the body runs; cancelled at its end."""
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            try:
+                yield
+            finally:
+                self._nursery = None
+                nursery.cancel_scope.cancel()
 
     def switch(self, tree_version: str) -> None:
         """Serve pages of a new tree from now on. Pages are kept under their sha256, so an
@@ -168,13 +180,13 @@ class PageSource:
         of fetching it again. `on_done(loaded)` runs on the loop when the batch ends, its pages
         in memory if `loaded`. False if the mount is not serving (no nursery to run it in).
         Which batches to start is the ReadScheduler's decision (readahead.py)."""
-        if self.nursery is None:
+        if self._nursery is None:
             return False
         todo = [e for e in entries if e.blob is None and not self.is_cached_or_loading(e.key, e.sha256)]
         done = trio.Event()
         for entry in todo:
             self._inflight[self._cache_key(entry)] = done
-        self.nursery.start_soon(self._load_batch, todo, done, on_done)
+        self._nursery.start_soon(self._load_batch, todo, done, on_done)
         return True
 
     async def _load_batch(self, todo: list[PathEntry], done: trio.Event, on_done: Callable[[bool], None]) -> None:
@@ -325,7 +337,7 @@ class PageSource:
 
     # -- warm start ---------------------------------------------------------
 
-    async def prefetch(
+    async def preload(
         self, entries: Sequence[PathEntry], batch_pages: int = 200, after_batch: Callable[[], object] | None = None
     ) -> int:
         """Load pages in a few batched calls, calling `after_batch` after each; returns how
@@ -340,10 +352,10 @@ class PageSource:
                         self.load_many, batch, abandon_on_cancel=True, limiter=self._limiter
                     )
             except trio.TooSlowError:
-                log.warning("prefetch stopped: the backend is too slow")
+                log.warning("preload stopped: the backend is too slow")
                 return done
             except Exception:
-                log.exception("prefetch stopped")
+                log.exception("preload stopped")
                 return done
             for entry in batch:
                 data = results.get(entry.key)

@@ -17,13 +17,13 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from chromafs_fuse.access import Principal
+from chromafs_fuse.grep import GrepQuery, candidate_pages, grep_page
 from chromafs_fuse.inodes import Node
-from chromafs_fuse.search import GrepQuery, candidate_pages, grep_page
 from chromafs_fuse.tree import PathEntry
 
 if TYPE_CHECKING:
     from chromafs_fuse.config import SessionConfig
-    from chromafs_fuse.semantic import Hit
+    from chromafs_fuse.search import Hit
     from chromafs_fuse.site.loader import LoadedSite
 
 BATCH = 5000  # chunks read per call of a semantic search
@@ -192,7 +192,7 @@ def search_view(view: ReaderView, query: str, limit: int, embedder: str | None =
     chunk and that chunk's lines. Blocking."""
     from chromafs_fuse.backends.chroma_store import connect_client
     from chromafs_fuse.ingest.embedding import make_embedder
-    from chromafs_fuse.semantic import Hit, SearchError, embedder_name, locate, rank_pages, view_filter
+    from chromafs_fuse.search import Hit, SearchError, embedder_name, locate, rank_pages, view_filter
 
     if limit < 1:
         raise SearchError("the number of results must be at least 1")

@@ -142,7 +142,7 @@ class Chromafs:
         deadline = time.monotonic() + wait_s
         while time.monotonic() < deadline:
             log = self.mounter.log_text(fresh.root)
-            if "prefetched" in log or "prefetch stopped" in log:
+            if "preloaded" in log or "preload stopped" in log:
                 return True
             time.sleep(0.1)
         return False

@@ -117,7 +117,7 @@ def _request(name: str) -> Callable[[Callable[..., Awaitable[R]]], Callable[...,
 
     def decorate(handler: Callable[..., Awaitable[R]]) -> Callable[..., Awaitable[R]]:
         @functools.wraps(handler)
-        async def guarded(self: ChromaOperations, *args: Any) -> R:
+        async def guarded(self: FuseAdapter, *args: Any) -> R:
             self.requests[name] += 1
             started = time.perf_counter()
             try:
@@ -137,7 +137,7 @@ def _request(name: str) -> Callable[[Callable[..., Awaitable[R]]], Callable[...,
     return decorate
 
 
-class ChromaOperations(pyfuse3.Operations):
+class FuseAdapter(pyfuse3.Operations):
     supports_dot_lookup = True
     enable_writeback_cache = False
 
@@ -237,10 +237,10 @@ class ChromaOperations(pyfuse3.Operations):
         return inode
 
     @_request("readdir")
-    async def readdir(self, fh: int, start_id: int, token: pyfuse3.ReaddirToken) -> None:
-        if SearchDir.owns(fh):
+    async def readdir(self, inode: int, start_id: int, token: pyfuse3.ReaddirToken) -> None:
+        if SearchDir.owns(inode):
             return  # the search directory lists nothing: its files are queries
-        index, children = self.fs.children(fh)
+        index, children = self.fs.children(inode)
         known, name_at, reply = self._attrs, self.table.name_at, pyfuse3.readdir_reply
         for position in range(start_id, len(children)):
             child = children[position]
@@ -249,7 +249,7 @@ class ChromaOperations(pyfuse3.Operations):
         self.fs.listed(index)
 
     @_request("releasedir")
-    async def releasedir(self, fh: int) -> None:
+    async def releasedir(self, inode: int) -> None:
         return None
 
     @_request("open")
@@ -265,16 +265,16 @@ class ChromaOperations(pyfuse3.Operations):
         return pyfuse3.FileInfo(fh=inode, keep_cache=reply.keep_cache, direct_io=reply.direct_io)
 
     @_request("read")
-    async def read(self, fh: int, off: int, size: int) -> bytes:
-        if SearchDir.owns(fh):
-            content = self.search_dir.content(fh) if self.search_dir is not None else None
+    async def read(self, inode: int, off: int, size: int) -> bytes:
+        if SearchDir.owns(inode):
+            content = self.search_dir.content(inode) if self.search_dir is not None else None
             if content is None:
                 raise FsError(errno.ENOENT)
             return content[off : off + size]
-        return await self.fs.read(fh, off, size)
+        return await self.fs.read(inode, off, size)
 
     @_request("release")
-    async def release(self, fh: int) -> None:
+    async def release(self, inode: int) -> None:
         return None
 
     @_request("access")
@@ -376,6 +376,6 @@ class ChromaOperations(pyfuse3.Operations):
 
 _HANDLERS = [
     name
-    for name, member in vars(ChromaOperations).items()
+    for name, member in vars(FuseAdapter).items()
     if callable(member) and getattr(member, "__wrapped__", None) is not None
 ]

@@ -1,0 +1,102 @@
+"""A status file per mount for `chromafs status`, in a runtime directory. No token or page
+content ever goes into it."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+from chromafs_fuse.serving.mounttable import mounts
+from chromafs_fuse.serving.process import process_start
+
+log = logging.getLogger("chromafs.status")
+
+
+def runtime_dir() -> str:
+    """Where mounts publish their status: /run/chromafs/mounts, else a per-user temp dir."""
+    for base in ("/run/chromafs", os.path.join(os.environ.get("TMPDIR", "/tmp"), f"chromafs-{os.getuid()}")):
+        path = os.path.join(base, "mounts")
+        try:
+            os.makedirs(path, mode=0o700, exist_ok=True)
+        except OSError:
+            continue
+        if os.access(path, os.W_OK):
+            return path
+    return ""
+
+
+def write_private_json(path: str, data: object) -> None:
+    """Replace `path` with `data` as JSON in one step, readable by its owner only."""
+    tmp = f"{path}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump(data, f, sort_keys=True)
+    os.replace(tmp, path)
+
+
+def utc_text(seconds: float | None) -> str:
+    """A time for a log line: ISO 8601 in UTC, "-" for none."""
+    return "-" if seconds is None else time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(seconds))
+
+
+class StatusFile:
+    """A small JSON file describing this mount, rewritten every few seconds."""
+
+    def __init__(self, describe: Callable[[], dict[str, Any]]) -> None:
+        self.describe = describe
+        directory = runtime_dir()
+        self.path = os.path.join(directory, f"{os.getpid()}.json") if directory else ""
+        self.pid_start = process_start(os.getpid())
+
+    def write(self) -> None:
+        if not self.path:
+            return
+        try:
+            write_private_json(self.path, {**self.describe(), "pid_start": self.pid_start})
+        except OSError as exc:
+            log.debug("cannot write status file %s: %s", self.path, exc)
+
+    def remove(self) -> None:
+        if self.path:
+            with contextlib.suppress(OSError):
+                os.unlink(self.path)
+
+
+def read_statuses() -> list[dict[str, Any]]:
+    """Status of every live chromafs mount of this machine that this user can see."""
+    mounted = {entry.target: entry.source for entry in mounts() if entry.fstype == "fuse.chromafs"}
+    statuses = []
+    seen = set()
+    directory = runtime_dir()
+    for name in sorted(os.listdir(directory)) if directory else []:
+        if not name.endswith(".json"):
+            continue
+        path = os.path.join(directory, name)
+        try:
+            with open(path) as f:
+                status = json.load(f)
+            pid = int(status["pid"])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue  # a file being written
+        started = process_start(pid)
+        if started is None or status.get("pid_start", started) != started:
+            # Left by a daemon that was killed; its pid may belong to another process by now.
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+            continue
+        if status.get("mountpoint") in mounted:
+            statuses.append(status)
+            seen.add(status["mountpoint"])
+    for mountpoint, source in mounted.items():
+        if mountpoint not in seen:
+            statuses.append({"mountpoint": mountpoint, "site": source.partition(":")[2], "pid": None})
+    return statuses
+
+
+def uptime_since(started: float) -> float:
+    return round(time.time() - started, 1)
