@@ -52,6 +52,36 @@ def _inode_for(path: str, salt: int) -> int:
     return int.from_bytes(digest, "little") & _INODE_MASK
 
 
+@dataclass(frozen=True, slots=True)
+class InodeScope:
+    """Where a table's inode numbers live. The default is a mount of its own: the root is inode 1.
+    A view among many in one shared mount numbers its directories (root included) for the view
+    alone, since their listings differ between views, and its files for the site, so that every
+    view of a site that shows a page gives it the same inode and the kernel holds its bytes once."""
+
+    site: str = ""
+    view: str = ""
+
+    def root_inode(self) -> int:
+        return ROOT_INODE if not self.view else _free_inode(f"\0view\0{self.view}", set())
+
+    def identity(self, path: str, entry: PathEntry | None) -> str:
+        if entry is None:
+            return f"{self.view}\0{path}" if self.view else path
+        own = path if entry.sha256 is None else f"{path}\0{entry.sha256}"
+        return f"{self.site}\0{own}" if self.site else own
+
+
+def _free_inode(identity: str, used: set[int]) -> int:
+    """The identity's inode: its hash, rehashed with a salt while it collides (or is 0 or 1)."""
+    salt = 0
+    inode = _inode_for(identity, salt)
+    while inode <= ROOT_INODE or inode in used:
+        salt += 1
+        inode = _inode_for(identity, salt)
+    return inode
+
+
 class _Dir:
     __slots__ = ("children", "path")
 
@@ -83,8 +113,9 @@ class InodeTable:
     other and sorted by name (as bytes), so a listing is a range of indices.
     """
 
-    def __init__(self, entries: Mapping[str, PathEntry]) -> None:
+    def __init__(self, entries: Mapping[str, PathEntry], scope: InodeScope = InodeScope()) -> None:
         self.entries = entries  # the visible entries, by key
+        self.scope = scope
         self._add_nodes(_nest(entries))
         self._order_files()
 
@@ -117,14 +148,9 @@ class InodeTable:
         def add(path: str, name: str, parent: int, entry: PathEntry | None) -> int:
             index = len(self._inode)
             if index == ROOT_INDEX:
-                inode = ROOT_INODE
+                inode = self.scope.root_inode()
             else:
-                salt = 0
-                identity = path if entry is None or entry.sha256 is None else f"{path}\0{entry.sha256}"
-                inode = _inode_for(identity, salt)
-                while inode <= ROOT_INODE or inode in used:
-                    salt += 1
-                    inode = _inode_for(identity, salt)
+                inode = _free_inode(self.scope.identity(path, entry), used)
             used.add(inode)
             self._inode.append(inode)
             self._parent.append(parent)
