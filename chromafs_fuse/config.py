@@ -3,8 +3,7 @@
 `SessionConfig` is what any reader of a site needs (a mount, `chromafs grep`);
 `MountConfig` adds what a mount needs. The CLIs build them from their argparse
 Namespace with `from_args` and pass them down; nothing below the CLI reads the Namespace.
-The flag names are chromafs-mount's parser (cli/mount.py), which mount.fuse.chromafs
-also derives its option list from, so fstab options and flags cannot drift apart.
+The flags, and the defaults of the fields they set, are declared once, in options.py.
 """
 
 from __future__ import annotations
@@ -16,6 +15,7 @@ from typing import Literal
 
 from chromafs_fuse.backends.chroma_store import ChromaLocation
 from chromafs_fuse.errors import UsageError
+from chromafs_fuse.options import DEFAULTS
 
 
 def chroma_location(args: argparse.Namespace) -> ChromaLocation:
@@ -42,28 +42,25 @@ def chroma_location(args: argparse.Namespace) -> ChromaLocation:
 @dataclass(frozen=True, slots=True)
 class RedisSettings:
     url: str
-    prefix: str = "chromafs"
-    page_ttl_s: int = 24 * 3600
-    tree_ttl_s: int = 300
+    prefix: str = DEFAULTS["--redis-prefix"]
+    page_ttl_s: int = DEFAULTS["--redis-ttl"]
+    tree_ttl_s: int = DEFAULTS["--tree-ttl"]
     ca_file: str | None = None  # the CA of a rediss:// server, else the system's
 
 
-def redis_settings(args: argparse.Namespace) -> RedisSettings:
+def redis_settings(
+    url: str, prefix: str, ca_file: str | None, tree_ttl_s: int, page_ttl_s: int = DEFAULTS["--redis-ttl"]
+) -> RedisSettings:
+    """Checked settings of --redis-url and its flags (chromafs-ingest has no --redis-ttl: it writes no pages)."""
     from chromafs_fuse.backends.redis_topology import RedisURLError, parse_redis_url
 
     try:
-        parse_redis_url(args.redis_url)
+        parse_redis_url(url)
     except RedisURLError as exc:
         raise UsageError(f"--redis-url: {exc}") from exc
-    if args.redis_ca and not os.path.isfile(args.redis_ca):
-        raise UsageError(f"--redis-ca {args.redis_ca}: no such file")
-    return RedisSettings(
-        args.redis_url,
-        args.redis_prefix,
-        getattr(args, "redis_ttl", 24 * 3600),
-        args.tree_ttl,
-        os.path.abspath(args.redis_ca) if args.redis_ca else None,
-    )
+    if ca_file and not os.path.isfile(ca_file):
+        raise UsageError(f"--redis-ca {ca_file}: no such file")
+    return RedisSettings(url, prefix, page_ttl_s, tree_ttl_s, os.path.abspath(ca_file) if ca_file else None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,9 +69,9 @@ class SessionConfig:
     chroma: ChromaLocation
     page_field: str
     chunk_index_field: str
-    chunk_joiner: str = "\n"
-    cache_bytes: int = 32 * 1024 * 1024
-    backend_timeout_s: float = 10.0
+    chunk_joiner: str = DEFAULTS["--chunk-joiner"]
+    cache_bytes: int = DEFAULTS["--cache-bytes"]
+    backend_timeout_s: float = DEFAULTS["--backend-timeout"]
     s3_endpoint_url: str | None = None
     redis: RedisSettings | None = None
     jwt_secret_file: str | None = None
@@ -88,7 +85,7 @@ class SessionConfig:
             raise UsageError("--cache-bytes must not be negative")
         redis = None
         if args.redis_url:
-            redis = redis_settings(args)
+            redis = redis_settings(args.redis_url, args.redis_prefix, args.redis_ca, args.tree_ttl, args.redis_ttl)
         return cls(
             site=args.site,
             chroma=chroma_location(args),
@@ -112,21 +109,21 @@ class MountConfig:
     session: SessionConfig
     mountpoint: str  # absolute
     fuse_options: tuple[str, ...] = ()  # from -o, as given; the daemon adds its own and drops rw
-    cache_timeout_s: float = 3600.0
-    preload: Preload = "auto"
-    preload_max_bytes: int = 64 * 1024 * 1024
-    readahead_pages: int = 32
-    push_pages: bool = True
-    warm_kernel: bool = False  # after mounting: list every directory, push every preloaded page
-    warm_wait_s: float = 0.0  # how long READY waits for that warm-up (0: it runs in the background)
-    warm_max_bytes: int = 0  # sites larger than this are not warmed (0: a sixteenth of the memory)
-    idle_exit_s: float = 0.0  # unmount once no bind of this mount has stood this long (0: never)
+    cache_timeout_s: float = DEFAULTS["--cache-timeout"]
+    preload: Preload = DEFAULTS["--preload"]
+    preload_max_bytes: int = DEFAULTS["--preload-max-bytes"]
+    readahead_pages: int = DEFAULTS["--readahead-pages"]
+    push_pages: bool = DEFAULTS["--push-pages"]
+    warm_kernel: bool = DEFAULTS["--warm-kernel"]  # after mounting: list every directory, push every page
+    warm_wait_s: float = DEFAULTS["--warm-wait"]  # how long READY waits for that warm-up (0: in the background)
+    warm_max_bytes: int = DEFAULTS["--warm-max-bytes"]  # larger sites are not warmed (0: a sixteenth of the memory)
+    idle_exit_s: float = DEFAULTS["--idle-exit"]  # unmount once no bind of this mount has stood this long (0: never)
     pid_file: str | None = None
     log_file: str | None = None
-    log_level: str = "info"
-    log_format: Literal["text", "json"] = "text"
+    log_level: str = DEFAULTS["--log-level"]
+    log_format: Literal["text", "json"] = DEFAULTS["--log-format"]
     metrics_addr: str | None = None
-    refresh_interval_s: float = 5.0  # 0: the tree stays as mounted
+    refresh_interval_s: float = 5.0  # 0: the tree stays as mounted (--refresh-interval's default, 1 with Redis)
     search_dir: str | None = None  # a hidden directory whose files are semantic searches
 
     @property

@@ -136,7 +136,9 @@ def main(argv: list[str] | None = None) -> int:
                 rules = parse_acl(Path(args.acl).read_text("utf-8"), args.acl)
             except OSError as exc:
                 raise CliError(f"cannot read {args.acl}: {exc.strerror}") from exc
-        shared_cache = redis_settings(args) if args.redis_url else None
+        shared_cache = None
+        if args.redis_url:
+            shared_cache = redis_settings(args.redis_url, args.redis_prefix, args.redis_ca, args.tree_ttl)
         blob_url = args.blob_store
         if blob_url is None and location.path:
             blob_url = (Path(location.path) / "chromafs-blobs").as_uri()

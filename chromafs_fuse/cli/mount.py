@@ -13,7 +13,7 @@ import contextlib
 import os
 import sys
 
-from chromafs_fuse.cli.common import add_session_arguments
+from chromafs_fuse.cli.common import add_options
 from chromafs_fuse.cli.mount_request import (
     check_mountpoint,
     encode_request,
@@ -23,6 +23,7 @@ from chromafs_fuse.cli.mount_request import (
     unmount_lazily,
 )
 from chromafs_fuse.errors import UsageError
+from chromafs_fuse.options import MOUNT_OPTIONS
 from chromafs_fuse.serving.handshake import wait_for_ready
 from chromafs_fuse.token_source import resolve_token
 
@@ -32,95 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="chromafs-mount", description="Mount a docs site stored in Chroma as a read-only filesystem."
     )
     parser.add_argument("mountpoint", help="directory to mount on")
-    add_session_arguments(parser)
-    parser.add_argument("--foreground", "-f", action="store_true", help="serve in this process")
-    parser.add_argument("-o", dest="options", action="append", default=[], help="FUSE mount options, e.g. allow_other")
-    parser.add_argument("--cache-timeout", type=float, default=3600.0, help="kernel entry/attr cache seconds")
-    parser.add_argument(
-        "--preload",
-        "--prefetch",
-        choices=["auto", "on", "off"],
-        default="auto",
-        help="load every visible page into memory after mounting (auto: small sites)",
-    )
-    parser.add_argument(
-        "--preload-max-bytes",
-        "--prefetch-max-bytes",
-        type=int,
-        default=64 * 1024 * 1024,
-        help="auto preload only sites up to this size",
-    )
-    parser.add_argument(
-        "--log-file", help="log here (default: stderr in the foreground; syslog, else a file, in the background)"
-    )
-    parser.add_argument(
-        "--readahead-pages",
-        type=int,
-        default=32,
-        help="on a cache miss, load this many pages of the same directory in one batch (0: off)",
-    )
-    parser.add_argument(
-        "--push-pages",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="hand read-ahead pages to the kernel's page cache before they are read (no-open mode only)",
-    )
-    parser.add_argument(
-        "--warm-kernel",
-        action=argparse.BooleanOptionalAction,
-        default=False,
-        help="after mounting, list every directory and hand every preloaded page to the kernel's page cache "
-        "(the mount server's class mounts do this)",
-    )
-    parser.add_argument(
-        "--warm-max-bytes",
-        type=int,
-        default=0,
-        metavar="N",
-        help="with --warm-kernel: warm sites of up to N visible bytes, streamed through to the kernel's page "
-        "cache (default 0: a sixteenth of the machine's memory)",
-    )
-    parser.add_argument(
-        "--idle-exit",
-        type=float,
-        default=0.0,
-        metavar="S",
-        help="unmount once no other mount of this one (a session's bind) has stood for S seconds "
-        "(the mount server's class mounts do this; default 0: never)",
-    )
-    parser.add_argument(
-        "--search-dir",
-        metavar="NAME",
-        help="a directory NAME at the root, never listed, where reading NAME/<query> gives a semantic search",
-    )
-    parser.add_argument(
-        "--warm-wait",
-        type=float,
-        default=0.0,
-        metavar="S",
-        help="with --warm-kernel: answer ready once warm, or after S seconds (default 0: warm in the background)",
-    )
-    parser.add_argument(
-        "--refresh-interval",
-        type=float,
-        metavar="S",
-        help="check for a re-ingested tree every S seconds, switch to it (default 1 with Redis, 5 without; 0: never)",
-    )
-    parser.add_argument("--pid-file", help="write the daemon's PID here while it serves")
-    parser.add_argument("--log-format", choices=["text", "json"], default="text", help="one line per event")
-    parser.add_argument("--metrics-addr", metavar="HOST:PORT", help="serve Prometheus metrics here")
-    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
-    parser.add_argument(
-        "--mountd",
-        default=os.environ.get("CHROMAFS_MOUNTD_SOCKET"),
-        help="ask this chromafs-mountd socket to serve the mount (env CHROMAFS_MOUNTD_SOCKET)",
-    )
-    parser.add_argument(
-        "--isolated",
-        action="store_true",
-        help="with --mountd: a daemon of this session's own, not a bind of its reader class's shared mount",
-    )
-    parser.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)
+    add_options(parser, MOUNT_OPTIONS)
     return parser
 
 

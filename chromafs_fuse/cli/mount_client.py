@@ -18,6 +18,7 @@ from chromafs_fuse.cli.mount_request import (
     request_mount,
     require_chroma_location,
     server_argv,
+    warn_of_old_names,
 )
 from chromafs_fuse.errors import UsageError
 from chromafs_fuse.token_source import token_of
@@ -43,8 +44,10 @@ def quick_request(argv: list[str]) -> int | None:
     except ValueError:
         return None  # argparse words the error
     except UsageError as exc:
+        warn_of_old_names(options)
         print(f"chromafs-mount: {exc}", file=sys.stderr)
         return 1
+    warn_of_old_names(options)  # here, not before: a ValueError above leaves it to the full parser
     return request_mount(socket_path, request, mountpoint, wait_s)
 
 

@@ -4,15 +4,19 @@
 
 and the same line in /etc/fstab work. The source is the site; `-o` options
 name chromafs-mount flags with '_' for '-' (every flag of chromafs-mount but --site,
---token and --foreground; switches such as no_push_pages take no value). Generic mount
-options are dropped;
-FUSE options (allow_other, default_permissions, ...) are passed on with -o.
+--token, --foreground and -o, as options.py lists them; switches such as no_push_pages take no
+value). Generic mount options are dropped; FUSE options (allow_other, default_permissions, ...)
+are passed on with -o.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+
+from chromafs_fuse.options import deprecated_names, fstab_name, fstab_names
+
+RENAMED = deprecated_names()
 
 # Options mount(8) and fstab use for their own purposes; meaningless to the daemon.
 GENERIC = {
@@ -41,24 +45,13 @@ GENERIC = {
     "async",
     "x-systemd.automount",
 }
-# chromafs-mount flags that make no sense as a mount option, or must not be one.
-NOT_OPTIONS = {"site", "token", "token_stdin", "ready_fd", "foreground", "help", "options", "mountpoint"}
 
 
 def mount_flags() -> tuple[set[str], set[str]]:
     """(options that take a value, options that are switches), named as in fstab ('_' for '-'),
-    read from chromafs-mount's own parser so that the two never drift apart."""
-    from chromafs_fuse.cli.mount import build_parser
-
-    valued: set[str] = set()
-    switches: set[str] = set()
-    for action in build_parser()._actions:
-        longs = [o for o in action.option_strings if o.startswith("--")]
-        if not longs or action.dest in NOT_OPTIONS or action.help == "==SUPPRESS==":
-            continue
-        names = {o[2:].replace("-", "_") for o in longs}  # --push-pages and --no-push-pages alike
-        (switches if action.nargs == 0 else valued).update(names)
-    return valued, switches
+    from the table chromafs-mount's parser is built from, so that the two never drift apart."""
+    valued, switches = fstab_names()
+    return set(valued), set(switches)
 
 
 class HelperError(ValueError):
@@ -68,7 +61,7 @@ class HelperError(ValueError):
 def translate(source: str, mountpoint: str, options: str) -> list[str]:
     """The chromafs-mount argument list for a mount(8) call."""
     argv = [mountpoint, "--site", source]
-    valued, switches = mount_flags()
+    valued, switches = fstab_names()
     fuse_options = []
     for option in filter(None, (o.strip() for o in options.split(","))):
         name, has_value, value = option.partition("=")
@@ -79,16 +72,25 @@ def translate(source: str, mountpoint: str, options: str) -> list[str]:
         if name in valued:
             if not has_value:
                 raise HelperError(f"option {name} needs a value")
-            argv += [f"--{name.replace('_', '-')}", value]
+            argv += [_current_flag(valued[name]), value]
         elif name in switches:
             if has_value:
                 raise HelperError(f"option {name} takes no value")
-            argv.append(f"--{name.replace('_', '-')}")
+            argv.append(_current_flag(switches[name]))
         else:
             fuse_options.append(option)
     if fuse_options:
         argv += ["-o", ",".join(fuse_options)]
     return argv
+
+
+def _current_flag(flag: str) -> str:
+    """The flag, by its new name if it has one (saying so on stderr, in fstab's words)."""
+    if flag not in RENAMED:
+        return flag
+    old, new = fstab_name(flag), fstab_name(RENAMED[flag])
+    print(f"mount.fuse.chromafs: option {old}= is deprecated, use {new}=", file=sys.stderr)
+    return RENAMED[flag]
 
 
 def main(argv: list[str] | None = None) -> int:

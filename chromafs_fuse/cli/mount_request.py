@@ -9,21 +9,11 @@ import os
 import sys
 
 from chromafs_fuse.errors import UsageError
+from chromafs_fuse.options import deprecated_names, quick_path_names
 from chromafs_fuse.serving.handshake import wait_for_ready
 
-# chromafs-mount's options as its parser defines them (a test keeps these in step with it)
-FLAGS = frozenset({"--isolated", "--push-pages", "--no-push-pages", "--warm-kernel", "--no-warm-kernel"})
-VALUE_OPTIONS = frozenset(
-    {
-        "--site", "--chroma-path", "--chroma-url", "--collection", "--chroma-tenant", "--chroma-database",
-        "--page-field", "--chunk-index-field", "--token", "--token-file", "--jwt-secret-file", "--jwt-public-key",
-        "--chunk-joiner", "--cache-bytes", "--backend-timeout", "--s3-endpoint-url", "--redis-url", "--redis-ca",
-        "--redis-prefix", "--redis-ttl", "--tree-ttl", "-o", "--cache-timeout", "--preload", "--prefetch",
-        "--preload-max-bytes", "--prefetch-max-bytes", "--log-file", "--readahead-pages", "--refresh-interval",
-        "--pid-file", "--log-format", "--metrics-addr", "--log-level", "--mountd", "--warm-wait", "--search-dir",
-        "--warm-max-bytes", "--idle-exit",
-    }
-)  # fmt: skip
+FLAGS, VALUE_OPTIONS = quick_path_names()  # chromafs-mount's options the quick path reads itself
+RENAMED = deprecated_names()  # old flag -> new flag
 
 
 def quick_options(argv: list[str]) -> tuple[dict[str, str], str] | None:
@@ -134,17 +124,29 @@ def request_mount(socket_path: str, request: bytes, mountpoint: str, wait_s: flo
 
 
 def server_argv(argv: list[str]) -> list[str]:
-    """The arguments a serving process gets: the caller's minus the token."""
+    """The arguments a serving process gets: the caller's minus the token, each option by its
+    current name (the caller was told of an old one already)."""
     out: list[str] = []
     skip = False
-    for arg in argv:
+    for at, arg in enumerate(argv):
         if skip:
             skip = False
             continue
+        if arg == "--":
+            return out + argv[at:]
         if arg in ("--token", "--token-file"):
             skip = True
             continue
         if arg.startswith(("--token=", "--token-file=")):
             continue
-        out.append(arg)
+        name, equals, value = arg.partition("=")
+        out.append(f"{RENAMED[name]}{equals}{value}" if name in RENAMED else arg)
     return out
+
+
+def warn_of_old_names(options: dict[str, str]) -> None:
+    """One line on stderr for each old name among the options the quick path read (the full parser
+    says it itself)."""
+    for name in options:
+        if name in RENAMED:
+            print(f"chromafs-mount: {name} is deprecated, use {RENAMED[name]}", file=sys.stderr)

@@ -1,0 +1,357 @@
+"""Every flag of chromafs-mount, chromafs-mountd and the session commands, declared once.
+
+From this table cli/common.py builds the argparse flags, config.py takes its defaults, the mount
+client's quick path (cli/mount_request.py) takes the names it may read without argparse, and
+mount.fuse.chromafs (cli/mount_helper.py) takes its `-o` option names ('_' for '-').
+tests/test_options.py keeps all of them equal to the table.
+
+Standard library only, and not even dataclasses or typing: the mount client imports this on its
+fast path.
+"""
+
+from __future__ import annotations
+
+from chromafs_fuse.names import DEFAULT_CHUNK_INDEX_FIELD, DEFAULT_PAGE_FIELD
+
+TYPE_CHECKING = False  # not `from typing import ...`: typing costs the mount client ~3 ms of start-up
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+    from typing import Any
+
+LOG_LEVELS = ("debug", "info", "warning", "error")
+KINDS = ("value", "switch", "toggle", "append")
+
+
+class Option:
+    """One flag. `kind`: value (takes one), switch (--x), toggle (--x and --no-x), append (-o, repeatable)."""
+
+    __slots__ = (
+        "aliases",
+        "choices",
+        "default",
+        "deprecated",
+        "env",
+        "exclusive",
+        "fstab",
+        "help",
+        "hidden",
+        "kind",
+        "metavar",
+        "name",
+        "quick",
+        "required",
+        "store_as",
+        "type",
+    )
+
+    def __init__(
+        self,
+        name: str,
+        help: str | None = None,
+        *,
+        default: object = None,
+        type: type | None = None,
+        choices: tuple[str, ...] | None = None,
+        kind: str = "value",
+        metavar: str | None = None,
+        env: str | None = None,
+        aliases: tuple[str, ...] = (),
+        deprecated: tuple[str, ...] = (),
+        exclusive: str | None = None,
+        required: bool = False,
+        hidden: bool = False,
+        fstab: bool = True,
+        quick: bool = True,
+        store_as: str | None = None,
+    ) -> None:
+        assert kind in KINDS, kind
+        self.name = name  # the flag, e.g. --cache-bytes
+        self.help = help
+        self.default = default
+        self.type = type  # int or float; None: a string
+        self.choices = choices
+        self.kind = kind
+        self.metavar = metavar
+        self.env = env  # an environment variable that, when set, is the default instead
+        self.aliases = aliases  # other names as good as `name` (-f)
+        self.deprecated = deprecated  # old names still taken for a release, with a warning on stderr
+        self.exclusive = exclusive  # options naming the same group exclude each other
+        self.required = required  # unless `env` gives a default
+        self.hidden = hidden  # internal (chromafs-mount and its daemon): no help, no mount option, no quick path
+        self.fstab = fstab and not hidden  # a mount.fuse.chromafs -o option
+        self.quick = quick and not hidden  # the mount client's quick path reads it (else the full parser)
+        self.store_as = store_as
+
+    @property
+    def dest(self) -> str:
+        """The attribute of the parsed Namespace."""
+        return self.store_as or self.name.lstrip("-").replace("-", "_")
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """Every name the parser takes, deprecated ones included; --no-x too for a toggle."""
+        names = (self.name, *self.aliases, *self.deprecated)
+        if self.kind == "toggle":
+            names += tuple(f"--no-{n[2:]}" for n in names)
+        return names
+
+    def __repr__(self) -> str:
+        return f"Option({self.name!r})"
+
+
+MIB = 1024 * 1024
+
+CHROMA_OPTIONS = (
+    Option(
+        "--site",
+        "site name (the collection, unless --collection; env CHROMAFS_SITE)",
+        env="CHROMAFS_SITE",
+        required=True,
+        fstab=False,  # mount.fuse.chromafs's source
+    ),
+    Option("--chroma-path", "embedded Chroma directory (default backend)", metavar="DIR", exclusive="chroma"),
+    Option("--chroma-url", "Chroma server, e.g. http://127.0.0.1:8000", metavar="URL", exclusive="chroma"),
+    Option("--collection", "collection name (default: the site name)"),
+    Option("--chroma-tenant", "Chroma server/Cloud tenant (default: the server's default)"),
+    Option("--chroma-database", "Chroma server/Cloud database (default: the server's default)"),
+    Option("--page-field", "chunk metadata field naming the page", default=DEFAULT_PAGE_FIELD),
+    Option("--chunk-index-field", "chunk metadata field with its position", default=DEFAULT_CHUNK_INDEX_FIELD),
+)
+
+# What any reader of a site needs (a mount, chromafs grep/search/mcp): SessionConfig.
+SESSION_OPTIONS = (
+    *CHROMA_OPTIONS,
+    Option(
+        "--token",
+        "session JWT (visible in ps: prefer --token-file or CHROMAFS_TOKEN)",
+        fstab=False,  # it would show in ps and fstab: mount.fuse.chromafs refuses it
+    ),
+    Option("--token-file", "file holding the session JWT (env CHROMAFS_TOKEN_FILE)", metavar="F"),
+    Option(
+        "--jwt-secret-file",
+        "HS256 shared secret (env CHROMAFS_JWT_SECRET_FILE)",
+        metavar="F",
+        env="CHROMAFS_JWT_SECRET_FILE",
+    ),
+    Option(
+        "--jwt-public-key",
+        "PEM public key: Ed25519, RSA or EC P-256 (env CHROMAFS_JWT_PUBLIC_KEY)",
+        metavar="F",
+        env="CHROMAFS_JWT_PUBLIC_KEY",
+    ),
+    Option("--chunk-joiner", "text put between chunks (default: newline)", default="\n"),
+    Option(
+        "--cache-bytes",
+        "in-process page cache bound (the kernel page cache and Redis sit on either side of it)",
+        type=int,
+        default=32 * MIB,
+    ),
+    Option("--backend-timeout", "seconds before a backend call fails", type=float, default=10.0),
+    Option("--s3-endpoint-url", "S3 endpoint for lazy files (default: AWS_ENDPOINT_URL or AWS)"),
+    Option(
+        "--redis-url",
+        "shared cache: redis[s]://host:port/db, redis[s]+cluster://host:port,host:port or "
+        "redis[s]+sentinel://host:port,host:port/service (env CHROMAFS_REDIS_URL)",
+        env="CHROMAFS_REDIS_URL",
+    ),
+    Option(
+        "--redis-ca",
+        "CA certificate of a rediss:// Redis (env CHROMAFS_REDIS_CA; default: the system's)",
+        metavar="FILE",
+        env="CHROMAFS_REDIS_CA",
+    ),
+    Option("--redis-prefix", "key prefix in Redis", default="chromafs"),
+    Option("--redis-ttl", "seconds a cached page lives in Redis", type=int, default=24 * 3600),
+    Option("--tree-ttl", "seconds a cached path tree lives in Redis", type=int, default=300),
+    Option("--token-stdin", kind="switch", default=False, hidden=True),
+)
+
+# chromafs-mount's own, after the session's (its one positional, the mountpoint, is cli/mount.py's): MountConfig.
+MOUNT_OPTIONS = (
+    *SESSION_OPTIONS,
+    Option(
+        "--foreground", "serve in this process", kind="switch", default=False, aliases=("-f",), fstab=False, quick=False
+    ),
+    Option(
+        "-o",
+        "FUSE mount options, e.g. allow_other",
+        kind="append",
+        default=(),
+        store_as="options",
+        fstab=False,  # mount.fuse.chromafs passes on the FUSE options of its own -o
+    ),
+    Option("--cache-timeout", "kernel entry/attr cache seconds", type=float, default=3600.0),
+    Option(
+        "--preload",
+        "warm start: once mounted, load every visible page into memory in the background (auto: sites up to "
+        "min(--preload-max-bytes, --cache-bytes / 2)); unlike --readahead-pages, it does not wait for reads "
+        "(--prefetch: its old name)",
+        choices=("auto", "on", "off"),
+        default="auto",
+        deprecated=("--prefetch",),
+    ),
+    Option(
+        "--preload-max-bytes",
+        "auto preload only sites up to this size (--prefetch-max-bytes: its old name)",
+        type=int,
+        default=64 * MIB,
+        deprecated=("--prefetch-max-bytes",),
+    ),
+    Option("--log-file", "log here (default: stderr in the foreground; syslog, else a file, in the background)"),
+    Option(
+        "--readahead-pages",
+        "read-ahead while serving: a read of a page not in memory also fetches up to this many pages around it "
+        "in its directory (those grep -r reads next) in one batch (0: off); unlike --preload, only as files are read",
+        type=int,
+        default=32,
+    ),
+    Option(
+        "--push-pages",
+        "hand read-ahead pages to the kernel's page cache before they are read (no-open mode only)",
+        kind="toggle",
+        default=True,
+    ),
+    Option(
+        "--warm-kernel",
+        "after mounting, list every directory and hand every preloaded page to the kernel's page cache "
+        "(the mount server's class mounts do this)",
+        kind="toggle",
+        default=False,
+    ),
+    Option(
+        "--warm-max-bytes",
+        "with --warm-kernel: warm sites of up to N visible bytes, streamed through to the kernel's page "
+        "cache (default 0: a sixteenth of the machine's memory)",
+        type=int,
+        default=0,
+        metavar="N",
+    ),
+    Option(
+        "--idle-exit",
+        "unmount once no other mount of this one (a session's bind) has stood for S seconds "
+        "(the mount server's class mounts do this; default 0: never)",
+        type=float,
+        default=0.0,
+        metavar="S",
+    ),
+    Option(
+        "--search-dir",
+        "a directory NAME at the root, never listed, where reading NAME/<query> gives a semantic search",
+        metavar="NAME",
+    ),
+    Option(
+        "--warm-wait",
+        "with --warm-kernel: answer ready once warm, or after S seconds (default 0: warm in the background)",
+        type=float,
+        default=0.0,
+        metavar="S",
+    ),
+    Option(
+        "--refresh-interval",
+        "check for a re-ingested tree every S seconds, switch to it (default 1 with Redis, 5 without; 0: never)",
+        type=float,
+        metavar="S",
+    ),
+    Option("--pid-file", "write the daemon's PID here while it serves"),
+    Option("--log-format", "one line per event", choices=("text", "json"), default="text"),
+    Option("--metrics-addr", "serve Prometheus metrics here", metavar="HOST:PORT"),
+    Option("--log-level", "how much the daemon logs", choices=LOG_LEVELS, default="info"),
+    Option(
+        "--mountd",
+        "ask this chromafs-mountd socket to serve the mount (env CHROMAFS_MOUNTD_SOCKET)",
+        env="CHROMAFS_MOUNTD_SOCKET",
+    ),
+    Option(
+        "--isolated",
+        "with --mountd: a daemon of this session's own, not a bind of its reader class's shared mount",
+        kind="switch",
+        default=False,
+    ),
+    Option("--ready-fd", type=int, hidden=True),
+)
+
+# chromafs-mountd's (each request's argv is chromafs-mount's). The defaults are serving/'s (a test
+# keeps them equal): DEFAULT_SOCKET, DEFAULT_CLASS_ROOT, DEFAULT_IDLE_S, DEFAULT_WARM_WAIT_S.
+MOUNTD_OPTIONS = (
+    Option(
+        "--socket",
+        "where to listen (default: %(default)s; env CHROMAFS_MOUNTD_SOCKET)",
+        default="/run/chromafs/mountd.sock",
+        env="CHROMAFS_MOUNTD_SOCKET",
+    ),
+    Option("--log-file", "log here (default: stderr)"),
+    Option("--log-level", "how much the server logs", choices=LOG_LEVELS, default="info"),
+    Option("--no-preload-chroma", "do not import chromadb up front", kind="switch", default=False),
+    Option(
+        "--class-root",
+        "root-only directory of the shared class mounts (default: %(default)s); sessions are binds of them",
+        default="/run/chromafs/classes",
+        env="CHROMAFS_CLASS_ROOT",
+    ),
+    Option(
+        "--class-idle",
+        "unmount a class mount S seconds after its last session ended (default: %(default)s)",
+        type=float,
+        default=300.0,
+        metavar="S",
+    ),
+    Option(
+        "--class-warm-wait",
+        "a new class mount lists every directory and hands its pages to the kernel's page cache; its first "
+        "session waits for that up to S seconds (default: %(default)s; 0: it is warmed in the background)",
+        type=float,
+        default=1.0,
+        metavar="S",
+    ),
+    Option(
+        "--metrics-addr",
+        "serve Prometheus metrics of the server's classes and sessions here (each class mount's traffic too)",
+        metavar="HOST:PORT",
+    ),
+    Option("--isolated-only", "no class mounts: every session gets a daemon of its own", kind="switch", default=False),
+)
+
+
+def find(name: str, options: Iterable[Option] = MOUNT_OPTIONS) -> Option:
+    """The option of `options` one of whose names is `name`."""
+    for option in options:
+        if name in option.names:
+            return option
+    raise KeyError(name)
+
+
+# chromafs-mount's flag -> its default, as config.py's fields take it (no environment)
+DEFAULTS: dict[str, Any] = {option.name: option.default for option in MOUNT_OPTIONS}
+
+
+def quick_path_names(options: Iterable[Option] = MOUNT_OPTIONS) -> tuple[frozenset[str], frozenset[str]]:
+    """(the flags that take no value, those that take one) the mount client reads without argparse."""
+    flags: set[str] = set()
+    values: set[str] = set()
+    for option in options:
+        if option.quick:
+            (flags if option.kind in ("switch", "toggle") else values).update(option.names)
+    return frozenset(flags), frozenset(values)
+
+
+def deprecated_names(options: Iterable[Option] = MOUNT_OPTIONS) -> dict[str, str]:
+    """Each old flag -> the flag that replaces it."""
+    return {old: option.name for option in options for old in option.deprecated}
+
+
+def fstab_name(flag: str) -> str:
+    return flag.lstrip("-").replace("-", "_")
+
+
+def fstab_names(options: Iterable[Option] = MOUNT_OPTIONS) -> tuple[dict[str, str], dict[str, str]]:
+    """mount.fuse.chromafs's -o options: ({name=value option: its flag}, {switch: its flag}), old names
+    included (each mapped to its own old flag, which warns)."""
+    valued: dict[str, str] = {}
+    switches: dict[str, str] = {}
+    for option in options:
+        if not option.fstab:
+            continue
+        names = [n for n in option.names if n.startswith("--")]
+        (switches if option.kind in ("switch", "toggle") else valued).update({fstab_name(n): n for n in names})
+    return valued, switches
