@@ -18,7 +18,7 @@ from bench_lib.procs import run_timed
 from bench_lib.systems import Chromafs, Sandbox, System, Tmpfs
 from infra import ChromaServer, MountServer, RedisServer, mounts_under, unmount
 
-PREFETCH_AUTO_MAX = 16 * 1024 * 1024  # --prefetch auto: min(--prefetch-max-bytes, --cache-bytes / 2)
+PREFETCH_AUTO_MAX = 16 * 1024 * 1024  # --preload auto: min(--preload-max-bytes, --cache-bytes / 2)
 SANDBOX_BOOT_RUNS = 5
 
 
