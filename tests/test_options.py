@@ -86,6 +86,10 @@ def test_the_parsers_declare_exactly_the_tables_options() -> None:
     session_names = {name for option in SESSION_OPTIONS for name in option.names}
     for command in ("grep", "search", "mcp"):
         assert session_names <= set(_actions(_subcommand(command))), command
+    for parser in (mount_parser(), mountd_parser(), _subcommand("grep")):
+        assert "--site" in parser.format_help() or "--socket" in parser.format_help()
+    with pytest.raises(SystemExit):  # --chroma-path and --chroma-url exclude each other
+        mount_parser().parse_args(["/m", "--site", "a", "--chroma-path", "p", "--chroma-url", "u"])
 
 
 def test_the_quick_path_reads_exactly_the_tables_options() -> None:

@@ -56,7 +56,9 @@ def add_options(parser: argparse.ArgumentParser, options: Iterable[Option]) -> N
         keywords = _keywords(option)
         target: argparse._ActionsContainer = parser
         if option.exclusive:
-            target = exclusive.setdefault(option.exclusive, parser.add_mutually_exclusive_group())
+            if option.exclusive not in exclusive:
+                exclusive[option.exclusive] = parser.add_mutually_exclusive_group()
+            target = exclusive[option.exclusive]
         target.add_argument(option.name, *option.aliases, **keywords)
         if option.deprecated:
             assert option.kind == "value", option  # an old name of a switch would need its own action
