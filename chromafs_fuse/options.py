@@ -185,15 +185,15 @@ MOUNT_OPTIONS = (
     Option(
         "--preload",
         "warm start: once mounted, load every visible page into memory in the background (auto: sites up to "
-        "min(--preload-max-bytes, --cache-bytes / 2)); unlike --readahead-pages, it does not wait for reads "
-        "(--prefetch: its old name)",
+        "min(--preload-max-bytes, --cache-bytes / 2)); the read-ahead while serving is --readahead-pages "
+        "(--prefetch: the old name)",
         choices=("auto", "on", "off"),
         default="auto",
         deprecated=("--prefetch",),
     ),
     Option(
         "--preload-max-bytes",
-        "auto preload only sites up to this size (--prefetch-max-bytes: its old name)",
+        "auto preload only sites up to this size (--prefetch-max-bytes: the old name)",
         type=int,
         default=64 * MIB,
         deprecated=("--prefetch-max-bytes",),
@@ -201,8 +201,8 @@ MOUNT_OPTIONS = (
     Option("--log-file", "log here (default: stderr in the foreground; syslog, else a file, in the background)"),
     Option(
         "--readahead-pages",
-        "read-ahead while serving: a read of a page not in memory also fetches up to this many pages around it "
-        "in its directory (those grep -r reads next) in one batch (0: off); unlike --preload, only as files are read",
+        "read-ahead: a read of a page not in memory also fetches up to this many pages of its directory, the "
+        "ones read next, in one batch (0: off); the warm start at mount is --preload",
         type=int,
         default=32,
     ),
