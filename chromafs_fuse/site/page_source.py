@@ -18,7 +18,8 @@ import contextlib
 import logging
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from functools import partial
 from typing import TypeVar
 
 import trio
@@ -35,7 +36,7 @@ from chromafs_fuse.site.tiers import BlobTier, PageTier
 from chromafs_fuse.site.tiers.blob import BlobStoreTier
 from chromafs_fuse.site.tiers.chroma import ChromaTier
 from chromafs_fuse.site.tiers.inflight import Claim, InFlight
-from chromafs_fuse.site.tiers.memory import MemoryTier, block_key, page_key
+from chromafs_fuse.site.tiers.memory import MemoryTier, block_key, memory_key
 from chromafs_fuse.site.tiers.redis import RedisTier
 from chromafs_fuse.tree import PathEntry
 
@@ -109,18 +110,18 @@ class TieredPages:
     def is_cached(self, entry: PathEntry) -> bool:
         return self._key(entry) in self.memory
 
-    def is_cached_or_loading(self, page_key_: str, sha256: str | None) -> bool:
-        key = page_key(page_key_, sha256, self.tree_version)
+    def is_cached_or_loading(self, page_key: str, sha256: str | None) -> bool:
+        key = memory_key(page_key, sha256, self.tree_version)
         return key in self.memory or key in self._loading
 
-    def peek(self, page_key_: str, sha256: str | None) -> bytes | None:
+    def peek(self, page_key: str, sha256: str | None) -> bytes | None:
         """The page with this key (a PathEntry's) and sha256 if it is in memory; counts nothing."""
-        return self.memory.peek(page_key(page_key_, sha256, self.tree_version))
+        return self.memory.peek(memory_key(page_key, sha256, self.tree_version))
 
-    def release(self, page_key_: str, sha256: str | None) -> None:
+    def release(self, page_key: str, sha256: str | None) -> None:
         """Drop a page the kernel now holds in its own page cache: it asks again only if it
         evicts the page, and then the shared cache or Chroma serves it."""
-        self.memory.pop(page_key(page_key_, sha256, self.tree_version))
+        self.memory.pop(memory_key(page_key, sha256, self.tree_version))
 
     def _remember(self, entry: PathEntry, data: bytes) -> None:
         self.memory.fill([(entry, data)], self.tree_version)
@@ -162,22 +163,29 @@ class TieredPages:
         """A blocking call on a worker thread, abandoned when the caller's deadline passes."""
         return await trio.to_thread.run_sync(fn, *args, abandon_on_cancel=True, limiter=self._limiter)
 
-    async def _page(self, entry: PathEntry) -> bytes:
-        key = self._key(entry)
+    async def _once(self, key: str, load: Callable[[], Awaitable[bytes]]) -> bytes:
+        """Memory's copy under `key`; else the one a load already under way (a read, a read-ahead
+        batch) gives; else `load()`'s, which keeps it in memory before the waiters wake."""
         data = self.memory.get(key)
         if data is not None:
             return data
-        while key in self._loading:  # a read or a read-ahead batch is loading it: wait for that
+        while key in self._loading:
             await self._loading.wait(key)
             data = self.memory.peek(key)
             if data is not None:
                 return data
         with self._loading.claim([key]):
-            result = (await self._in_thread(self._from_stores, [entry], self.tree_version))[entry.key]
-            if isinstance(result, PageUnavailable):
-                raise result
-            self._remember(entry, result)
-            return result
+            return await load()
+
+    async def _page(self, entry: PathEntry) -> bytes:
+        return await self._once(self._key(entry), partial(self._load_page, entry))
+
+    async def _load_page(self, entry: PathEntry) -> bytes:
+        result = (await self._in_thread(self._from_stores, [entry], self.tree_version))[entry.key]
+        if isinstance(result, PageUnavailable):
+            raise result
+        self._remember(entry, result)
+        return result
 
     async def _read_blob(self, entry: PathEntry, offset: int, size: int) -> bytes:
         """A range of a lazy file from fixed-size blocks, each fetched by one ranged request
@@ -193,20 +201,14 @@ class TieredPages:
 
     async def _blob_block(self, entry: PathEntry, block: int) -> bytes:
         assert entry.blob is not None
-        key = block_key(entry.blob.url, block)
-        data = self.memory.get(key)
-        if data is not None:
-            return data
-        while key in self._loading:
-            await self._loading.wait(key)
-            data = self.memory.peek(key)
-            if data is not None:
-                return data
+        return await self._once(block_key(entry.blob.url, block), partial(self._load_block, entry, block))
+
+    async def _load_block(self, entry: PathEntry, block: int) -> bytes:
+        assert entry.blob is not None
         offset = block * BLOB_BLOCK
-        with self._loading.claim([key]):
-            data = await self._in_thread(self._blob_range, entry, offset, min(BLOB_BLOCK, entry.blob.size - offset))
-            self.memory.put(key, data)
-            return data
+        data = await self._in_thread(self._blob_range, entry, offset, min(BLOB_BLOCK, entry.blob.size - offset))
+        self.memory.put(block_key(entry.blob.url, block), data)
+        return data
 
     # -- batches: read-ahead and preload -----------------------------------------------------
 

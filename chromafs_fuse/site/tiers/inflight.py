@@ -11,17 +11,19 @@ import trio
 class Claim:
     """The keys one load has taken; releasing it (or leaving its `with`) wakes their waiters."""
 
-    def __init__(self, owner: InFlight, keys: list[str], done: trio.Event) -> None:
-        self.owner = owner
+    def __init__(self, loads: dict[str, trio.Event], keys: list[str]) -> None:
         self.keys = keys
-        self._done = done
+        self._loads = loads  # the InFlight's, shared
+        self._done = trio.Event()
+        for key in keys:
+            loads[key] = self._done
 
     def release(self) -> None:
         if self._done.is_set():
             return
         for key in self.keys:
-            if self.owner._loads.get(key) is self._done:
-                del self.owner._loads[key]
+            if self._loads.get(key) is self._done:
+                del self._loads[key]
         self._done.set()
 
     def __enter__(self) -> Claim:
@@ -42,11 +44,7 @@ class InFlight:
 
     def claim(self, keys: Iterable[str]) -> Claim:
         """Take the keys not being loaded already for one load; the claim names those it took."""
-        done = trio.Event()
-        taken = [key for key in dict.fromkeys(keys) if key not in self._loads]
-        for key in taken:
-            self._loads[key] = done
-        return Claim(self, taken, done)
+        return Claim(self._loads, [key for key in dict.fromkeys(keys) if key not in self._loads])
 
     async def wait(self, key: str) -> None:
         """Until the load that holds `key` ends (at once if none does); then look for its result."""

@@ -8,12 +8,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from chromafs_fuse.page_cache import PageCache
-from chromafs_fuse.site.tiers import content_version
 from chromafs_fuse.tree import PathEntry
 
 
-def page_key(key: str, sha256: str | None, tree_version: str) -> str:
-    return f"{sha256 or tree_version}:{key}"
+def memory_key(page_key: str, sha256: str | None, tree_version: str) -> str:
+    return f"{sha256 or tree_version}:{page_key}"
 
 
 def block_key(url: str, block: int) -> str:
@@ -27,7 +26,7 @@ class MemoryTier:
         self.cache = cache
 
     def key_of(self, entry: PathEntry, tree_version: str) -> str:
-        return page_key(entry.key, content_version(entry, tree_version), tree_version)
+        return memory_key(entry.key, entry.sha256, tree_version)
 
     def fetch(self, entries: Sequence[PathEntry], tree_version: str) -> dict[str, bytes]:
         """Counts a hit or a miss for each page."""
