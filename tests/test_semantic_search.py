@@ -11,13 +11,15 @@ from pathlib import Path
 import pytest
 
 from chromafs_fuse.search import SearchError, embedder_name, rank_pages
-from helpers import SAMPLE_SITE, expected_visible
-from infra import BIN
+from helpers import SAMPLE_SITE, expected_visible, ingest
+from infra import BIN, ChromaServer
 
 
-def search(chroma: Path, query: str, *args: str) -> list[dict]:
+def search(chroma: Path | str, query: str, *args: str, site: str = "acme") -> list[dict]:
+    """`chromafs search` in an embedded Chroma (a directory) or a Chroma server (a URL)."""
+    where = ["--chroma-url", chroma] if isinstance(chroma, str) else ["--chroma-path", str(chroma)]
     done = subprocess.run(
-        [str(BIN / "chromafs"), "search", query, "--site", "acme", "--chroma-path", str(chroma), "--json", *args],
+        [str(BIN / "chromafs"), "search", query, "--site", site, *where, "--json", *args],
         capture_output=True,
         text=True,
         timeout=120,
@@ -49,6 +51,17 @@ def test_a_page_is_found_by_its_own_words(sample_chroma: Callable[[str], Path]) 
     first, last = hit["lines"]
     assert 1 <= first <= last <= len(page)
     assert page[first - 1].strip().startswith(hit["snippet"].strip()[:40])
+
+
+def test_a_chroma_server_gives_the_hits_an_embedded_chroma_gives(
+    sample_chroma: Callable[[str], Path], chroma_server: ChromaServer
+) -> None:
+    """The search reads a server through the site's own client (its REST adapter, within
+    --backend-timeout): the collection's embedder, every vector, the best chunks."""
+    ingest(SAMPLE_SITE, "--site", "search-acme", "--chroma-url", chroma_server.url, "--quiet")
+    for query in ("audit log", "rotate API keys revoke a key"):
+        served = search(chroma_server.url, query, "-n", "5", site="search-acme")
+        assert served and served == search(sample_chroma("public"), query, "-n", "5")
 
 
 def test_ranking_is_exact_and_by_each_pages_nearest_chunk() -> None:

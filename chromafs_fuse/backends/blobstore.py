@@ -2,8 +2,9 @@
 
 A tree entry points at a blob by URL (`file:///dir/<sha256>` or
 `s3://bucket/prefix/<sha256>`), so a mount needs no blob-store setting to
-read one, only S3 credentials and endpoint in the usual boto3 places. Blocking
-calls: the filesystem runs them off the trio loop.
+read one, only S3 credentials in the usual boto3 places and the endpoint its
+reader is given (--s3-endpoint-url, else AWS_ENDPOINT_URL). Blocking calls:
+the page tiers run them off the trio loop.
 """
 
 from __future__ import annotations
@@ -52,24 +53,15 @@ class FileBlobStore:
         return target.as_uri(), digest
 
 
-_s3_clients: dict[str | None, Any] = {}
-_s3_lock = threading.Lock()
-S3_ENDPOINT: dict[str, str | None] = {"url": None}  # set once from --s3-endpoint-url
-
-
 def s3_client(endpoint_url: str | None = None) -> Any:
-    """A boto3 S3 client with short timeouts (env credentials, AWS_ENDPOINT_URL, region)."""
-    endpoint_url = endpoint_url or S3_ENDPOINT["url"] or os.environ.get("AWS_ENDPOINT_URL")
-    with _s3_lock:
-        client = _s3_clients.get(endpoint_url)
-        if client is None:
-            import boto3
-            from botocore.config import Config
+    """A boto3 S3 client with short timeouts (env credentials, region; the endpoint given, else
+    AWS_ENDPOINT_URL, else AWS). Each caller keeps the one it made."""
+    import boto3
+    from botocore.config import Config
 
-            config = Config(connect_timeout=2, read_timeout=5, retries={"max_attempts": 2, "mode": "standard"})
-            client = boto3.session.Session().client("s3", endpoint_url=endpoint_url, config=config)
-            _s3_clients[endpoint_url] = client
-        return client
+    config = Config(connect_timeout=2, read_timeout=5, retries={"max_attempts": 2, "mode": "standard"})
+    endpoint_url = endpoint_url or os.environ.get("AWS_ENDPOINT_URL")
+    return boto3.session.Session().client("s3", endpoint_url=endpoint_url, config=config)
 
 
 class S3BlobStore:
@@ -109,29 +101,44 @@ def open_blob_store(url: str, endpoint_url: str | None = None) -> FileBlobStore 
     raise BlobError(f"unsupported blob store {url!r} (supported: file:///dir, s3://bucket/prefix)")
 
 
-def read_blob_range(url: str, offset: int, length: int) -> bytes:
-    """Read `length` bytes at `offset` of the blob at `url`: one ranged request."""
-    parsed = urlparse(url)
-    if parsed.scheme == "file":
-        try:
-            fd = os.open(unquote(parsed.path), os.O_RDONLY | os.O_CLOEXEC)
-            try:
-                return os.pread(fd, length, offset)
-            finally:
-                os.close(fd)
-        except (OSError, ValueError) as exc:
-            raise BlobError(f"cannot read blob {url}: {getattr(exc, 'strerror', None) or exc}") from exc
-    if parsed.scheme == "s3":
-        from botocore.exceptions import BotoCoreError, ClientError
+class BlobReader:
+    """Reads ranges of blobs by URL: files directly, S3 objects through one client (made on
+    first use) at the endpoint given (--s3-endpoint-url), else AWS_ENDPOINT_URL, else AWS."""
 
-        key = parsed.path.lstrip("/")
-        try:
-            response = s3_client().get_object(
-                Bucket=parsed.netloc, Key=key, Range=f"bytes={offset}-{offset + length - 1}"
-            )
-            data: bytes = response["Body"].read()
-        except (BotoCoreError, ClientError) as exc:
-            raise BlobError(f"cannot read {url}: {exc}") from exc
-        log.debug("s3 ranged GET %s bytes=%d-%d moved %d bytes", url, offset, offset + length - 1, len(data))
-        return data
-    raise BlobError(f"unsupported blob URL scheme {parsed.scheme!r}")
+    def __init__(self, s3_endpoint_url: str | None = None) -> None:
+        self.s3_endpoint_url = s3_endpoint_url
+        self._s3: Any = None
+        self._lock = threading.Lock()
+
+    def _s3_client(self) -> Any:
+        with self._lock:
+            if self._s3 is None:
+                self._s3 = s3_client(self.s3_endpoint_url)
+            return self._s3
+
+    def read_range(self, url: str, offset: int, length: int) -> bytes:
+        """`length` bytes at `offset` of the blob at `url`: one ranged request."""
+        parsed = urlparse(url)
+        if parsed.scheme == "file":
+            try:
+                fd = os.open(unquote(parsed.path), os.O_RDONLY | os.O_CLOEXEC)
+                try:
+                    return os.pread(fd, length, offset)
+                finally:
+                    os.close(fd)
+            except (OSError, ValueError) as exc:
+                raise BlobError(f"cannot read blob {url}: {getattr(exc, 'strerror', None) or exc}") from exc
+        if parsed.scheme == "s3":
+            from botocore.exceptions import BotoCoreError, ClientError
+
+            key = parsed.path.lstrip("/")
+            try:
+                response = self._s3_client().get_object(
+                    Bucket=parsed.netloc, Key=key, Range=f"bytes={offset}-{offset + length - 1}"
+                )
+                data: bytes = response["Body"].read()
+            except (BotoCoreError, ClientError) as exc:
+                raise BlobError(f"cannot read {url}: {exc}") from exc
+            log.debug("s3 ranged GET %s bytes=%d-%d moved %d bytes", url, offset, offset + length - 1, len(data))
+            return data
+        raise BlobError(f"unsupported blob URL scheme {parsed.scheme!r}")

@@ -139,12 +139,21 @@ class ChromaServer:
 class HttpCollection:
     """A collection on a Chroma server, read with `get` the way chromadb's Collection reads it."""
 
-    def __init__(self, server: ChromaServer, tenant: str, database: str, collection_id: str, name: str) -> None:
+    def __init__(
+        self,
+        server: ChromaServer,
+        tenant: str,
+        database: str,
+        collection_id: str,
+        name: str,
+        metadata: Mapping[str, Any] | None = None,
+    ) -> None:
         self.server = server
         self.tenant = tenant
         self.database = database
         self.id = collection_id
         self.name = name
+        self.metadata = metadata  # the collection's own, as chromadb's Collection.metadata
         self._get_path = f"{_database_path(tenant, database)}/collections/{_segment(collection_id)}/get"
 
     @classmethod
@@ -175,7 +184,15 @@ class HttpCollection:
             raise
         if not isinstance(model, dict) or not isinstance(model.get("id"), str):
             raise ChromaHttpError(200, "", f"collection lookup answered without an id: {_snippet(model)}")
-        return cls(server, tenant, database, model["id"], str(model.get("name") or name))
+        metadata = model.get("metadata")
+        return cls(
+            server,
+            tenant,
+            database,
+            model["id"],
+            str(model.get("name") or name),
+            metadata if isinstance(metadata, dict) else None,
+        )
 
     def get(
         self,

@@ -136,6 +136,11 @@ class SqliteCollection:
                 self._fallback = self._fallback_factory()
             return self._fallback
 
+    @property
+    def metadata(self) -> Any:
+        """The collection's own metadata, as chromadb gives it."""
+        return self.chromadb().metadata
+
     def is_current(self) -> bool:
         """True when the metadata segment has applied every record in the collection's log."""
         connection = self._connection()

@@ -194,6 +194,14 @@ class ChromaPages:
             return None
         return ChromaPages(self.collection.chromadb(), self.page_field, self.chunk_index_field)
 
+    def collection_metadata(self) -> Mapping[str, Any] | None:
+        """The collection's own metadata (how chromafs-ingest embedded its chunks)."""
+        try:
+            metadata = self.collection.metadata
+        except Exception as exc:
+            raise BackendError(f"reading the collection's metadata failed: {exc}") from exc
+        return metadata if isinstance(metadata, Mapping) else None
+
     def load_tree_document(self) -> tuple[str, Mapping[str, Any]]:
         try:
             result = self.collection.get(ids=[TREE_RECORD_ID], include=["documents", "metadatas"])

@@ -167,10 +167,6 @@ class SiteLoader:
         hands in the tree and the pruned table it already holds."""
         config = self.config
         timeout_s = config.backend_timeout_s
-        if config.s3_endpoint_url:
-            from chromafs_fuse.backends.blobstore import S3_ENDPOINT
-
-            S3_ENDPOINT["url"] = config.s3_endpoint_url
         opened: ChromaPages | None = None
         if preloaded is not None:
             log.info("path tree %s and its pruned table handed over by the mount server", preloaded.tree.version)
@@ -192,6 +188,7 @@ class SiteLoader:
             config.chunk_joiner,
             timeout_s,
             self.redis,
+            s3_endpoint_url=config.s3_endpoint_url,
         )
         if opened is not None:
             source.use_chroma(opened)

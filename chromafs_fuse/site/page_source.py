@@ -1,61 +1,74 @@
-"""Where page bytes come from: in-process cache, then Redis, then Chroma or the blob store.
+"""Where page bytes come from: the composer of the page tiers (site/tiers/).
 
-Runs on the trio loop; every blocking backend call goes to a worker thread
-under a deadline, so a dead backend fails a read in seconds, never hangs it.
-Concurrent reads of one page share a single fetch. Only pages of this mount's
-visible tree are ever asked for: the caller hands in entries from its pruned
-inode table, never a path.
+A page is asked of memory, then Redis, then Chroma; a lazy file's blocks of memory, then the
+blob store. What a slower tier gives is kept in the faster ones on the way back. One deadline,
+`timeout_s` (--backend-timeout), covers a whole read, set in one place (`_deadline`): a dead
+backend fails a read in seconds, never hangs it. Concurrent reads of one page (or block) share
+one load (tiers/inflight.py). Runs on the trio loop; the store tiers block, so they run on worker
+threads. The front ends with no loop (`chromafs grep`, `search`, the MCP server) read through the
+same tiers with `load_cached` / `load_many`, under the same deadline.
+
+Only pages of a reader's visible tree are ever asked for: the caller hands in entries from
+its pruned inode table, never a path.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-import threading
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from functools import partial
 from typing import TypeVar
 
 import trio
 from cachetools import TTLCache
 
-from chromafs_fuse.backends.blobstore import BlobError, read_blob_range
-from chromafs_fuse.backends.chroma_store import BackendError, ChromaPages
+from chromafs_fuse.backends.blobstore import BlobError, BlobReader
+from chromafs_fuse.backends.chroma_store import ChromaPages
+from chromafs_fuse.backends.deadline import with_deadline
 from chromafs_fuse.backends.redis_cache import RedisCache
-from chromafs_fuse.chunks import DEFAULT_JOINER, CorruptPage, Expected, check_bytes, reassemble
+from chromafs_fuse.chunks import DEFAULT_JOINER
 from chromafs_fuse.filesystem import PageTimedOut, PageUnavailable
 from chromafs_fuse.page_cache import PageCache
+from chromafs_fuse.site.tiers import BlobTier, PageTier
+from chromafs_fuse.site.tiers.blob import BlobStoreTier
+from chromafs_fuse.site.tiers.chroma import ChromaTier
+from chromafs_fuse.site.tiers.inflight import Claim, InFlight
+from chromafs_fuse.site.tiers.memory import MemoryTier, block_key, memory_key
+from chromafs_fuse.site.tiers.redis import RedisTier
 from chromafs_fuse.tree import PathEntry
+
+__all__ = ["BLOB_BLOCK", "PageSource", "PageTimedOut", "PageUnavailable", "TieredPages"]
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 BLOB_BLOCK = 128 * 1024  # a lazy file is fetched in ranged requests of this size
+PRELOAD_DEADLINES = 3  # a preload batch (many pages) may take this many --backend-timeouts
+Loaded = dict[str, bytes | PageUnavailable]
 
 
-class PageSource:
+class TieredPages:
+    """The composition: memory, then `stores` in order, then (lazy files) `blobs`."""
+
     def __init__(
         self,
-        site: str,
-        open_chroma: Callable[[], ChromaPages],
-        cache: PageCache,
+        memory: MemoryTier,
+        stores: Sequence[PageTier],
+        blobs: BlobTier,
         tree_version: str,
-        joiner: str = DEFAULT_JOINER,
         timeout_s: float = 10.0,
-        shared: RedisCache | None = None,
         max_backend_threads: int = 8,
     ) -> None:
-        self.site = site
-        self._open_chroma = open_chroma
-        self._chroma: ChromaPages | None = None
-        self._chroma_lock = threading.Lock()
-        self.cache = cache
-        self.shared = shared
+        self.memory = memory
+        self.cache: PageCache = memory.cache
+        self.stores = list(stores)
+        self.blobs = blobs
         self.tree_version = tree_version
-        self.joiner = joiner
         self.timeout_s = timeout_s
         self._limiter = trio.CapacityLimiter(max_backend_threads)
-        self._inflight: dict[str, trio.Event] = {}
+        self._loading = InFlight()  # memory keys of pages and blocks being loaded
         # Pages whose read just timed out. The kernel reads a failed page once more at once (its
         # read-ahead read, then a read of its own): the second read fails at once too, so a
         # reader waits one --backend-timeout, not two. The backend is tried again after this.
@@ -84,94 +97,120 @@ class PageSource:
         self.learned_sizes.clear()
         self._timed_out.clear()
 
-    def chroma(self) -> ChromaPages:
-        """The Chroma client, opened on first use (a mount booted from Redis may never need it)."""
-        with self._chroma_lock:
-            if self._chroma is None:
-                self._chroma = self._open_chroma()
-            return self._chroma
-
-    def use_chroma(self, pages: ChromaPages) -> None:
-        with self._chroma_lock:
-            self._chroma = pages
-
-    def _memory_key(self, page_key: str, sha256: str | None) -> str:
-        return f"{sha256 or self.tree_version}:{page_key}"
-
-    def _cache_key(self, entry: PathEntry) -> str:
-        return self._memory_key(entry.key, entry.sha256)
-
-    def _shared_key(self, entry: PathEntry) -> str:
-        assert self.shared is not None
-        return self.shared.page_key(self.site, entry.sha256 or self.tree_version, entry.key)
-
-    async def _off_loop(self, fn: Callable[..., T], *args: object) -> T:
-        with trio.fail_after(self.timeout_s):
-            return await trio.to_thread.run_sync(fn, *args, abandon_on_cancel=True, limiter=self._limiter)
-
     def size_of(self, entry: PathEntry) -> int | None:
         if entry.size is not None:
             return entry.size
         return self.learned_sizes.get(entry.key)
 
-    async def read(self, entry: PathEntry, offset: int, size: int) -> bytes:
-        """A range of a file. One deadline, `timeout_s`, covers the whole read: waiting for a
-        read-ahead batch already fetching the page, the fetch of its own after it, every block
-        of a lazy file."""
+    # -- what memory holds -----------------------------------------------------------------
+
+    def _key(self, entry: PathEntry) -> str:
+        return self.memory.key_of(entry, self.tree_version)
+
+    def is_cached(self, entry: PathEntry) -> bool:
+        return self._key(entry) in self.memory
+
+    def is_cached_or_loading(self, page_key: str, sha256: str | None) -> bool:
+        key = memory_key(page_key, sha256, self.tree_version)
+        return key in self.memory or key in self._loading
+
+    def peek(self, page_key: str, sha256: str | None) -> bytes | None:
+        """The page with this key (a PathEntry's) and sha256 if it is in memory; counts nothing."""
+        return self.memory.peek(memory_key(page_key, sha256, self.tree_version))
+
+    def release(self, page_key: str, sha256: str | None) -> None:
+        """Drop a page the kernel now holds in its own page cache: it asks again only if it
+        evicts the page, and then the shared cache or Chroma serves it."""
+        self.memory.pop(memory_key(page_key, sha256, self.tree_version))
+
+    def _remember(self, entry: PathEntry, data: bytes) -> None:
+        self.memory.fill([(entry, data)], self.tree_version)
+        if entry.size is None:
+            self.learned_sizes[entry.key] = len(data)
+
+    # -- a read: one deadline --------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _deadline(self, entry: PathEntry) -> Iterator[None]:
+        """The one deadline of a read, `timeout_s`: waiting for a load already under way (a
+        read-ahead batch), the load of its own after it, every block of a lazy file."""
         if entry.key in self._timed_out:
             raise PageUnavailable(entry.key)
         try:
             with trio.fail_after(self.timeout_s):
-                if entry.blob is not None:
-                    return await self._read_blob(entry, offset, size)
-                data = await self.page(entry)
+                yield
         except trio.TooSlowError as exc:
             log.error("reading %s: no answer within %.1fs", entry.key, self.timeout_s)
             self._timed_out[entry.key] = True
+            if entry.blob is not None:
+                self.backend_errors[self.blobs.name] += 1
             raise PageTimedOut(entry.key) from exc
-        except PageTimedOut:
-            self._timed_out[entry.key] = True
-            raise
+
+    async def read(self, entry: PathEntry, offset: int, size: int) -> bytes:
+        """A range of a file, within the read's deadline."""
+        with self._deadline(entry):
+            if entry.blob is not None:
+                return await self._read_blob(entry, offset, size)
+            data = await self._page(entry)
         return data[offset : offset + size]
 
     async def page(self, entry: PathEntry) -> bytes:
-        key = self._cache_key(entry)
-        data = self.cache.get(key)
+        """A whole page, within the read's deadline."""
+        with self._deadline(entry):
+            return await self._page(entry)
+
+    async def _in_thread(self, fn: Callable[..., T], *args: object) -> T:
+        """A blocking call on a worker thread, abandoned when the caller's deadline passes."""
+        return await trio.to_thread.run_sync(fn, *args, abandon_on_cancel=True, limiter=self._limiter)
+
+    async def _once(self, key: str, load: Callable[[], Awaitable[bytes]]) -> bytes:
+        """Memory's copy under `key`; else the one a load already under way (a read, a read-ahead
+        batch) gives; else `load()`'s, which keeps it in memory before the waiters wake."""
+        data = self.memory.get(key)
         if data is not None:
             return data
-        try:
-            with trio.fail_after(self.timeout_s):
-                return await self._fetch_page(entry, key)
-        except trio.TooSlowError as exc:
-            log.error("reading %s: no answer within %.1fs", entry.key, self.timeout_s)
-            raise PageTimedOut(entry.key) from exc
-
-    async def _fetch_page(self, entry: PathEntry, key: str) -> bytes:
-        pending = self._inflight.get(key)
-        if pending is not None:  # a read or a read-ahead batch is already fetching it
-            await pending.wait()
-            data = self.cache.peek(key)
+        while key in self._loading:
+            await self._loading.wait(key)
+            data = self.memory.peek(key)
             if data is not None:
                 return data
-        own = key not in self._inflight
-        done = trio.Event()
-        if own:
-            self._inflight[key] = done
-        try:
-            data = await self._off_loop(self._load_one, entry)
-            self._remember(entry, data)
-            return data
-        finally:
-            if own:
-                del self._inflight[key]
-                done.set()
+        with self._loading.claim([key]):
+            return await load()
 
-    def is_cached(self, entry: PathEntry) -> bool:
-        return self._cache_key(entry) in self.cache
+    async def _page(self, entry: PathEntry) -> bytes:
+        return await self._once(self._key(entry), partial(self._load_page, entry))
 
-    def is_cached_or_loading(self, page_key: str, sha256: str | None) -> bool:
-        key = self._memory_key(page_key, sha256)
-        return key in self.cache or key in self._inflight
+    async def _load_page(self, entry: PathEntry) -> bytes:
+        result = (await self._in_thread(self._from_stores, [entry], self.tree_version))[entry.key]
+        if isinstance(result, PageUnavailable):
+            raise result
+        self._remember(entry, result)
+        return result
+
+    async def _read_blob(self, entry: PathEntry, offset: int, size: int) -> bytes:
+        """A range of a lazy file from fixed-size blocks, each fetched by one ranged request
+        and kept in memory."""
+        assert entry.blob is not None
+        end = min(offset + size, entry.blob.size)
+        if end <= offset:
+            return b""
+        first, last = offset // BLOB_BLOCK, (end - 1) // BLOB_BLOCK
+        parts = [await self._blob_block(entry, block) for block in range(first, last + 1)]
+        start = offset - first * BLOB_BLOCK
+        return b"".join(parts)[start : start + (end - offset)]
+
+    async def _blob_block(self, entry: PathEntry, block: int) -> bytes:
+        assert entry.blob is not None
+        return await self._once(block_key(entry.blob.url, block), partial(self._load_block, entry, block))
+
+    async def _load_block(self, entry: PathEntry, block: int) -> bytes:
+        assert entry.blob is not None
+        offset = block * BLOB_BLOCK
+        data = await self._in_thread(self._blob_range, entry, offset, min(BLOB_BLOCK, entry.blob.size - offset))
+        self.memory.put(block_key(entry.blob.url, block), data)
+        return data
+
+    # -- batches: read-ahead and preload -----------------------------------------------------
 
     def start_batch(self, entries: Sequence[PathEntry], on_done: Callable[[bool], None]) -> bool:
         """Start loading these pages in one batch in the background (one Redis MGET, one Chroma
@@ -183,223 +222,159 @@ class PageSource:
         if self._nursery is None:
             return False
         todo = [e for e in entries if e.blob is None and not self.is_cached_or_loading(e.key, e.sha256)]
-        done = trio.Event()
-        for entry in todo:
-            self._inflight[self._cache_key(entry)] = done
-        self._nursery.start_soon(self._load_batch, todo, done, on_done)
+        claim = self._loading.claim(self._key(e) for e in todo)
+        self._nursery.start_soon(self._load_batch, todo, claim, on_done)
         return True
 
-    async def _load_batch(self, todo: list[PathEntry], done: trio.Event, on_done: Callable[[bool], None]) -> None:
+    async def _load_batch(self, todo: list[PathEntry], claim: Claim, on_done: Callable[[bool], None]) -> None:
         loaded = False
         try:
-            if todo:
-                with trio.fail_after(self.timeout_s):
-                    results = await trio.to_thread.run_sync(
-                        self.load_many, todo, abandon_on_cancel=True, limiter=self._limiter
-                    )
-                for entry in todo:
-                    data = results.get(entry.key)
-                    if isinstance(data, bytes):
-                        self._remember(entry, data)
-            loaded = True
-        except Exception as exc:  # the readers waiting on the batch fetch (and report) themselves
+            with claim:
+                if todo:
+                    with trio.fail_after(self.timeout_s):  # the batch's own; a reader waits within its read's
+                        results = await self._in_thread(self._from_stores, todo, self.tree_version)
+                    self._remember_all(todo, results)
+                loaded = True
+        except Exception as exc:  # the readers waiting on the batch load (and report) themselves
             log.debug("read-ahead batch failed: %r", exc)
         finally:
-            for entry in todo:
-                self._inflight.pop(self._cache_key(entry), None)
-            done.set()
             try:
                 on_done(loaded)
             except Exception:  # the scheduler's bookkeeping must never end the mount's loop
                 log.exception("after a read-ahead batch")
 
-    def _remember(self, entry: PathEntry, data: bytes) -> None:
-        self.cache.put(self._cache_key(entry), data)
-        if entry.size is None:
-            self.learned_sizes[entry.key] = len(data)
-
-    def peek(self, page_key: str, sha256: str | None) -> bytes | None:
-        """The page with this key (a PathEntry's) and sha256 if it is in memory; counts nothing."""
-        return self.cache.peek(self._memory_key(page_key, sha256))
-
-    def release(self, page_key: str, sha256: str | None) -> None:
-        """Drop a page the kernel now holds in its own page cache: it asks again only if it
-        evicts the page, and then the shared cache or Chroma serves it."""
-        self.cache.pop(self._memory_key(page_key, sha256))
-
-    # -- worker-thread side --------------------------------------------------
-
-    def _from_shared(self, entries: Sequence[PathEntry]) -> dict[str, bytes]:
-        if self.shared is None:
-            return {}
-        found: dict[str, bytes] = {}
-        values = self.shared.get_many([self._shared_key(e) for e in entries])
-        for entry, value in zip(entries, values, strict=True):
-            if value is None:
-                continue
-            try:
-                check_bytes(value, Expected(entry.size, entry.sha256))
-            except CorruptPage as exc:
-                log.warning("ignoring the shared cache's copy of %s: %s", entry.key, exc)
-                continue
-            found[entry.key] = value
-        return found
-
-    def _load_one(self, entry: PathEntry) -> bytes:
-        result = self.load_many([entry])[entry.key]
-        if isinstance(result, PageUnavailable):
-            raise result
-        return result
-
-    def load_cached(self, entries: Sequence[PathEntry]) -> dict[str, bytes | PageUnavailable]:
-        """As `load_many`, with this process's page cache first and what was loaded kept in it:
-        for callers with no loop (a command, the MCP server), one thread at a time."""
-        loaded: dict[str, bytes | PageUnavailable] = {}
+    def _remember_all(self, entries: Sequence[PathEntry], results: Loaded) -> int:
+        remembered = 0
         for entry in entries:
-            data = self.cache.get(self._cache_key(entry))
-            if data is not None:
-                loaded[entry.key] = data
-        missing = [e for e in entries if e.key not in loaded]
-        if missing:
-            loaded.update(self.load_many(missing))
-            for entry in missing:
-                data = loaded[entry.key]
-                if isinstance(data, bytes):
-                    self._remember(entry, data)
-        return loaded
-
-    def load_many(self, entries: Sequence[PathEntry]) -> dict[str, bytes | PageUnavailable]:
-        """Blocking (a worker thread, or a command with no loop): these pages, shared cache
-        first, then one Chroma query for the rest; a page that cannot be had is a PageUnavailable."""
-        loaded: dict[str, bytes | PageUnavailable] = dict(self._from_shared(entries))
-        missing = [e for e in entries if e.key not in loaded]
-        if not missing:
-            return loaded
-        started = time.perf_counter()
-        try:
-            chunks = self.chroma().fetch_many(missing)
-        except Exception as exc:
-            self.backend_errors["chroma"] += 1  # BackendError, or the collection vanished (SiteNotFound), ...
-            log.error("%s", exc if isinstance(exc, BackendError) else f"reading from Chroma failed: {exc!r}")
-            for entry in missing:
-                loaded[entry.key] = PageUnavailable(entry.key)
-            return loaded
-        finally:
-            self.backend_seconds["chroma"] += time.perf_counter() - started
-        fresh: dict[str, bytes] = {}
-        corrupt: dict[str, CorruptPage] = {}
-        for entry in missing:
-            try:
-                data = reassemble(chunks[entry.key], self.joiner, Expected(entry.size, entry.sha256))
-            except CorruptPage as exc:
-                corrupt[entry.key] = exc
-                continue
-            loaded[entry.key] = fresh[self._shared_key(entry) if self.shared else entry.key] = data
-        if corrupt:
-            second = self._second_opinion([e for e in missing if e.key in corrupt], corrupt)
-            for entry in missing:
-                outcome = second.get(entry.key)
-                if isinstance(outcome, bytes):
-                    loaded[entry.key] = fresh[self._shared_key(entry) if self.shared else entry.key] = outcome
-                elif outcome is not None:
-                    log.error("page %s is corrupt: %s", entry.key, outcome)
-                    loaded[entry.key] = PageUnavailable(entry.key)
-        if self.shared is not None and fresh:
-            self.shared.set_many(fresh)
-        return loaded
-
-    def _second_opinion(
-        self, entries: list[PathEntry], errors: dict[str, CorruptPage]
-    ) -> dict[str, bytes | CorruptPage]:
-        """Pages that failed their checks as read from Chroma's SQLite file directly are read
-        once more through chromadb; each comes back as its bytes or the reason it is corrupt."""
-        outcome: dict[str, bytes | CorruptPage] = {e.key: errors[e.key] for e in entries}
-        try:
-            other = self.chroma().through_chromadb()
-            if other is None:
-                return outcome
-            for entry in entries:
-                log.warning(
-                    "page %s failed its checks as read directly (%s): reading it through chromadb",
-                    entry.key,
-                    errors[entry.key],
-                )
-            chunks = other.fetch_many(entries)
-        except Exception as exc:
-            log.error("reading through chromadb failed: %s", exc)
-            return outcome
-        for entry in entries:
-            try:
-                outcome[entry.key] = reassemble(chunks[entry.key], self.joiner, Expected(entry.size, entry.sha256))
-            except CorruptPage as exc:
-                outcome[entry.key] = exc
-        return outcome
-
-    # -- warm start ---------------------------------------------------------
+            data = results.get(entry.key)
+            if isinstance(data, bytes):
+                self._remember(entry, data)
+                remembered += 1
+        return remembered
 
     async def preload(
         self, entries: Sequence[PathEntry], batch_pages: int = 200, after_batch: Callable[[], object] | None = None
     ) -> int:
         """Load pages in a few batched calls, calling `after_batch` after each; returns how
         many were loaded."""
-        todo = [e for e in entries if e.blob is None and self._cache_key(e) not in self.cache]
+        todo = [e for e in entries if e.blob is None and self._key(e) not in self.memory]
         done = 0
         for start in range(0, len(todo), batch_pages):
             batch = todo[start : start + batch_pages]
             try:
-                with trio.fail_after(self.timeout_s * 3):
-                    results = await trio.to_thread.run_sync(
-                        self.load_many, batch, abandon_on_cancel=True, limiter=self._limiter
-                    )
+                with trio.fail_after(self.timeout_s * PRELOAD_DEADLINES):
+                    results = await self._in_thread(self._from_stores, batch, self.tree_version)
             except trio.TooSlowError:
                 log.warning("preload stopped: the backend is too slow")
                 return done
             except Exception:
                 log.exception("preload stopped")
                 return done
-            for entry in batch:
-                data = results.get(entry.key)
-                if isinstance(data, bytes):
-                    self._remember(entry, data)
-                    done += 1
+            done += self._remember_all(batch, results)
             if after_batch is not None:
                 after_batch()
         return done
 
-    # -- blobs ---------------------------------------------------------------
+    # -- with no loop: the front ends --------------------------------------------------------
 
-    async def _read_blob(self, entry: PathEntry, offset: int, size: int) -> bytes:
-        """Serve a range of a lazy file from fixed-size blocks, each fetched by one
-        ranged request and kept in the bytes-bounded cache."""
-        assert entry.blob is not None
-        end = min(offset + size, entry.blob.size)
-        if end <= offset:
-            return b""
-        first, last = offset // BLOB_BLOCK, (end - 1) // BLOB_BLOCK
-        parts = [await self._blob_block(entry, block) for block in range(first, last + 1)]
-        data = b"".join(parts)
-        start = offset - first * BLOB_BLOCK
-        return data[start : start + (end - offset)]
+    def load_cached(self, entries: Sequence[PathEntry]) -> Loaded:
+        """As `load_many`, with memory first and what was loaded kept in it: for callers with
+        no loop (a command, the MCP server), one thread at a time."""
+        loaded: Loaded = dict(self.memory.fetch([e for e in entries if e.blob is None], self.tree_version))
+        missing = [e for e in entries if e.key not in loaded]
+        if missing:
+            results = self.load_many(missing)
+            self._remember_all([e for e in missing if e.blob is None], results)
+            loaded.update(results)
+        return loaded
 
-    async def _blob_block(self, entry: PathEntry, block: int) -> bytes:
-        assert entry.blob is not None
-        key = f"blob:{entry.blob.url}:{block}"
-        cached = self.cache.get(key)
-        if cached is not None:
-            return cached
-        offset = block * BLOB_BLOCK
-        length = min(BLOB_BLOCK, entry.blob.size - offset)
+    def load_many(self, entries: Sequence[PathEntry]) -> Loaded:
+        """Blocking, within one `timeout_s`: these files, pages from the stores (one round trip
+        each) and lazy files whole from the blob store; memory is neither asked nor filled. A
+        file that cannot be had is a PageUnavailable."""
+        tree_version = self.tree_version
         try:
-            data = await self._off_loop(read_blob_range, entry.blob.url, offset, length)
-        except trio.TooSlowError:
-            self.backend_errors["blob"] += 1
-            raise
+            return with_deadline(lambda: self._load_blocking(entries, tree_version), self.timeout_s)
+        except TimeoutError:
+            log.error("reading %d files: no answer within %.1fs", len(entries), self.timeout_s)
+            return {e.key: PageTimedOut(e.key) for e in entries}
+
+    def _load_blocking(self, entries: Sequence[PathEntry], tree_version: str) -> Loaded:
+        loaded = self._from_stores([e for e in entries if e.blob is None], tree_version)
+        for entry in entries:
+            if entry.blob is not None:
+                try:
+                    loaded[entry.key] = self._blob_range(entry, 0, entry.blob.size)
+                except PageUnavailable as exc:
+                    loaded[entry.key] = exc
+        return loaded
+
+    # -- worker-thread side ------------------------------------------------------------------
+
+    def _from_stores(self, entries: Sequence[PathEntry], tree_version: str) -> Loaded:
+        """Each store in order for the pages the ones before it did not have; what one gives is
+        kept in the stores before it. A page no store gives is a PageUnavailable."""
+        loaded: Loaded = {}
+        missing = list(entries)
+        asked: list[PageTier] = []
+        for tier in self.stores:
+            if not missing:
+                break
+            started = time.perf_counter()
+            try:
+                found = tier.fetch(missing, tree_version)
+            except Exception as exc:  # a tier that cannot be asked: the next one is
+                self.backend_errors[tier.name] += 1
+                log.error("%s: %s", tier.name, exc)
+                continue
+            finally:
+                self.backend_seconds[tier.name] += time.perf_counter() - started
+            given = [(entry, found[entry.key]) for entry in missing if entry.key in found]
+            for faster in asked:
+                faster.fill(given, tree_version)
+            loaded.update(found)
+            asked.append(tier)
+            missing = [entry for entry in missing if entry.key not in found]
+        for entry in missing:
+            loaded[entry.key] = PageUnavailable(entry.key)
+        return loaded
+
+    def _blob_range(self, entry: PathEntry, offset: int, length: int) -> bytes:
+        try:
+            return self.blobs.read_range(entry, offset, length)
         except BlobError as exc:
-            self.backend_errors["blob"] += 1
+            self.backend_errors[self.blobs.name] += 1
             log.error("reading %s: %s", entry.key, exc)
             raise PageUnavailable(entry.key) from exc
-        if len(data) != length:
-            log.error("reading %s: blob is shorter than the tree says", entry.key)
-            raise PageUnavailable(entry.key)
-        self.cache.put(key, data)
-        return data
+
+
+class PageSource(TieredPages):
+    """The page tiers of a site: memory, Redis (when configured), Chroma, the blob store."""
+
+    def __init__(
+        self,
+        site: str,
+        open_chroma: Callable[[], ChromaPages],
+        cache: PageCache,
+        tree_version: str,
+        joiner: str = DEFAULT_JOINER,
+        timeout_s: float = 10.0,
+        shared: RedisCache | None = None,
+        max_backend_threads: int = 8,
+        s3_endpoint_url: str | None = None,
+    ) -> None:
+        self.site = site
+        self.shared = shared
+        self.joiner = joiner
+        self._chroma = ChromaTier(open_chroma, joiner)
+        stores: list[PageTier] = [RedisTier(shared, site)] if shared is not None else []
+        stores.append(self._chroma)
+        blobs = BlobStoreTier(BlobReader(s3_endpoint_url))
+        super().__init__(MemoryTier(cache), stores, blobs, tree_version, timeout_s, max_backend_threads)
+
+    def chroma(self) -> ChromaPages:
+        """The Chroma client, opened on first use (a mount booted from Redis may never need it)."""
+        return self._chroma.client()
+
+    def use_chroma(self, pages: ChromaPages) -> None:
+        self._chroma.use(pages)

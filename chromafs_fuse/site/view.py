@@ -153,24 +153,14 @@ class ReaderView:
     # -- pages ---------------------------------------------------------------------------
 
     def load(self, entries: Sequence[PathEntry], missing_ok: bool = False) -> dict[str, bytes]:
-        """These files' bytes (memory cache, Redis, Chroma; blobs from their store). A page
+        """These files' bytes through the site's page tiers, as a mount reads them (memory,
+        Redis, Chroma; lazy files from the blob store), within one --backend-timeout. A file
         that cannot be read fails the call, or is left out with `missing_ok`."""
-        from chromafs_fuse.backends.blobstore import BlobError, read_blob_range
-
         source = self.site.source
-        out: dict[str, bytes] = {}
         with self._lock:
-            pages = [e for e in entries if e.blob is None]
-            load = source.load_cached if self.memory_cache else source.load_many
-            loaded = load(pages) if pages else {}
+            loaded = source.load_cached(entries) if self.memory_cache else source.load_many(entries)
+        out: dict[str, bytes] = {}
         for entry in entries:
-            if entry.blob is not None:
-                try:
-                    out[entry.key] = read_blob_range(entry.blob.url, 0, entry.blob.size)
-                except BlobError:
-                    if not missing_ok:
-                        raise ViewError(f"{entry.key}: Input/output error") from None
-                continue
             data = loaded.get(entry.key)
             if isinstance(data, bytes):
                 out[entry.key] = data
@@ -189,8 +179,8 @@ def open_view(config: SessionConfig, token: str | None) -> ReaderView:
 
 def search_view(view: ReaderView, query: str, limit: int, embedder: str | None = None) -> list[Hit]:
     """The `limit` pages of the reader's view nearest `query`, best first, each with its best
-    chunk and that chunk's lines. Blocking."""
-    from chromafs_fuse.backends.chroma_store import connect_client
+    chunk and that chunk's lines. Blocking. Chroma is read through the site's own client (each
+    call within --backend-timeout), the pages through its page tiers."""
     from chromafs_fuse.ingest.embedding import make_embedder
     from chromafs_fuse.search import Hit, SearchError, embedder_name, locate, rank_pages, view_filter
 
@@ -201,8 +191,9 @@ def search_view(view: ReaderView, query: str, limit: int, embedder: str | None =
     if not any(e.blob is None for e in entries):
         return []  # nothing the reader may see is searchable
     where, by_slug = view_filter(entries, config.page_field)
-    collection = connect_client(config.chroma).get_collection(config.chroma.collection, embedding_function=None)
-    name = embedder_name(collection.metadata, embedder)
+    chroma = view.site.source.chroma()
+    collection = chroma.collection
+    name = embedder_name(chroma.collection_metadata(), embedder)
     try:
         embed = make_embedder(name)[0]
         vector = [float(x) for x in embed([query])[0]]

@@ -24,7 +24,7 @@ def materialise(chroma_path: str, site: str, dest: Path) -> dict[str, float | in
     from chromadb.config import Settings
 
     from chromafs_fuse.access import Principal, visible_entries
-    from chromafs_fuse.backends.blobstore import read_blob_range
+    from chromafs_fuse.backends.blobstore import BlobReader
     from chromafs_fuse.backends.chroma_store import TREE_RECORD_ID
     from chromafs_fuse.tree import parse_tree
 
@@ -44,11 +44,12 @@ def materialise(chroma_path: str, site: str, dest: Path) -> dict[str, float | in
             chunks += 1
     fetched = time.perf_counter()
     written = 0
+    blobs = BlobReader()
     for key, entry in visible.items():
         target = dest / key
         target.parent.mkdir(parents=True, exist_ok=True)
         if entry.blob is not None:
-            data = read_blob_range(entry.blob.url, 0, entry.blob.size)
+            data = blobs.read_range(entry.blob.url, 0, entry.blob.size)
         else:
             parts = texts.get(entry.source_key, {})
             data = "\n".join(parts[i] for i in sorted(parts)).encode("utf-8")
