@@ -43,7 +43,7 @@ class ReaderView:
     config: SessionConfig
     principal: Principal
     memory_cache: bool = True  # False where a loop owns the page cache (a mount's search directory)
-    _lock: threading.Lock = field(default_factory=threading.Lock)
+    page_lock: threading.Lock = field(default_factory=threading.Lock)  # views sharing a page source share it
 
     # -- paths ---------------------------------------------------------------------------
 
@@ -159,7 +159,7 @@ class ReaderView:
 
         source = self.site.source
         out: dict[str, bytes] = {}
-        with self._lock:
+        with self.page_lock:
             pages = [e for e in entries if e.blob is None]
             load = source.load_cached if self.memory_cache else source.load_many
             loaded = load(pages) if pages else {}
