@@ -77,7 +77,7 @@ class TreeFollower:
     def subscribe(self, listener: TreeListener) -> Callable[[], None]:
         """Call `listener` with each new tree, where the driver hands it out (on the trio loop
         for `follow_on_trio`, in the follower's thread for `follow_in_thread`, in the caller's
-        for `refresh`). It must not block. Returns what unsubscribes it."""
+        for `refresh`); on the loop it must not block. Returns what unsubscribes it."""
         self._listeners.append(listener)
         return lambda: self._listeners.remove(listener)
 
