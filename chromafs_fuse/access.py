@@ -27,7 +27,8 @@ class Principal:
 
     def reader_class(self) -> Principal:
         """The same visibility without a person or an expiry: what a shared class mount serves."""
-        return Principal(self.authenticated, self.groups if self.authenticated else frozenset())
+        authenticated, groups = visibility_key(self)
+        return Principal(authenticated, groups)
 
     def describe(self) -> str:
         if not self.authenticated:

@@ -5,6 +5,7 @@ tokens, and a hidden page is indistinguishable from a missing one in every answe
 from __future__ import annotations
 
 import contextlib
+import shutil
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -18,7 +19,7 @@ import pytest
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
-from helpers import SAMPLE_SITE, expected_visible, mounted
+from helpers import SAMPLE_SITE, expected_visible, ingest, mounted
 from infra import BIN, free_port, stop_pid
 from mcp_compare import Calls, Probe, checked_answers, mount_answers, over_stdio, sh, strip_dot, text
 
@@ -214,3 +215,38 @@ def test_mcp_over_http_gives_readers_of_different_groups_their_own_views(
                 error, matches = got[f"grep {folder_of}"]
                 expected = sorted(p for p in visible[name] if p.startswith(f"{folder}/"))
                 assert (error, matches.splitlines()) == (False, expected), f"{name}: grep -rl . {folder}"
+
+
+@pytest.mark.parametrize("refresh", ["0.3", "0"])
+def test_mcp_over_http_follows_a_reingest_for_every_reader(
+    refresh: str, secret_file: Path, make_token: Callable[..., str], tmp_path: Path
+) -> None:
+    """A re-ingest reaches both readers' views, polled every 0.3 s or checked on every call (0): an
+    edited page reads new, and a page locked away from the anonymous reader is missing for it
+    while a billing reader still reads it."""
+    site = shutil.copytree(SAMPLE_SITE, tmp_path / "site")
+    chroma = tmp_path / "chroma"
+    ingest(site, "--site", "acme", "--chroma-path", str(chroma), "--quiet")
+    edited, locked = "quickstart.mdx", "guides/migration.mdx"
+    billing = make_token(["billing"])
+
+    async def reads(client: Client) -> dict[str, tuple[bool, str]]:
+        return {path: await text(client, "read", path=path) for path in (edited, locked)}
+
+    def current(path: str) -> tuple[bool, str]:
+        return False, (site / path).read_text()
+
+    args = [*site_args(chroma, secret_file), "--refresh-interval", refresh]
+    with serving_over_http(args, tmp_path / "mcp.log") as url:
+        for token in (None, billing):
+            assert over_http(url, token, reads) == {path: current(path) for path in (edited, locked)}
+        (site / edited).write_text((site / edited).read_text() + "\nEdited by a re-ingest.\n")
+        (site / locked).write_text("---\ngroups: [billing]\n" + (site / locked).read_text()[4:])
+        ingest(site, "--site", "acme", "--chroma-path", str(chroma), "--quiet")
+        deadline = time.monotonic() + 30
+        while (anonymous := over_http(url, None, reads))[edited] != current(edited):
+            assert time.monotonic() < deadline, f"the anonymous reader still reads {anonymous[edited]}"
+            time.sleep(0.2)
+        error, message = anonymous[locked]
+        assert error and message.endswith(f"read: {locked}: No such file or directory")
+        assert over_http(url, billing, reads) == {path: current(path) for path in (edited, locked)}

@@ -13,7 +13,6 @@ import logging
 import os
 import re
 import sys
-import time
 from pathlib import Path
 
 from chromafs_fuse.backends.blobstore import BlobError, open_blob_store
@@ -31,6 +30,7 @@ from chromafs_fuse.ingest.pipeline import (
 )
 from chromafs_fuse.ingest.retention import DEFAULT_GRACE_PERIOD_S
 from chromafs_fuse.logs import setup_logging
+from chromafs_fuse.site.publisher import INGEST_PATIENCE_S, publish_tree
 from chromafs_fuse.tree import tree_version
 
 log = logging.getLogger("chromafs.ingest")
@@ -105,8 +105,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-PUBLISH_PATIENCE_S = 20.0
-
 # Chroma's own rule for collection names, checked up front for a readable error.
 COLLECTION_NAME = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._-]{1,510})[A-Za-z0-9]")
 
@@ -172,14 +170,11 @@ def main(argv: list[str] | None = None) -> int:
                 timeout_s=5.0,
                 ca_file=shared_cache.ca_file,
             )
-            document = summary.tree_document.encode()
-            version = tree_version(summary.tree_document)
-            give_up_at = time.monotonic() + PUBLISH_PATIENCE_S  # long enough for a failover to finish
-            while not shared.publish_tree(args.site, location.collection, document, version, args.tree_ttl):
-                if time.monotonic() > give_up_at:
-                    log.warning("the new path tree could not be published to Redis; mounts see it within --tree-ttl")
-                    break
-                time.sleep(1.0)
+            document, version = summary.tree_document.encode(), tree_version(summary.tree_document)
+            if not publish_tree(
+                shared, args.site, location.collection, document, version, args.tree_ttl, INGEST_PATIENCE_S
+            ):
+                log.warning("the new path tree could not be published to Redis; mounts see it within --tree-ttl")
     except (CliError, AccessSpecError, BlobError, WriteFailed) as exc:
         print(f"chromafs-ingest: {exc}", file=sys.stderr)
         return 1

@@ -7,29 +7,33 @@ token, paths relative to the site's root.
 
 Over stdio the token is the one given at start. Over streamable HTTP each request carries its
 own (`Authorization: Bearer JWT`; none: an anonymous reader), verified on every call; readers
-with equal visibility share one loaded view. Every call of an expired token fails.
+with equal visibility share one pruned table. Every call of an expired token fails.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-import time
-from dataclasses import replace
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp_types import ToolAnnotations
 from pydantic import Field
 
-from chromafs_fuse.access import Principal, visibility_key
+from chromafs_fuse.access import Principal
 from chromafs_fuse.config import SessionConfig
 from chromafs_fuse.grep import GrepQuery
 from chromafs_fuse.search import SearchError, hit_line
-from chromafs_fuse.site.loader import SiteLoader, verify_reader
+from chromafs_fuse.site.follower import TreeFollower, follow_in_thread
+from chromafs_fuse.site.loader import LoadedSite, SiteLoader, verify_reader
+from chromafs_fuse.site.tables import PrunedTables, prune
 from chromafs_fuse.site.view import ReaderView, ViewError
 from chromafs_fuse.tokens import TokenError
+from chromafs_fuse.tree import SiteTree
+
+if TYPE_CHECKING:
+    from chromafs_fuse.site.page_source import PageSource
 
 log = logging.getLogger("chromafs.mcp")
 READ_ONLY = ToolAnnotations(read_only_hint=True, destructive_hint=False, idempotent_hint=True, open_world_hint=False)
@@ -46,18 +50,20 @@ Results = Annotated[int, Field(ge=1, le=100)]
 
 
 class Views:
-    """The reader's view for a request: one per visibility, rebuilt when the site's published
-    tree changes (checked at most every `refresh_s`)."""
+    """The reader's view for a request: the site's tree followed across re-ingests (checked every
+    `refresh_s`, at once when Redis announces one; 0: on every call), pruned once per reader
+    class, its pages read through one page source."""
 
     def __init__(self, config: SessionConfig, token: str | None, per_request: bool, refresh_s: float = 5.0) -> None:
         self.config = config
         self.loader = SiteLoader(config)
         self.per_request = per_request
         self.refresh_s = refresh_s
-        self._views: dict[Any, ReaderView] = {}
-        self._version: str | None = None
-        self._checked_at = 0.0
-        self._lock = threading.Lock()
+        self.tables = PrunedTables(prune)
+        self.follower: TreeFollower | None = None  # once the site is loaded
+        self._serving: tuple[SiteTree, PageSource] | None = None  # the tree followed now, the pages' source
+        self._loading = threading.Lock()
+        self._pages = threading.Lock()  # every view's page loads: they share the page source
         self._fixed = None if per_request else verify_reader(token, config)
 
     def principal(self, ctx: Context | None) -> Principal:
@@ -75,30 +81,45 @@ class Views:
             principal = self.principal(ctx)
         except TokenError as exc:
             raise ToolError(f"token refused: {exc}") from None
-        key = visibility_key(principal)
-        with self._lock:
-            self._follow_reingests()
-            shared = self._views.get(key)
-            if shared is None:
-                shared = ReaderView(self.loader.load(principal), self.config, principal)
-                self._views[key] = shared
-                self._version = shared.site.tree.version
-        return replace(shared, principal=principal)  # the same site and page lock, this reader's expiry
+        if self._serving is None:
+            self._load(principal)
+        elif self.refresh_s == 0:
+            self._refresh()
+        assert self._serving is not None
+        tree, source = self._serving
+        site = LoadedSite(tree, self.tables.get(tree, principal), source)
+        return ReaderView(site, self.config, principal, page_lock=self._pages)
 
-    def _follow_reingests(self) -> None:
-        now = time.monotonic()
-        if not self._views or now - self._checked_at < self.refresh_s:
-            return
-        self._checked_at = now
-        any_view = next(iter(self._views.values()))
+    def _load(self, principal: Principal) -> None:
+        """The site, loaded by its first reader; from then on it follows re-ingests."""
+        with self._loading:
+            if self._serving is not None:
+                return
+            site = self.loader.load(principal)
+            self.follower = TreeFollower(self.loader, site.source.chroma, site.tree, self.refresh_s)
+            self.follower.subscribe(self._switch)
+            self.follower.subscribe(self.tables.keep_only)
+            self._serving = (site.tree, site.source)
+            if self.refresh_s > 0:
+                follow_in_thread(self.follower)
+
+    def _refresh(self) -> None:
+        assert self.follower is not None
         try:
-            version = self.loader.current_version(any_view.site.source.chroma)
+            self.follower.refresh()
         except Exception as exc:
-            log.warning("cannot check the site's tree version: %s", exc)
-            return
-        if version != self._version:
-            log.info("the site's tree is now %s: views reloaded", version)
-            self._views.clear()
+            self.follower.failed(exc)
+
+    def _switch(self, tree: SiteTree) -> None:
+        """A new tree from the follower: the next call reads it."""
+        assert self._serving is not None
+        with self._pages:
+            source = self._serving[1]
+            if tree.version == source.tree_version:
+                return
+            source.switch(tree.version)
+            self._serving = (tree, source)
+        log.info("the site's tree is now %s: views follow it", tree.version)
 
 
 def build_server(views: Views, embedder: str | None = None) -> MCPServer:

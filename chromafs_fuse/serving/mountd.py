@@ -25,7 +25,6 @@ import signal
 import socket
 import struct
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -41,8 +40,14 @@ if TYPE_CHECKING:
     import argparse
 
     from chromafs_fuse.access import Principal
+    from chromafs_fuse.inodes import InodeTable
     from chromafs_fuse.serving.class_mounts import SessionKeeper
+    from chromafs_fuse.site.follower import TreeFollower
     from chromafs_fuse.site.loader import Preloaded
+    from chromafs_fuse.site.tables import PrunedTables
+    from chromafs_fuse.tree import SiteTree
+
+    ListedTable = tuple[InodeTable, tuple[int, Any]]  # a pruned table and its listing attributes
 
 # A request's argv (the caller's chromafs-mount flags, token left out) -> its parsed flags, as
 # chromafs-mount's parser gives them; SystemExit when they are wrong. Handed in by cli/mountd.py.
@@ -78,20 +83,20 @@ def _read_request(conn: socket.socket) -> dict[str, object]:
 
 
 class TreeCache:
-    """Trees and pruned inode tables kept in the server, handed to forked children.
+    """The sites' trees and pruned tables, handed to the mounts the server forks.
 
-    Only trees that are in Redis are cached here (the server never opens Chroma: its
-    client starts threads, which do not survive a fork). Each request checks the tree's
-    version key, a few bytes, so a re-ingest published to Redis is picked up by the next
-    mount. Readers with the same access.visibility_key share one pruned table.
+    Only trees that are in Redis (the server never opens Chroma: its client starts threads,
+    which do not survive a fork). Each request has its site's follower check the tree's version
+    key, a few bytes, so a re-ingest published to Redis is picked up by the next mount. Readers
+    of one class share a pruned table (site/tables.py), kept with its listing attributes.
     """
 
-    MAX_TABLES = 64
+    MAX_TABLES = 64  # per site and --cache-timeout
 
     def __init__(self) -> None:
         self._redis: dict[Any, Any] = {}  # RedisSettings -> RedisCache
-        self._loaders: dict[tuple[str, ...], Any] = {}
-        self._tables: OrderedDict[tuple[object, ...], Any] = OrderedDict()
+        self._followers: dict[tuple[str, ...], TreeFollower] = {}
+        self._tables: dict[tuple[object, ...], PrunedTables[ListedTable]] = {}
 
     def prepared(self, config: MountConfig, principal: Any) -> Preloaded | None:
         """What a child mount for this reader needs, or None if the tree is not in Redis (or
@@ -103,39 +108,44 @@ class TreeCache:
             return None
 
     def _prepared(self, config: MountConfig, principal: Any) -> Preloaded | None:
-        from chromafs_fuse.access import visibility_key
         from chromafs_fuse.backends.redis_cache import RedisCache
-        from chromafs_fuse.serving.fuse_adapter import table_attributes
+        from chromafs_fuse.site.follower import TreeFollower
         from chromafs_fuse.site.loader import Preloaded, SiteLoader
+        from chromafs_fuse.site.tables import PrunedTables
 
         settings = config.session.redis
         if settings is None:
             return None
-        redis = self._redis.get(settings)
-        if redis is None:
-            redis = self._redis[settings] = RedisCache.from_settings(settings)
         site_key = (settings.url, settings.prefix, config.site, config.session.chroma.collection)
-        loader = self._loaders.get(site_key)
-        if loader is None:
-            loader = self._loaders[site_key] = SiteLoader(config.session, redis)
-        tree = loader.tree_from_redis()
+        follower = self._followers.get(site_key)
+        if follower is None:
+            redis = self._redis.get(settings)
+            if redis is None:
+                redis = self._redis[settings] = RedisCache.from_settings(settings)
+            follower = self._followers[site_key] = TreeFollower(SiteLoader(config.session, redis), chroma=None)
+        tree = follower.refresh()
         if tree is None:
             return None  # the child loads it from Chroma and reports what goes wrong
-        table_key = (site_key, tree.version, visibility_key(principal), config.cache_timeout_s)
-        cached = self._tables.get(table_key)
-        if cached is None:
-            table = SiteLoader.prune(tree, principal)
-            # Listing attributes too: a fresh mount's first `find` then allocates nothing.
-            built_ns = time.time_ns()
-            attributes = (built_ns, table_attributes(table, built_ns, config.cache_timeout_s))
-            cached = self._tables[table_key] = (tree, table, attributes)
-            while len(self._tables) > self.MAX_TABLES:
-                self._tables.popitem(last=False)
-            gc.freeze()  # keep the collector from touching (and un-sharing) what children inherit
-        else:
-            self._tables.move_to_end(table_key)
+        tables_key = (site_key, config.cache_timeout_s)
+        tables = self._tables.get(tables_key)
+        if tables is None:
+            tables = PrunedTables(partial(listed_table, config.cache_timeout_s), self.MAX_TABLES)
+            self._tables[tables_key] = tables
         # Readers with the same groups share the table; each child gets its own reader (subject).
-        return Preloaded(principal, *cached)
+        return Preloaded(principal, tree, *tables.get(tree, principal))
+
+
+def listed_table(timeout_s: float, tree: SiteTree, principal: Principal) -> ListedTable:
+    """The tree pruned for a reader class, with its listing attributes and the time they were
+    built: a fresh mount's first `find` then allocates nothing."""
+    from chromafs_fuse.serving.fuse_adapter import table_attributes
+    from chromafs_fuse.site.tables import prune
+
+    table = prune(tree, principal)
+    built_ns = time.time_ns()
+    listed = (table, (built_ns, table_attributes(table, built_ns, timeout_s)))
+    gc.freeze()  # keep the collector from touching (and un-sharing) what children inherit
+    return listed
 
 
 def _serve_in_child(

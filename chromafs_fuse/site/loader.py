@@ -4,9 +4,9 @@ One `SiteLoader` serves the daemon (one mount) and the mount server (many mounts
 one tree kept between requests) alike:
 - the tree comes from Redis when it is there, read as one snapshot of its version key and
   document (published together in one MULTI/EXEC), checked against each other;
-- else from Chroma, validated, then published to Redis for the next mount;
+- else from Chroma, validated, then published to Redis for the next mount (site/publisher.py);
 - a reader's table is the tree pruned by `access.visible_entries`, and readers whose
-  `access.visibility_key` is equal may share it (the mount server does).
+  `access.visibility_key` is equal may share it (site/tables.py).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from chromafs_fuse.access import Principal, visible_entries
+from chromafs_fuse.access import Principal
 from chromafs_fuse.backends.chroma_store import ChromaPages
 from chromafs_fuse.backends.deadline import with_deadline
 from chromafs_fuse.config import SessionConfig
@@ -24,6 +24,8 @@ from chromafs_fuse.errors import UsageError
 from chromafs_fuse.inodes import InodeTable
 from chromafs_fuse.page_cache import PageCache
 from chromafs_fuse.site.page_source import PageSource
+from chromafs_fuse.site.publisher import publish_tree
+from chromafs_fuse.site.tables import prune
 from chromafs_fuse.tokens import load_verification_key, principal_from_token
 from chromafs_fuse.tree import SiteTree, TreeError, parse_tree
 
@@ -123,7 +125,10 @@ class SiteLoader:
         document = pages.load_tree_document()[0]
         tree = parse_tree(document)
         self._log_skipped(tree)
-        self.publish(document.encode("utf-8"), tree.version)
+        if self.redis is not None:
+            ttl_s = self.config.redis.tree_ttl_s if self.config.redis else self.redis.tree_ttl_s
+            site, collection = self.config.site, self.config.chroma.collection
+            publish_tree(self.redis, site, collection, document.encode("utf-8"), tree.version, ttl_s)
         return tree
 
     def current_version(self, chroma: Callable[[], ChromaPages]) -> str:
@@ -145,11 +150,6 @@ class SiteLoader:
         """The tree published now, through an already open Chroma client. Blocking."""
         return self.tree_from_redis() or self._tree_in(chroma())
 
-    def publish(self, document: bytes, version: str) -> None:
-        if self.redis is not None:
-            ttl_s = self.config.redis.tree_ttl_s if self.config.redis else self.redis.tree_ttl_s
-            self.redis.publish_tree(self.config.site, self.config.chroma.collection, document, version, ttl_s)
-
     @staticmethod
     def _log_skipped(tree: SiteTree) -> None:
         for key, reason in tree.skipped:
@@ -157,9 +157,7 @@ class SiteLoader:
 
     # -- a reader's view -------------------------------------------------------------------
 
-    @staticmethod
-    def prune(tree: SiteTree, principal: Principal) -> InodeTable:
-        return InodeTable(visible_entries(tree.entries, principal))
+    prune = staticmethod(prune)  # site/tables.prune, by its old name
 
     def load(self, principal: Principal, preloaded: Preloaded | None = None) -> LoadedSite:
         """Everything a reader's session needs, within --backend-timeout (Chroma gets a grace

@@ -43,7 +43,7 @@ class ReaderView:
     config: SessionConfig
     principal: Principal
     memory_cache: bool = True  # False where a loop owns the page cache (a mount's search directory)
-    _lock: threading.Lock = field(default_factory=threading.Lock)
+    page_lock: threading.Lock = field(default_factory=threading.Lock)  # views sharing a page source share it
 
     # -- paths ---------------------------------------------------------------------------
 
@@ -157,7 +157,7 @@ class ReaderView:
         Redis, Chroma; lazy files from the blob store), within one --backend-timeout. A file
         that cannot be read fails the call, or is left out with `missing_ok`."""
         source = self.site.source
-        with self._lock:
+        with self.page_lock:
             loaded = source.load_cached(entries) if self.memory_cache else source.load_many(entries)
         out: dict[str, bytes] = {}
         for entry in entries:
