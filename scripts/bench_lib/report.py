@@ -8,7 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench_lib import ingest_speed
+from bench_lib import density, ingest_speed
 from bench_lib.measure import TOOLS
 
 SYSTEMS = [
@@ -114,6 +114,9 @@ def text_report(results: dict[str, Any]) -> str:
             out += corpus_table(corpus)
         if "ingest" in corpus:
             out.append(ingest_speed.text_line(corpus["ingest"]))
+        if "density" in corpus:
+            out.append(f"density ({corpus['name']}):")
+            out += density.text_lines(corpus["density"])
     out.append("")
     out.append("cold: first run on a fresh mount (sandbox: materialise wall time + first run); warm: best of 3")
     out.append("tmpfs/sandbox memory rows: the size of one copy in /dev/shm (what each extra reader costs)")
@@ -145,7 +148,7 @@ def write_png(results: dict[str, Any], path: Path) -> bool:
         import matplotlib.pyplot as plt
     except ImportError:
         return False
-    corpora = [c for c in results["corpora"] if c["systems"]]
+    corpora = [c for c in results["corpora"] if any(name != "tmpfs" for name in c["systems"])]
     if not corpora:
         return False
     fig, axes = plt.subplots(len(corpora), 1, figsize=(15, 4.5 * len(corpora)), squeeze=False)

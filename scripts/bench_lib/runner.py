@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from bench_lib import corpus as corpora
-from bench_lib import ingest_speed, measure, report, sessions
+from bench_lib import density, ingest_speed, measure, report, sessions
 from bench_lib.mounts import Mounter
 from bench_lib.procs import run_timed
 from bench_lib.systems import Chromafs, Sandbox, System, Tmpfs
@@ -191,6 +191,14 @@ def run_corpus(run: Run, spec: str, index: int) -> dict[str, Any]:
         out["sessions"] = sessions.measure_sessions(run, corpus, backend, chroma_dir)
         for line in sessions.text_lines(out["sessions"]):
             run.say(f"{spec} sessions:{line}")
+    if "density" in args.figures and run.chroma is not None and run.redis is not None:
+        backend = ["--chroma-url", run.chroma.url, "--redis-url", run.redis.url]
+        if "ingest_server_s" not in corpus.facts:
+            blobs = (run.tmp / f"{corpus.site}-blobs").as_uri()
+            corpus.facts["ingest_server_s"] = corpora.ingest(corpus, [*backend, "--blob-store", blobs])
+        out["density"] = density.measure_density(run, corpus, backend, chroma_dir)
+        for line in density.text_lines(out["density"]):
+            run.say(f"{spec} density:{line}")
     if speed is not None:
         out["ingest"] = speed
     return out
