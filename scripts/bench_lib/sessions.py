@@ -192,8 +192,10 @@ def _visible_sets(chroma_dir: Path, site: str) -> dict[str, set[str]]:
     return {name: set(visible_entries(entries, p)) for name, p in readers.items()}
 
 
-def measure_sessions(run: Any, corpus: corpora.Corpus, backend: list[str], chroma_dir: Path) -> dict[str, Any]:
-    workdir = run.tmp / f"{corpus.site}-sessions"
+def measure_sessions(
+    run: Any, corpus: corpora.Corpus, backend: list[str], chroma_dir: Path, tag: str = ""
+) -> dict[str, Any]:
+    workdir = run.tmp / f"{corpus.site}-sessions{tag}"
     workdir.mkdir()
     sessions = Sessions(workdir, corpus.site, backend)
     grep = measure.command_of("grep -rl")
