@@ -68,12 +68,10 @@ class Run:
             for label in baseline.VERSIONS if self.versions else ["current"]:
                 folder = self.tmp / f"mountd-{label}"
                 folder.mkdir()
-                # a daemon per mount: the "sessions" figure shares
+                # a daemon per mount: the "sessions" figure shares; `use` links mountd_socket to it
                 self.mountds[label] = MountServer(folder, isolated=True)
                 with self.versions.use(label) if self.versions else contextlib.nullcontext():
                     self.mountds[label].start()
-            if self.versions:
-                self.mountd_socket.symlink_to(self.mountds["current"].socket)  # until the first switch
         self.say(
             f"chroma run on {self.chroma.url} (pid {self.chroma.proc and self.chroma.proc.pid}), "
             f"redis-server on {self.redis.url} (pid {self.redis.proc and self.redis.proc.pid})"
