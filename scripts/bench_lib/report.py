@@ -115,7 +115,7 @@ def text_report(results: dict[str, Any]) -> str:
         if "ingest" in corpus:
             out.append(ingest_speed.text_line(corpus["ingest"]))
         for name, system in {**corpus["systems"], "sessions": corpus.get("sessions", {})}.items():
-            if "baseline" in system:
+            if "baseline" in system and system["baseline"]["compared"]:
                 out += comparison_lines(f"{corpus['name']} {name}", system["baseline"]["compared"])
         if "density" in corpus:
             out.append(f"density ({corpus['name']}):")
@@ -134,13 +134,13 @@ def _value(value: float, unit: str) -> str:
 
 def comparison_lines(title: str, compared: list[dict[str, Any]]) -> list[str]:
     """--baseline: per figure, each version's median, the ratio, the spread and the verdict."""
-    lines = [f"{title}: baseline vs current, median of rounds", f"  {'figure':<22}{'baseline':>12}{'current':>12}"]
+    lines = [f"{title}: baseline vs current, median of rounds", f"  {'figure':<30}{'baseline':>12}{'current':>12}"]
     lines[-1] += f"{'ratio':>9}{'spread':>12}  verdict"
     for row in compared:
         unit, ratio = row["unit"], row["ratio"]
         verdict = "WORSE beyond spread" if row["worse_beyond_spread"] else "not worse beyond spread"
         lines.append(
-            f"  {row['figure']:<22}{_value(row['baseline_median'], unit):>12}{_value(row['current_median'], unit):>12}"
+            f"  {row['figure']:<30}{_value(row['baseline_median'], unit):>12}{_value(row['current_median'], unit):>12}"
             f"{'-' if ratio is None else f'{ratio:.3f}':>9}{_value(row['spread'], unit):>12}  {verdict}"
         )
     return lines

@@ -253,7 +253,7 @@ def _compared(
     assert run.versions is not None
     rounds = baseline.alternate(run.versions, run.args.rounds, measure_once)
     compared = baseline.compare({label: [figures(r) for r in rs] for label, rs in rounds.items()})
-    for line in report.comparison_lines(name, compared):
+    for line in report.comparison_lines(name, compared) if compared else []:
         run.say(line)
     return {**rounds["current"][0], "baseline": {**run.versions.describe(), "rounds": rounds, "compared": compared}}
 
