@@ -21,7 +21,7 @@ from bench_lib.procs import become_subreaper
 from bench_lib.runner import Run, run_corpus
 
 ALL_SYSTEMS = ["tmpfs", "sandbox", "chromafs-embedded", "chromafs-server-redis", "chromafs-mountd"]
-ALL_FIGURES = ["boot", "tools", "memory", "ingest", "sessions"]
+ALL_FIGURES = ["boot", "tools", "memory", "ingest", "sessions", "density"]
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -38,8 +38,20 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument(
         "--figures",
         default=",".join(ALL_FIGURES),
-        help="comma list of boot, tools, memory, ingest (ingest alone: no mounts, no systems)",
+        help="comma list of boot, tools, memory, ingest, sessions, density (ingest alone: no mounts, no systems)",
     )
+    p.add_argument(
+        "--density-sites",
+        default="1,10,100,500",
+        help="the density figure's steps: sites served at once (each with 2 reader classes)",
+    )
+    p.add_argument(
+        "--baseline",
+        metavar="REF",
+        help="also measure the code at git REF (a temporary worktree), alternating with the current code, "
+        "and compare every chromafs figure (not density)",
+    )
+    p.add_argument("--rounds", type=int, default=3, help="with --baseline: rounds of each version, alternated")
     p.add_argument("--json", type=Path, default=REPO / "docs/bench/results.json")
     p.add_argument("--png", type=Path, default=REPO / "docs/bench/ratios.png")
     p.add_argument("--keep", action="store_true", help="keep temp dirs (generated sites, Chroma data, logs)")
@@ -53,6 +65,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     for name in args.figures:
         if name not in ALL_FIGURES:
             p.error(f"unknown figure {name!r}")
+    try:
+        args.density_sites = sorted({int(n) for n in args.density_sites.split(",") if n})
+    except ValueError:
+        p.error("--density-sites wants a comma list of numbers")
+    if not args.density_sites or args.density_sites[0] < 1:
+        p.error("--density-sites wants numbers of at least 1")
+    if args.baseline and args.rounds < 2:
+        p.error("--rounds must be at least 2: the spread between rounds is the yardstick")
     if args.boot_runs < 1 or args.mounts < 1:
         p.error("--boot-runs and --mounts must be at least 1")
     return args
@@ -94,7 +114,10 @@ def main(argv: list[str]) -> int:
     results: dict[str, Any] = {"command": command, "machine": machine(), "corpora": []}
     print(f"machine: {results['machine']}", flush=True)
     try:
-        if "chromafs-server-redis" in args.systems:
+        if args.baseline:
+            run.use_baseline(args.baseline)
+            results["baseline"] = run.versions.describe() if run.versions else None
+        if "chromafs-server-redis" in args.systems or "density" in args.figures:
             run.start_servers()
         for index, spec in enumerate(args.corpus):
             results["corpora"].append(run_corpus(run, spec, index))

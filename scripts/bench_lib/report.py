@@ -8,7 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench_lib import ingest_speed
+from bench_lib import density, ingest_speed
 from bench_lib.measure import TOOLS
 
 SYSTEMS = [
@@ -114,12 +114,36 @@ def text_report(results: dict[str, Any]) -> str:
             out += corpus_table(corpus)
         if "ingest" in corpus:
             out.append(ingest_speed.text_line(corpus["ingest"]))
+        for name, system in {**corpus["systems"], "sessions": corpus.get("sessions", {})}.items():
+            if "baseline" in system and system["baseline"]["compared"]:
+                out += comparison_lines(f"{corpus['name']} {name}", system["baseline"]["compared"])
+        if "density" in corpus:
+            out.append(f"density ({corpus['name']}):")
+            out += density.text_lines(corpus["density"])
     out.append("")
     out.append("cold: first run on a fresh mount (sandbox: materialise wall time + first run); warm: best of 3")
     out.append("tmpfs/sandbox memory rows: the size of one copy in /dev/shm (what each extra reader costs)")
     if results.get("incidents"):
         out.append(f"incidents (failed mounts, retried; daemons exiting non-zero): {len(results['incidents'])}")
     return "\n".join(out)
+
+
+def _value(value: float, unit: str) -> str:
+    return f"{value:.2f}x" if unit == "x" else fmt(value, unit)
+
+
+def comparison_lines(title: str, compared: list[dict[str, Any]]) -> list[str]:
+    """--baseline: per figure, each version's median, the ratio, the spread and the verdict."""
+    lines = [f"{title}: baseline vs current, median of rounds", f"  {'figure':<30}{'baseline':>12}{'current':>12}"]
+    lines[-1] += f"{'ratio':>9}{'spread':>12}  verdict"
+    for row in compared:
+        unit, ratio = row["unit"], row["ratio"]
+        verdict = "WORSE beyond spread" if row["worse_beyond_spread"] else "not worse beyond spread"
+        lines.append(
+            f"  {row['figure']:<30}{_value(row['baseline_median'], unit):>12}{_value(row['current_median'], unit):>12}"
+            f"{'-' if ratio is None else f'{ratio:.3f}':>9}{_value(row['spread'], unit):>12}  {verdict}"
+        )
+    return lines
 
 
 def _facts_line(f: dict[str, Any]) -> str:
@@ -145,7 +169,7 @@ def write_png(results: dict[str, Any], path: Path) -> bool:
         import matplotlib.pyplot as plt
     except ImportError:
         return False
-    corpora = [c for c in results["corpora"] if c["systems"]]
+    corpora = [c for c in results["corpora"] if any(name != "tmpfs" for name in c["systems"])]
     if not corpora:
         return False
     fig, axes = plt.subplots(len(corpora), 1, figsize=(15, 4.5 * len(corpora)), squeeze=False)

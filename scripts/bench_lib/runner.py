@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
+from bench_lib import baseline, density, ingest_speed, measure, report, sessions
 from bench_lib import corpus as corpora
-from bench_lib import ingest_speed, measure, report, sessions
 from bench_lib.mounts import Mounter
 from bench_lib.procs import run_timed
 from bench_lib.systems import Chromafs, Sandbox, System, Tmpfs
@@ -32,9 +35,26 @@ class Run:
         self.mounters: list[Mounter] = []
         self.chroma: ChromaServer | None = None
         self.redis: RedisServer | None = None
-        self.mountd: MountServer | None = None
+        self.mountds: dict[str, MountServer] = {}  # by code version ("current" without --baseline)
+        self.versions: baseline.CodeVersions | None = None
         self.started = time.monotonic()
         self.problems: list[str] = []
+
+    @property
+    def mountd_socket(self) -> Path:
+        """Where chromafs-mountd listens: with --baseline, a link to the version in use's."""
+        return self.tmp / "mountd-active.sock" if self.versions else self.mountds["current"].socket
+
+    def use_baseline(self, ref: str) -> None:
+        self.versions = baseline.CodeVersions(ref, self.tmp)
+        self.say(f"baseline {ref} = {self.versions.commit[:12]} checked out in {self.versions.tree}")
+
+        def point_mountd(label: str) -> None:
+            if label in self.mountds:
+                self.mountd_socket.unlink(missing_ok=True)
+                self.mountd_socket.symlink_to(self.mountds[label].socket)
+
+        self.versions.hooks.append(point_mountd)
 
     def say(self, text: str) -> None:
         print(f"[{time.monotonic() - self.started:7.1f}s] {text}", file=sys.stderr, flush=True)
@@ -45,8 +65,13 @@ class Run:
         self.redis = RedisServer(self.tmp)
         self.redis.start()
         if "chromafs-mountd" in self.args.systems:
-            self.mountd = MountServer(self.tmp, isolated=True)  # a daemon per mount: the "sessions" figure shares
-            self.mountd.start()
+            for label in baseline.VERSIONS if self.versions else ["current"]:
+                folder = self.tmp / f"mountd-{label}"
+                folder.mkdir()
+                # a daemon per mount: the "sessions" figure shares; `use` links mountd_socket to it
+                self.mountds[label] = MountServer(folder, isolated=True)
+                with self.versions.use(label) if self.versions else contextlib.nullcontext():
+                    self.mountds[label].start()
         self.say(
             f"chroma run on {self.chroma.url} (pid {self.chroma.proc and self.chroma.proc.pid}), "
             f"redis-server on {self.redis.url} (pid {self.redis.proc and self.redis.proc.pid})"
@@ -64,9 +89,11 @@ class Run:
                 mounter.unmount_all()
         for point in mounts_under(self.tmp):
             unmount(point)
-        for server in (self.mountd, self.chroma, self.redis):
+        for server in (*self.mountds.values(), self.chroma, self.redis):
             if server is not None:
                 server.stop()
+        if self.versions is not None:
+            self.versions.remove()
         leftover = mounts_under(self.tmp)
         if leftover:
             self.problems.append(f"still mounted after cleanup: {leftover}")
@@ -160,11 +187,11 @@ def run_corpus(run: Run, spec: str, index: int) -> dict[str, Any]:
             mounter = run.mounter(corpus.site, backend, f"{corpus.site}-server-{shared}")
             name = f"chromafs-server-redis/shared-{shared}"
             systems.append((name, Chromafs(name, mounter, run.redis, shared, tree_doc)))
-        if run.mountd is not None:
+        if run.mountds:
             # The same deployment, each mount forked by the resident mount server.
             # Shared cache cold: Redis flushed before each mount, so the child loads the tree from Chroma.
             for shared in ("cold", "warm"):
-                argv = [*backend, "--mountd", str(run.mountd.socket)]
+                argv = [*backend, "--mountd", str(run.mountd_socket)]
                 mounter = run.mounter(corpus.site, argv, f"{corpus.site}-mountd-{shared}")
                 name = f"chromafs-mountd/shared-{shared}"
                 systems.append((name, Chromafs(name, mounter, run.redis, shared, tree_doc)))
@@ -173,7 +200,10 @@ def run_corpus(run: Run, spec: str, index: int) -> dict[str, Any]:
     for name, system in systems:
         if isinstance(system, Chromafs) and system.shared == "warm":
             _prime(run, system, corpus)
-        results[name] = measure_system(run, system, corpus, expected)
+        if run.versions is not None and isinstance(system, Chromafs):
+            results[name] = _compared(run, name, partial(measure_system, run, system, corpus, expected))
+        else:
+            results[name] = measure_system(run, system, corpus, expected)
         if name == "tmpfs" and "tools" in results[name]:
             expected = {tool: entry.pop("output") for tool, entry in results[name]["tools"].items()}
             total = expected["read all"]
@@ -188,12 +218,44 @@ def run_corpus(run: Run, spec: str, index: int) -> dict[str, Any]:
     out = {"name": spec, "site": corpus.site, "facts": corpus.facts, "systems": results}
     if "sessions" in args.figures and run.chroma is not None and run.redis is not None:
         backend = ["--chroma-url", run.chroma.url, "--redis-url", run.redis.url]
-        out["sessions"] = sessions.measure_sessions(run, corpus, backend, chroma_dir)
+        if run.versions is None:
+            out["sessions"] = sessions.measure_sessions(run, corpus, backend, chroma_dir)
+        else:
+            tags = itertools.count(1)  # a workdir per round
+
+            def measure_once() -> dict[str, Any]:
+                return sessions.measure_sessions(run, corpus, backend, chroma_dir, f"-{next(tags)}")
+
+            out["sessions"] = _compared(run, "sessions", measure_once, baseline.sessions_figures)
         for line in sessions.text_lines(out["sessions"]):
             run.say(f"{spec} sessions:{line}")
+    if "density" in args.figures and run.chroma is not None and run.redis is not None:
+        backend = ["--chroma-url", run.chroma.url, "--redis-url", run.redis.url]
+        if "ingest_server_s" not in corpus.facts:
+            blobs = (run.tmp / f"{corpus.site}-blobs").as_uri()
+            corpus.facts["ingest_server_s"] = corpora.ingest(corpus, [*backend, "--blob-store", blobs])
+        out["density"] = density.measure_density(run, corpus, backend, chroma_dir)
+        for line in density.text_lines(out["density"]):
+            run.say(f"{spec} density:{line}")
     if speed is not None:
         out["ingest"] = speed
     return out
+
+
+def _compared(
+    run: Run,
+    name: str,
+    measure_once: Callable[[], dict[str, Any]],
+    figures: Callable[[dict[str, Any]], dict[str, tuple[float, str]]] = baseline.system_figures,
+) -> dict[str, Any]:
+    """`measure_once` for both versions alternately: the current version's first round (for the
+    side-by-side table), every round of both, and the comparison."""
+    assert run.versions is not None
+    rounds = baseline.alternate(run.versions, run.args.rounds, measure_once)
+    compared = baseline.compare({label: [figures(r) for r in rs] for label, rs in rounds.items()})
+    for line in report.comparison_lines(name, compared) if compared else []:
+        run.say(line)
+    return {**rounds["current"][0], "baseline": {**run.versions.describe(), "rounds": rounds, "compared": compared}}
 
 
 def _prime(run: Run, system: Chromafs, corpus: corpora.Corpus) -> None:

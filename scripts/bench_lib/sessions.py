@@ -11,7 +11,9 @@ on; and that unmounting one session leaves the rest.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import subprocess
 import tempfile
 import time
@@ -22,9 +24,9 @@ import jwt
 
 from bench_lib import corpus as corpora
 from bench_lib import measure
-from bench_lib.mounts import _smaps_rollup
+from bench_lib.mounts import _descendants, _smaps_rollup
 from bench_lib.procs import run_timed
-from infra import BIN, MountServer, mounts_under, unmount
+from infra import BIN, MountServer, mounts_under, unmount, wait_gone
 
 SECRET = "bench-secret-0123456789abcdef0123456789"
 SESSIONS_FOR_MEMORY = 16
@@ -41,25 +43,29 @@ def _token(site: str, groups: list[str] | None, exp: float) -> str:
 
 
 class Sessions:
-    def __init__(self, workdir: Path, site: str, backend: list[str]) -> None:
+    def __init__(self, workdir: Path, site: str, backend: list[str], class_idle_s: float = 600) -> None:
         self.workdir = workdir
         self.site = site
-        self.server = MountServer(workdir, class_idle_s=600)
+        self.server = MountServer(workdir, class_idle_s=class_idle_s)
         self.secret = workdir / "secret"
         self.secret.write_text(SECRET)
         self.backend = backend
         self.count = 0
 
-    def open(self, groups: list[str] | None = None, exp: float | None = None) -> tuple[Path, float]:
-        """A new session; (mountpoint, seconds from starting chromafs-mount until `ls` is done)."""
+    def open(
+        self, groups: list[str] | None = None, exp: float | None = None, site: str = "", flags: tuple[str, ...] = ()
+    ) -> tuple[Path, float]:
+        """A new session (of `site`, default the one given at start; `flags`: more chromafs-mount flags);
+        (mountpoint, seconds from starting chromafs-mount until `ls` is done)."""
         self.count += 1
+        site = site or self.site
         mountpoint = self.workdir / f"session-{self.count}"
         mountpoint.mkdir()
-        argv = [str(BIN / "chromafs-mount"), str(mountpoint), "--site", self.site, *self.backend]
+        argv = [str(BIN / "chromafs-mount"), str(mountpoint), "--site", site, *self.backend, *flags]
         argv += ["--mountd", str(self.server.socket), "--jwt-secret-file", str(self.secret)]
         if groups is not None or exp is not None:
             token = self.workdir / f"token-{self.count}"
-            token.write_text(_token(self.site, groups, exp or time.time() + 3600))
+            token.write_text(_token(site, groups, exp or time.time() + 3600))
             argv += ["--token-file", str(token)]
         started = time.perf_counter()
         done = run_timed(argv)
@@ -90,6 +96,52 @@ class Sessions:
             except OSError:
                 continue
         return total
+
+    def serving_pids(self) -> list[int]:
+        """The server and every process under it: its class mounts' daemons and their watchdogs."""
+        if self.server.proc is None or self.server.proc.poll() is not None:
+            return []
+        return [self.server.proc.pid, *_descendants(self.server.proc.pid)]
+
+    def close(self) -> None:
+        """Unmount every session, stop the server, unmount its class mounts and wait for their
+        daemons (SIGKILL to those still there after 30 s)."""
+        from chromafs_fuse.serving.process import process_start
+
+        server = self.server.proc.pid if self.server.proc is not None else None
+        daemons = {pid: process_start(pid) for pid in self.serving_pids() if _parent(pid) == server}
+        for path in mounts_under(self.workdir):
+            if path.parent == self.workdir:
+                unmount(path)
+        self.server.stop()
+        self.server.unmount_classes()
+        _wait_daemons(daemons)
+
+
+def _parent(pid: int) -> int | None:
+    with contextlib.suppress(OSError, IndexError, ValueError), open(f"/proc/{pid}/stat", "rb") as f:
+        return int(f.read().rpartition(b")")[2].split()[1])
+    return None
+
+
+def _wait_daemons(daemons: dict[int, int | None], timeout_s: float = 30.0) -> None:
+    """Wait for the daemons to exit, reaping those we adopted (a subreaper); SIGKILL the ones
+    left, if still the same process (pid and start time)."""
+    from chromafs_fuse.serving.process import process_start
+
+    deadline = time.monotonic() + timeout_s
+    left = dict(daemons)
+    while left and time.monotonic() < deadline:
+        for pid in list(left):
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, os.WNOHANG)
+            if wait_gone(pid, 0):
+                del left[pid]
+        time.sleep(0.05)
+    for pid, started in left.items():
+        if started is not None and process_start(pid) == started:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
 
 
 def first_line_s(argv: list[str], pass_fds: tuple[int, ...] = ()) -> float:
@@ -140,8 +192,10 @@ def _visible_sets(chroma_dir: Path, site: str) -> dict[str, set[str]]:
     return {name: set(visible_entries(entries, p)) for name, p in readers.items()}
 
 
-def measure_sessions(run: Any, corpus: corpora.Corpus, backend: list[str], chroma_dir: Path) -> dict[str, Any]:
-    workdir = run.tmp / f"{corpus.site}-sessions"
+def measure_sessions(
+    run: Any, corpus: corpora.Corpus, backend: list[str], chroma_dir: Path, tag: str = ""
+) -> dict[str, Any]:
+    workdir = run.tmp / f"{corpus.site}-sessions{tag}"
     workdir.mkdir()
     sessions = Sessions(workdir, corpus.site, backend)
     grep = measure.command_of("grep -rl")
@@ -202,11 +256,7 @@ def measure_sessions(run: Any, corpus: corpora.Corpus, backend: list[str], chrom
         out["others_after_unmount_ok"] = run_timed(["ls", str(first)]).returncode == 0
         out["sessions_opened"] = sessions.count
     finally:
-        for path in mounts_under(workdir):
-            if path.parent == workdir:
-                unmount(path)
-        sessions.server.stop()
-        sessions.server.unmount_classes()
+        sessions.close()
     out["bars"] = {
         "new_session_p90_le_50ms": out.get("new_session_p90_s", 1) <= 0.05,
         "shell_p90_le_100ms": out.get("shell_p90_s", 1) <= 0.1,

@@ -1,0 +1,84 @@
+"""Cold reads per second through chromafs-mountd class mounts, 16 readers at once (issue 30).
+
+Today each class of each site is its own process, so "one serving process, 16 readers of
+different sites" cannot be set up. Measured instead, on sites copied for this figure and read
+by no one before (nothing in Redis, the daemon's memory or the kernel's page cache):
+- one class daemon, 16 concurrent readers of different files of its site: what one serving
+  process sustains;
+- 16 class daemons of 16 sites, one reader each, the same 16 file lists: what the current
+  design does for 16 readers of different sites.
+A read is open + read to the end + close of one file. The class mounts are made with
+`--warm-max-bytes 1 --preload off` (sessions of their own class): no warm-up or preload reads
+the pages ahead of the readers; read-ahead stays as it is by default.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from bench_lib.sessions import Sessions
+from bench_lib.site_copies import SiteCopier
+
+READERS = 16
+COLD_FLAGS = ("--warm-max-bytes", "1", "--preload", "off")
+
+
+def _read_all(root: Path, keys: list[str], start: threading.Barrier) -> int:
+    start.wait()
+    total = 0
+    for key in keys:
+        with open(root / key, "rb") as f:
+            while chunk := f.read(1 << 20):
+                total += len(chunk)
+    return total
+
+
+def concurrent_reads(jobs: list[tuple[Path, list[str]]]) -> dict[str, Any]:
+    """Each (root, keys) read by its own thread, all started together; files and bytes per second."""
+    start = threading.Barrier(len(jobs) + 1)
+    with ThreadPoolExecutor(len(jobs)) as pool:
+        futures = [pool.submit(_read_all, root, keys, start) for root, keys in jobs]
+        start.wait()
+        began = time.perf_counter()
+        total = sum(f.result() for f in futures)
+        took = time.perf_counter() - began
+    files = sum(len(keys) for _, keys in jobs)
+    return {
+        "files": files,
+        "bytes": total,
+        "seconds": took,
+        "reads_per_s": files / took,
+        "mb_per_s": total / took / 1e6,
+    }
+
+
+def measure(workdir: Path, copier: SiteCopier, base: str, backend: list[str], keys: list[str]) -> dict[str, Any]:
+    workdir.mkdir()
+    sites = [f"{base}-cold{i}" for i in range(READERS + 1)]
+    for site in sites:
+        copier.copy(site)
+    lists = [sorted(keys)[i::READERS] for i in range(READERS)]
+    sessions = Sessions(workdir, base, backend)
+    out: dict[str, Any] = {"readers": READERS, "flags": " ".join(COLD_FLAGS)}
+    try:
+        sessions.server.start()
+        one, _ = sessions.open(site=sites[0], flags=COLD_FLAGS)
+        out["one_daemon"] = concurrent_reads([(one, files) for files in lists])
+        roots = [sessions.open(site=site, flags=COLD_FLAGS)[0] for site in sites[1:]]
+        out["sixteen_daemons"] = concurrent_reads(list(zip(roots, lists, strict=True)))
+    finally:
+        sessions.close()
+    return out
+
+
+def text_line(result: dict[str, Any]) -> str:
+    one, many = result["one_daemon"], result["sixteen_daemons"]
+    return (
+        f"cold reads, {result['readers']} concurrent readers ({one['files']} files, {one['bytes'] / 1e6:.1f} MB): "
+        f"one class daemon {one['reads_per_s']:.0f} reads/s ({one['mb_per_s']:.1f} MB/s); "
+        f"16 class daemons of 16 sites {many['reads_per_s']:.0f} reads/s ({many['mb_per_s']:.1f} MB/s)"
+    )

@@ -1,0 +1,278 @@
+"""The "density" figure (issue 30): what the current design costs per site and reader class on
+one host: one `chroma run`, one `redis-server`, one `chromafs-mountd` whose class mounts sessions
+share (as the "sessions" figure runs them).
+
+Sites are the corpus under many names (ingested once, its records copied: site_copies.py). For
+S sites in turn (--density-sites), each new site gets one session per reader class (anonymous,
+signed in), and a `grep -rl` in it. After each step: the processes serving mounts and their total
+PSS (chromafs-mountd, class daemons, their watchdogs; /proc/PID/smaps_rollup), the PSS per class
+view, the CPU those processes use while idle, p50/p90 of a class's first session (its class
+mount started) and of later sessions of served classes. Once, for the first site: how many
+copies of a page the kernel's page cache holds when both classes read it (fincore on the files
+through each class's session; and how much `Cached` - `Shmem` in /proc/meminfo grew while the
+second class opened, grepped and warmed, which other work on the machine blurs). Before all
+that: cold reads per second, 16 readers at once (cold_reads.py). No site is added once
+MemAvailable falls under 4 GiB; the output says where it stopped and why.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+from bench_lib import cold_reads, measure
+from bench_lib import corpus as corpora
+from bench_lib.mounts import _smaps_rollup
+from bench_lib.procs import run_timed
+from bench_lib.sessions import Sessions, _visible_sets
+from bench_lib.site_copies import SiteCopier
+from infra import unmount
+
+MIN_AVAILABLE_KB = 4 * 1024 * 1024
+CLASSES: dict[str, list[str] | None] = {"anonymous": None, "signed-in": []}
+LATER_SESSIONS = 10  # per step, each of a served class picked with the run's seed
+IDLE_CPU_WINDOW_S = 5.0
+TOKEN_LIFE_S = 12 * 3600.0
+FINCORE_BATCH = 200
+
+
+def meminfo_kb(field: str) -> int:
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith(f"{field}:"):
+            return int(line.split()[1])
+    raise KeyError(field)
+
+
+def pss_kb(pids: list[int]) -> int:
+    total = 0
+    for pid in pids:
+        try:
+            total += _smaps_rollup(pid)["pss"]
+        except (OSError, KeyError):
+            continue  # gone meanwhile
+    return total
+
+
+def cpu_ticks(pids: list[int]) -> int:
+    total = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                fields = f.read().rpartition(b")")[2].split()
+            total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14, 15)
+        except (OSError, IndexError, ValueError):
+            continue
+    return total
+
+
+def idle_cpu_percent(pids: list[int]) -> float:
+    """CPU the serving processes use while nobody reads, in % of one core."""
+    import os
+
+    before = cpu_ticks(pids)
+    time.sleep(IDLE_CPU_WINDOW_S)
+    return (cpu_ticks(pids) - before) / os.sysconf("SC_CLK_TCK") / IDLE_CPU_WINDOW_S * 100
+
+
+def resident_bytes(root: Path, keys: list[str]) -> int:
+    """Bytes of these files in the kernel's page cache, through the mount at root (fincore)."""
+    total = 0
+    for start in range(0, len(keys), FINCORE_BATCH):
+        files = [str(root / key) for key in keys[start : start + FINCORE_BATCH]]
+        out = run_timed(["fincore", "--bytes", "--noheadings", "--raw", "--output", "RES", *files])
+        total += sum(int(line) for line in out.stdout.decode().split())
+    return total
+
+
+def wait_warm(class_root: Path, timeout_s: float = 120.0) -> bool:
+    """Until every class mount's log says its warm-up ended (or that it does not warm)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        logs = [p.read_text(errors="replace") for p in class_root.glob("*.log")]
+        if logs and all("warm in" in t or "not warming" in t or "warm-up stopped" in t for t in logs):
+            return True
+        time.sleep(0.2)
+    return False
+
+
+class Density:
+    def __init__(self, run: Any, corpus: corpora.Corpus, backend: list[str], chroma_dir: Path) -> None:
+        self.run = run
+        self.corpus = corpus
+        self.workdir = run.tmp / f"{corpus.site}-density"
+        self.workdir.mkdir()
+        self.copier = SiteCopier(run.chroma.url, corpus.site)
+        (self.workdir / "classes").mkdir()
+        self.sessions = Sessions(self.workdir / "classes", corpus.site, backend, class_idle_s=TOKEN_LIFE_S)
+        self.visible = {name: sorted(keys) for name, keys in _visible_sets(chroma_dir, corpus.site).items()}
+        self.sites: list[str] = []
+        self.served: list[tuple[str, str]] = []  # (site, class)
+        self.rng = random.Random(run.args.seed)
+
+    def open(self, site: str, reader: str) -> tuple[Path, float]:
+        groups = CLASSES[reader]
+        exp = time.time() + TOKEN_LIFE_S if groups is not None else None
+        return self.sessions.open(groups, exp, site=site)
+
+    def add_site(self, firsts: list[float], greps: list[float]) -> dict[str, Any] | None:
+        """A new site with a session and a grep -rl per class; for the first site, what the page
+        cache holds (returned)."""
+        site = f"{self.corpus.site}-s{len(self.sites):04d}"
+        self.copier.copy(site)
+        self.sites.append(site)
+        first_site = len(self.sites) == 1
+        roots, cached = {}, []
+        for reader in CLASSES:
+            roots[reader], took = self.open(site, reader)
+            firsts.append(took)
+            greps.append(measure.run_tool(measure.command_of("grep -rl"), roots[reader])[0])
+            self.served.append((site, reader))
+            if first_site:
+                wait_warm(self.sessions.server.class_root)
+                cached.append(meminfo_kb("Cached") - meminfo_kb("Shmem"))
+        return self.page_cache_sharing(roots, cached[1] - cached[0]) if first_site else None
+
+    def page_cache_sharing(self, roots: dict[str, Path], second_growth_kb: int) -> dict[str, Any]:
+        """`second_growth_kb`: how much file cache grew while the second class opened, grepped and warmed."""
+        common = sorted(set(self.visible["anonymous"]) & set(self.visible["signed-in"]))
+        page = 4096
+        common_bytes = sum(-(-(self.corpus.source / key).stat().st_size // page) * page for key in common)
+        held = {reader: resident_bytes(root, common) for reader, root in roots.items()}
+        second = sum((self.corpus.source / key).stat().st_size for key in self.visible["signed-in"])
+        return {
+            "common_files": len(common),
+            "common_bytes_in_pages": common_bytes,
+            "resident_bytes_per_class": held,
+            "copies_held": sum(held.values()) / common_bytes if common_bytes else None,
+            "second_class_cached_growth_bytes": second_growth_kb * 1024,
+            "second_class_bytes": second,
+            "second_class_growth_to_bytes": second_growth_kb * 1024 / second if second else None,
+        }
+
+    def later_sessions(self) -> list[float]:
+        times = []
+        for site, reader in self.rng.sample(self.served, min(LATER_SESSIONS, len(self.served))):
+            root, took = self.open(site, reader)
+            times.append(took)
+            unmount(root)
+        return times
+
+    def step(self, target: int, baseline_pss_kb: int, previous: dict[str, Any] | None) -> dict[str, Any]:
+        firsts: list[float] = []
+        greps: list[float] = []
+        out: dict[str, Any] = {"target_sites": target}
+        while len(self.sites) < target:
+            available = meminfo_kb("MemAvailable")
+            if available < MIN_AVAILABLE_KB:
+                out["stopped"] = f"MemAvailable {available / 1024 / 1024:.1f} GiB < 4 GiB at {len(self.sites)} sites"
+                break
+            try:
+                sharing = self.add_site(firsts, greps)
+            except RuntimeError as exc:
+                out["stopped"] = f"at {len(self.sites)} sites: {exc}"
+                break
+            if sharing is not None:
+                out["page_cache"] = sharing
+            if len(self.sites) % 50 == 0:
+                self.run.say(f"density: {len(self.sites)} sites, MemAvailable {available / 1024 / 1024:.1f} GiB")
+        pids = self.sessions.serving_pids()
+        classes = len(self.served)
+        total = pss_kb(pids)
+        out.update(sites=len(self.sites), classes=classes, serving_processes=len(pids), pss_total_kb=total)
+        out["pss_mountd_alone_kb"] = baseline_pss_kb
+        out["pss_per_class_kb"] = (total - baseline_pss_kb) / classes if classes else None
+        if previous is not None and classes > previous["classes"]:
+            out["marginal_pss_per_class_kb"] = (total - previous["pss_total_kb"]) / (classes - previous["classes"])
+        out["idle_cpu_percent_of_a_core"] = idle_cpu_percent(pids)
+        later = self.later_sessions()
+        for name, values in (("first_session", firsts), ("later_session", later), ("class_first_grep", greps)):
+            if values:
+                out[f"{name}_n"] = len(values)
+                out[f"{name}_p50_s"] = measure.percentile(values, 50)
+                out[f"{name}_p90_s"] = measure.percentile(values, 90)
+        out["mem_available_gib"] = round(meminfo_kb("MemAvailable") / 1024 / 1024, 2)
+        return out
+
+
+def measure_density(run: Any, corpus: corpora.Corpus, backend: list[str], chroma_dir: Path) -> dict[str, Any]:
+    density = Density(run, corpus, backend, chroma_dir)
+    facts = corpus.facts
+    out: dict[str, Any] = {
+        "site_shape": {
+            "tree_record_bytes": facts.get("tree_record_bytes"),
+            "tree_files": facts.get("tree_files"),
+            "visible_files_anonymous": len(density.visible["anonymous"]),
+            "visible_files_signed_in": len(density.visible["signed-in"]),
+            "visible_bytes_anonymous": facts.get("visible_bytes"),
+            "median_page_bytes": _median_size(corpus.source, density.visible["signed-in"]),
+        },
+        "steps": [],
+    }
+    keys = density.visible["anonymous"]
+    out["cold_reads"] = cold_reads.measure(density.workdir / "cold", density.copier, corpus.site, backend, keys)
+    run.say(f"density: {cold_reads.text_line(out['cold_reads'])}")
+    try:
+        density.sessions.server.start()
+        time.sleep(1.0)
+        baseline = pss_kb(density.sessions.serving_pids())
+        previous = None
+        for target in run.args.density_sites:
+            previous = density.step(target, baseline, previous)
+            out["steps"].append(previous)
+            run.say(f"density: {step_line(previous)}")
+            if "stopped" in previous:
+                out["stopped"] = previous["stopped"]
+                break
+    finally:
+        density.sessions.close()
+    out["site_copies"] = density.copier.summary()
+    return out
+
+
+def _median_size(source: Path, keys: list[str]) -> int:
+    sizes = sorted((source / key).stat().st_size for key in keys)
+    return sizes[len(sizes) // 2] if sizes else 0
+
+
+def _ms(step: dict[str, Any], name: str) -> str:
+    if f"{name}_p50_s" not in step:
+        return "-"
+    return f"{step[f'{name}_p50_s'] * 1000:.0f}/{step[f'{name}_p90_s'] * 1000:.0f} ms"
+
+
+def step_line(step: dict[str, Any]) -> str:
+    marginal = step.get("marginal_pss_per_class_kb")
+    return (
+        f"{step['sites']:>5} {step['classes']:>7} {step['serving_processes']:>9} "
+        f"{step['pss_total_kb'] / 1024:>9.0f} MiB {(step['pss_per_class_kb'] or 0) / 1024:>7.1f} MiB "
+        f"{'-' if marginal is None else f'{marginal / 1024:.1f} MiB':>10} "
+        f"{_ms(step, 'first_session'):>16} {_ms(step, 'later_session'):>16} {_ms(step, 'class_first_grep'):>16} "
+        f"{step['idle_cpu_percent_of_a_core']:>6.0f}% {step['mem_available_gib']:>6.1f} GiB"
+    )
+
+
+def text_lines(result: dict[str, Any]) -> list[str]:
+    shape = result["site_shape"]
+    lines = [
+        f"  each site: {shape['tree_files']} files (anonymous sees {shape['visible_files_anonymous']}, "
+        f"signed in {shape['visible_files_signed_in']}), median page {shape['median_page_bytes']} bytes, "
+        f"{(shape['visible_bytes_anonymous'] or 0) / 1e6:.2f} MB visible to anonymous, "
+        f"tree record {shape['tree_record_bytes']} bytes; 2 reader classes per site",
+        "  sites classes processes  PSS total  PSS/class   marginal  first session p50/p90  "
+        "later p50/p90  1st grep p50/p90  idle CPU  MemAvail",
+    ]
+    lines += [f"  {step_line(step)}" for step in result["steps"]]
+    first = next((s["page_cache"] for s in result["steps"] if "page_cache" in s), None)
+    if first:
+        lines.append(
+            f"  page cache, one site's 2 classes: {first['common_files']} files both see "
+            f"({first['common_bytes_in_pages'] / 1e6:.2f} MB in pages) held {first['copies_held']:.2f} times "
+            f"(fincore); Cached-Shmem grew {first['second_class_cached_growth_bytes'] / 1e6:.2f} MB while the "
+            f"second class read its {first['second_class_bytes'] / 1e6:.2f} MB "
+            f"({first['second_class_growth_to_bytes']:.2f}x; other work on the machine included)"
+        )
+    lines.append(f"  {cold_reads.text_line(result['cold_reads'])}")
+    lines.append(f"  stopped: {result.get('stopped', 'no: every step fitted')}")
+    return lines
