@@ -43,11 +43,11 @@ def warm_budget(config: MountConfig) -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // MEMORY_SHARE
 
 
-def should_warm_kernel(config: MountConfig, ops: FuseAdapter) -> bool:
+def should_warm_kernel(config: MountConfig, pushing: bool, table: InodeTable) -> bool:
     """--warm-kernel, pages can be pushed (a watchdog runs), and the site fits the budget."""
-    if not (config.warm_kernel and ops.push_pages):
+    if not (config.warm_kernel and pushing):
         return False
-    total, budget = visible_bytes(ops.table), warm_budget(config)
+    total, budget = visible_bytes(table), warm_budget(config)
     if total > budget:
         log.warning("not warming: %d visible bytes, over --warm-max-bytes %d", total, budget)
         return False

@@ -1,0 +1,52 @@
+"""What ends a serving mount besides `fusermount -u`: a signal, its token's expiry, or (a class
+mount with --idle-exit) no session binding it any more. Each is a task of the mount's loop."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import time
+
+import pyfuse3
+import trio
+
+from chromafs_fuse.serving.binds import binds_of
+from chromafs_fuse.serving.process import sd_notify
+from chromafs_fuse.serving.status import utc_text
+
+log = logging.getLogger("chromafs.mount")
+IDLE_CHECK_S = 5.0  # how often a mount with --idle-exit looks for binds of it
+
+
+def unmount_now() -> None:
+    sd_notify("STOPPING=1")
+    pyfuse3.terminate()
+
+
+async def end_when_unused(mountpoint: str, idle_s: float) -> None:
+    """A class mount: unmount once no session's bind of it has stood for `idle_s`, whether or
+    not a mount server is there to stop it."""
+    idle_since = time.monotonic()
+    while True:
+        await trio.sleep(min(idle_s / 4, IDLE_CHECK_S))
+        binds = await trio.to_thread.run_sync(binds_of, mountpoint)
+        if binds:
+            idle_since = time.monotonic()
+        elif time.monotonic() - idle_since >= idle_s:
+            log.warning("no session for %.0fs: unmounting", time.monotonic() - idle_since)
+            unmount_now()
+            return
+
+
+async def end_at_expiry(expires_at: float) -> None:
+    await trio.sleep(max(0.0, expires_at - time.time()))
+    log.warning("the token expired (exp %s): unmounting", utc_text(expires_at))
+    unmount_now()
+
+
+async def watch_signals() -> None:
+    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
+        async for signum in signals:
+            log.info("signal %s: unmounting", signal.Signals(signum).name)
+            unmount_now()
+            return

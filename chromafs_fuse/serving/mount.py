@@ -1,0 +1,335 @@
+"""One mount, whole: `Mount` owns its parts and runs them.
+
+Built complete from a MountConfig and the verified reader: the site loaded and pruned for
+the reader (tree, inode table, page source), the filesystem over it (read scheduler,
+attributes, the --search-dir directory), the pyfuse3 adapter that forwards to it, and the
+re-ingest refresher. `run()` mounts and serves until unmounted, with the kernel pusher (and
+the watchdog it needs), the warm-up, the status file and the metrics endpoint;
+`switch_to(tree)` serves a re-ingested tree; `describe()` is what `chromafs status` and the
+metrics read.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import gc
+import logging
+import os
+import subprocess
+import time
+from collections.abc import Sequence
+from urllib.parse import urlsplit, urlunsplit
+
+import pyfuse3
+import trio
+
+from chromafs_fuse.access import Principal
+from chromafs_fuse.config import MountConfig
+from chromafs_fuse.filesystem import DocsFilesystem, FsError
+from chromafs_fuse.inodes import InodeTable
+from chromafs_fuse.readahead import ReadScheduler
+from chromafs_fuse.search_dir import SearchDir
+from chromafs_fuse.serving.fuse_adapter import (
+    Filesystem,
+    FuseAdapter,
+    attribute_maker,
+    pyfuse3_passes_inode,
+)
+from chromafs_fuse.serving.handshake import READY
+from chromafs_fuse.serving.kernel_push import KernelPusher
+from chromafs_fuse.serving.lifetime import end_at_expiry, end_when_unused, watch_signals
+from chromafs_fuse.serving.mount_metrics import start_metrics_server
+from chromafs_fuse.serving.process import sd_notify
+from chromafs_fuse.serving.refresh import TreeRefresher
+from chromafs_fuse.serving.status import StatusFile, uptime_since
+from chromafs_fuse.serving.warm_up import all_files, changed_files, should_warm_kernel, visible_bytes, warm_kernel
+from chromafs_fuse.serving.watchdog import start_watchdog, stop_watchdog
+from chromafs_fuse.site.loader import LoadedSite, Preloaded, SiteLoader
+from chromafs_fuse.tree import PathEntry, SiteTree
+from chromafs_fuse.tree_diff import TreeChange, diff_tables
+
+log = logging.getLogger("chromafs.mount")
+STATUS_EVERY_S = 2.0
+SEARCH_DIR_RESULTS = 20  # pages a file of the search directory lists
+
+
+def should_preload(config: MountConfig, table: InodeTable) -> bool:
+    if config.preload != "auto":
+        return config.preload == "on"
+    return visible_bytes(table) <= min(config.preload_max_bytes, config.session.cache_bytes // 2)
+
+
+def public_backend(config: MountConfig) -> str:
+    """The Chroma location without credentials, for status and logs."""
+    chroma = config.session.chroma
+    if chroma.url:
+        parts = urlsplit(chroma.url)
+        return urlunsplit((parts.scheme, parts.hostname or "", parts.path, "", "")) + (
+            f":{parts.port}" if parts.port else ""
+        )
+    return f"embedded:{chroma.path}"
+
+
+def tell_kernel(old_pusher: KernelPusher | None, change: TreeChange) -> None:
+    """In a worker thread: stop pushing old pages (queued ones go first), then drop what the
+    kernel caches of changed files and listings, and its lookups of names that came or went.
+    An inode or name the kernel does not hold answers ENOENT: nothing to drop."""
+    if old_pusher is not None:
+        old_pusher.stop()
+    for inode in change.stale_inodes:
+        try:
+            pyfuse3.invalidate_inode(inode, attr_only=False)
+        except OSError as exc:
+            if exc.errno != errno.ENOENT:
+                log.warning("invalidating inode %d: %s", inode, exc)
+    for parent, name in change.stale_names:
+        try:
+            pyfuse3.invalidate_entry(parent, name)
+        except OSError as exc:
+            if exc.errno != errno.ENOENT:
+                log.warning("invalidating %r in inode %d: %s", name, parent, exc)
+
+
+class Mount:
+    def __init__(self, config: MountConfig, principal: Principal, preloaded: Preloaded | None = None) -> None:
+        """Load the site for `principal` (or take what a mount server `preloaded`) and build the
+        mount's parts; nothing is mounted yet."""
+        self.config = config
+        self.principal = principal
+        self.loader = SiteLoader(config.session)
+        site = self.loader.load(principal, preloaded)
+        self.tree = site.tree
+        self.pages = site.source
+        # Directories and files the tree gives no mtime show the mount's start; with attributes
+        # built ahead by the mount server, the time they were built.
+        time_ns, built = preloaded.attributes if preloaded is not None else (time.time_ns(), None)
+        self.attributes = attribute_maker(config.cache_timeout_s, time_ns)
+        self.search_dir = SearchDir(config.search_dir, self._search) if config.search_dir else None
+        self.adapter = FuseAdapter(self._filesystem(site.table, {}, pyfuse3_passes_inode(), built))
+        self.no_open = self.fs.no_open  # the kernel's open mode is set for the mount's life
+        # Pushing pages needs the kernel to keep them across opens (no-open mode only), the
+        # batched store of chromafs's pyfuse3 build (scripts/build_pyfuse3.py), and a watchdog
+        # (started once mounted: only pushed pages can leave a thread waiting in the kernel on a
+        # killed daemon).
+        self.may_push = config.push_pages and self.no_open and hasattr(pyfuse3, "store_pages")
+        self.refresher: TreeRefresher | None = None
+        if config.refresh_interval_s > 0:
+            self.refresher = TreeRefresher(self.loader, self.pages, config.refresh_interval_s, self.switch_to)
+        self.started = time.time()
+        self.status = StatusFile(self.describe)
+        # while run() runs:
+        self.watchdog: subprocess.Popen[bytes] | None = None
+        self.pusher: KernelPusher | None = None
+        self.warms_kernel = False  # --warm-kernel, pages pushed, and the site within its budget
+        self._nursery: trio.Nursery | None = None
+
+    @property
+    def fs(self) -> Filesystem:
+        """The filesystem of the tree served now."""
+        return self.adapter.fs
+
+    def _filesystem(
+        self,
+        table: InodeTable,
+        replaced: dict[int, PathEntry],
+        no_open: bool,
+        built: list[pyfuse3.EntryAttributes | None] | None = None,
+    ) -> Filesystem:
+        scheduler = ReadScheduler(table, self.pages, self.config.readahead_pages)
+        return DocsFilesystem(table, self.pages, scheduler, no_open, self.attributes, replaced, self.search_dir, built)
+
+    async def _search(self, query: str) -> bytes:
+        """A file of the search directory: the query's hits in the pages the mount shows now."""
+        return await trio.to_thread.run_sync(self._search_now, query)
+
+    def _search_now(self, query: str) -> bytes:
+        from chromafs_fuse.search import SearchError, hit_line
+        from chromafs_fuse.site.view import ReaderView, ViewError
+
+        now = LoadedSite(self.tree, self.fs.table, self.pages)
+        view = ReaderView(now, self.config.session, self.principal.reader_class(), memory_cache=False)
+        try:
+            hits = view.search(query, SEARCH_DIR_RESULTS)
+        except (SearchError, ViewError) as exc:
+            log.error("search %r: %s", query, exc)
+            raise FsError(errno.EIO) from None
+        return "".join(hit_line(hit) + "\n" for hit in hits).encode("utf-8")
+
+    # -- a re-ingest -----------------------------------------------------------------------
+
+    async def switch_to(self, tree: SiteTree) -> TreeChange:
+        """Serve `tree` from now on: pruned for the reader, on a new filesystem (old versions
+        that readers hold stay readable), the kernel told what to forget, and with --warm-kernel
+        the pages that changed handed to it. The switch itself is one step on the loop, so a
+        request sees one tree or the other; the blocking parts run in worker threads."""
+        table = await trio.to_thread.run_sync(SiteLoader.prune, tree, self.principal)
+        old = self.fs
+        change = await trio.to_thread.run_sync(diff_tables, old.table, table)
+        replaced, dropped = old.carry_replaced(change.replaced, table)
+        change.stale_inodes += dropped
+        new = self._filesystem(table, replaced, self.no_open)
+        if new.no_open != self.no_open:
+            # a tree that gives no sizes after one that did is served as well as it can be
+            log.warning("the new tree %s sizes for every file", "gives" if new.no_open else "does not give")
+            new.no_open = self.no_open
+        self.adapter.switch(new)
+        self.pages.switch(tree.version)
+        self.tree = tree
+        old_pusher, self.pusher = self.pusher, None
+        # never on the loop: the kernel may make a notification wait for a request the loop answers
+        await trio.to_thread.run_sync(tell_kernel, old_pusher, change)
+        self._start_pushing()
+        if self.warms_kernel and self._nursery is not None:
+            self._nursery.start_soon(self._warm, changed_files(old.table, table), trio.Event())
+        return change
+
+    # -- pushing pages into the kernel's cache ----------------------------------------------
+
+    def _start_pushing(self) -> None:
+        """On the loop, for the tree served now: its scheduler hands loaded pages to the kernel."""
+        if self.watchdog is None:
+            return
+        scheduler = self.fs.scheduler
+        token = trio.lowlevel.current_trio_token()
+        self.pusher = KernelPusher(
+            pyfuse3.store_pages,
+            lambda: token.run_sync_soon(scheduler.take_outcomes, idempotent=True),
+            len(self.fs.table.file_order),
+        )
+        scheduler.push_through(self.pusher)
+        self.pusher.start()
+
+    def _pushed_counts(self) -> dict[str, int]:
+        """Pages the kernel took ahead of a read, and pages it refused (not listed yet)."""
+        pusher = self.pusher
+        if pusher is None:
+            return {}
+        return {"stored": pusher.stored, "refused": pusher.refused, "skipped": pusher.skipped}
+
+    async def _warm(self, files: Sequence[int], done: trio.Event) -> None:
+        try:
+            await warm_kernel(
+                self.config.mountpoint, self.adapter, self.pages, files, self.config.session.cache_bytes // 4
+            )
+        except Exception:
+            log.exception("warm-up stopped")
+        finally:
+            done.set()
+
+    async def _preload(self) -> None:
+        """After mounting (without --warm-kernel): load every visible page into memory."""
+        started = time.monotonic()
+        count = await self.pages.preload(sorted(self.fs.table.entries.values(), key=lambda e: e.key))
+        log.info("preloaded %d pages in %.2fs", count, time.monotonic() - started)
+
+    # -- serving ---------------------------------------------------------------------------
+
+    def run(self, ready_fd: int | None) -> None:
+        """Mount, serve until unmounted or signalled, unmount. Readiness goes to `ready_fd`
+        (when given) once the mount answers; pyfuse3.init raises RuntimeError if mounting fails."""
+        config, mountpoint = self.config, self.config.mountpoint
+        if config.metrics_addr:
+            start_metrics_server(config.metrics_addr, self.describe)
+        options = set(pyfuse3.default_options)
+        options |= {f"fsname=chromafs:{config.site}", "subtype=chromafs", "ro", "noatime", *config.fuse_options}
+        options.discard("rw")  # read-only, whatever the options say
+        pyfuse3.init(self.adapter, mountpoint, options)
+        # Everything built so far (imported modules, the tree, the inode table) lives as long as the
+        # mount: take it out of the collector's sight, so that collections triggered by per-request
+        # garbage do not walk the whole heap on the request path.
+        gc.collect()
+        gc.freeze()
+        self.watchdog = start_watchdog(mountpoint) if self.may_push else None
+        self.warms_kernel = should_warm_kernel(config, self.watchdog is not None, self.fs.table)
+        if config.pid_file:
+            with open(config.pid_file, "w") as f:
+                f.write(f"{os.getpid()}\n")
+        try:
+            trio.run(self._serve, ready_fd)
+        finally:
+            stop_watchdog(self.watchdog)
+            if self.pusher is not None:
+                self.pusher.stop()
+            pyfuse3.close(unmount=True)
+            self.status.remove()
+            log.info("unmounted %s; requests served: %s", mountpoint, dict(self.adapter.requests))
+            if config.pid_file:
+                with contextlib.suppress(OSError):
+                    os.unlink(config.pid_file)
+
+    async def _serve(self, ready_fd: int | None) -> None:
+        async with self.pages.running(), trio.open_nursery() as nursery:
+            self._nursery = nursery
+            self._start_pushing()
+            if self.refresher is not None:
+                nursery.start_soon(self.refresher.run)
+            nursery.start_soon(watch_signals)
+            if self.principal.expires_at is not None:
+                nursery.start_soon(end_at_expiry, self.principal.expires_at)
+            nursery.start_soon(self._announce_ready, ready_fd)
+            if self.config.idle_exit_s > 0:
+                nursery.start_soon(end_when_unused, self.config.mountpoint, self.config.idle_exit_s)
+            nursery.start_soon(self._keep_status_written)
+            await pyfuse3.main()
+            nursery.cancel_scope.cancel()
+        self._nursery = None
+
+    async def _announce_ready(self, ready_fd: int | None) -> None:
+        """Once the mount answers (and the warm-up had its --warm-wait): READY, to whoever waits."""
+        config = self.config
+        await trio.to_thread.run_sync(os.listdir, config.mountpoint)
+        assert self._nursery is not None
+        if self.warms_kernel:
+            warmed = trio.Event()
+            self._nursery.start_soon(self._warm, all_files(self.fs.table), warmed)
+            if config.warm_wait_s > 0:
+                with trio.move_on_after(config.warm_wait_s):
+                    await warmed.wait()
+        elif should_preload(config, self.fs.table):
+            self._nursery.start_soon(self._preload)
+        log.info("mounted on %s", config.mountpoint)
+        self.status.write()
+        if ready_fd is not None:
+            with contextlib.suppress(OSError):
+                os.write(ready_fd, READY)
+                os.close(ready_fd)
+        sd_notify(f"READY=1\nSTATUS=serving {config.site} on {config.mountpoint}")
+
+    async def _keep_status_written(self) -> None:
+        while True:
+            await trio.sleep(STATUS_EVERY_S)
+            self.status.write()
+
+    def describe(self) -> dict:
+        """The mount's status (the status file, `chromafs status`, the metrics endpoint)."""
+        config, adapter, pages = self.config, self.adapter, self.pages
+        shared = pages.shared
+        return {
+            "pid": os.getpid(),
+            "site": config.site,
+            "mountpoint": config.mountpoint,
+            "reader": self.principal.describe(),
+            "expires_at": self.principal.expires_at,
+            "backend": public_backend(config),
+            "redis": bool(shared),
+            "started": self.started,
+            "uptime_s": uptime_since(self.started),
+            "visible_files": self.fs.table.file_count,
+            "kernel_open": "skipped" if self.no_open else "per open",
+            "tree_version": pages.tree_version,
+            "requests": dict(adapter.requests),
+            "caches": {
+                "memory": [pages.cache.hits, pages.cache.misses],
+                "redis": [shared.hits, shared.misses] if shared else [0, 0],
+            },
+            "pages_pushed": self._pushed_counts(),
+            "pages_cached": len(pages.cache),
+            "cached_bytes": pages.cache.current_bytes,
+            "backend_errors": {**pages.backend_errors, "redis": shared.errors if shared else 0},
+            "backend_seconds": dict(pages.backend_seconds),
+            "read_latency": adapter.read_latency.cumulative(),
+            "latency": {op: [h.cumulative(), h.total_s] for op, h in sorted(adapter.latency.items())},
+            "read_latency_sum_s": adapter.read_latency.total_s,
+            **(self.refresher.describe() if self.refresher else {"refresh_interval_s": 0}),
+        }
