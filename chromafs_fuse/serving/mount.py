@@ -106,7 +106,7 @@ class Mount:
         time_ns, built = preloaded.attributes if preloaded is not None else (time.time_ns(), None)
         self.attributes = attribute_maker(config.cache_timeout_s, time_ns)
         self.search_dir = SearchDir(config.search_dir, self._search) if config.search_dir else None
-        self.adapter = FuseAdapter(self._filesystem(site.table, {}, pyfuse3_passes_inode(), built))
+        self.adapter = FuseAdapter(self._filesystem(site.table, {}, built))
         self.no_open = self.fs.no_open  # the kernel's open mode is set for the mount's life
         # Pushing pages needs the kernel to keep them across opens (no-open mode only), the
         # batched store of chromafs's pyfuse3 build (scripts/build_pyfuse3.py), and a watchdog
@@ -133,10 +133,10 @@ class Mount:
         self,
         table: InodeTable,
         replaced: dict[int, PathEntry],
-        no_open: bool,
         built: list[pyfuse3.EntryAttributes | None] | None = None,
     ) -> Filesystem:
         scheduler = ReadScheduler(table, self.pages, self.config.readahead_pages)
+        no_open = pyfuse3_passes_inode()  # and every size known (DocsFilesystem checks)
         return DocsFilesystem(table, self.pages, scheduler, no_open, self.attributes, replaced, self.search_dir, built)
 
     async def _search(self, query: str) -> bytes:
@@ -168,7 +168,7 @@ class Mount:
         change = await trio.to_thread.run_sync(diff_tables, old.table, table)
         replaced, dropped = old.carry_replaced(change.replaced, table)
         change.stale_inodes += dropped
-        new = self._filesystem(table, replaced, self.no_open)
+        new = self._filesystem(table, replaced)
         if new.no_open != self.no_open:
             # a tree that gives no sizes after one that did is served as well as it can be
             log.warning("the new tree %s sizes for every file", "gives" if new.no_open else "does not give")
