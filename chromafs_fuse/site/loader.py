@@ -55,7 +55,7 @@ def within(fn: Callable[[], T], seconds: float, what: str) -> T:
 class Preloaded:
     """What the mount server hands a mount it forks: the reader it verified, the site's tree,
     the table pruned for that reader, and the table's listing attributes with the time they
-    were built (see serving/fuse_ops.table_attributes)."""
+    were built (see serving/fuse_adapter.table_attributes)."""
 
     principal: Principal
     tree: SiteTree
