@@ -15,7 +15,7 @@ import chromadb
 import pytest
 from chromadb.config import Settings
 
-from helpers import SAMPLE_SITE, copy_subset, expected_visible, ingest, kernel_open_mode, mounted, run
+from infra import SAMPLE_SITE, copy_subset, expected_visible, ingest, kernel_open_mode, mounted, run
 
 MINTLIFY = Path(__file__).resolve().parents[2] / "shared" / "corpora" / "mintlify-docs"
 

@@ -13,8 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import SAMPLE_SITE, copy_subset, expected_visible, ingest, mounted, run, try_mount
-from infra import ChromaServer
+from infra import SAMPLE_SITE, ChromaServer, copy_subset, expected_visible, ingest, mounted, run, try_mount
 
 
 def test_chroma_down_then_back_without_remount(mnt: Path, tmp_path: Path) -> None:

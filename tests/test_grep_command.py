@@ -9,8 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import SAMPLE_SITE, expected_visible, mounted
-from infra import BIN
+from infra import BIN, SAMPLE_SITE, expected_visible, mounted
 
 PATTERNS = [
     ["refresh token"],

@@ -17,7 +17,7 @@ from chromafs_fuse.ingest.access_rules import (
     parse_acl,
     public_pages_from_navigation,
 )
-from helpers import INGEST, SAMPLE_SITE, ingest, mounted, tree_listing
+from infra import INGEST, SAMPLE_SITE, ingest, mounted, tree_listing
 
 
 def test_access_fields() -> None:

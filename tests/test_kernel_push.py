@@ -18,8 +18,7 @@ import pytest
 
 from chromafs_fuse.serving.kernel_push import KernelPusher
 from chromafs_fuse.serving.watchdog import connection_of
-from helpers import SAMPLE_SITE, expected_visible, mounted, run
-from infra import free_port, wait_gone
+from infra import SAMPLE_SITE, expected_visible, free_port, mounted, run, wait_gone
 
 REQUEST_LINE = re.compile(r'^chromafs_requests_total\{op="(\w+)"\} ([0-9.e+]+)$', re.M)
 PUSHED_LINE = re.compile(r'^chromafs_pages_pushed_total\{outcome="(\w+)"\} ([0-9.e+]+)$', re.M)

@@ -12,8 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import MOUNT, SAMPLE_SITE, is_mounted, mounted, try_mount
-from infra import free_port, unmount, wait_gone
+from infra import MOUNT, SAMPLE_SITE, free_port, is_mounted, mounted, try_mount, unmount, wait_gone
 
 
 def test_mountpoint_may_come_last(sample_chroma: Callable[[str], Path], mnt: Path) -> None:

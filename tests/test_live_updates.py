@@ -18,8 +18,18 @@ from pathlib import Path
 import pytest
 
 from chromafs_fuse.tree import tree_version
-from helpers import SAMPLE_SITE, expected_visible, ingest, mounted, try_mount
-from infra import BIN, ChromaServer, MountServer, free_port, unmount
+from infra import (
+    BIN,
+    SAMPLE_SITE,
+    ChromaServer,
+    MountServer,
+    expected_visible,
+    free_port,
+    ingest,
+    mounted,
+    try_mount,
+    unmount,
+)
 
 SITE = "live"
 DEADLINE_S = 10.0

@@ -19,8 +19,7 @@ import pytest
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
-from helpers import SAMPLE_SITE, expected_visible, ingest, mounted
-from infra import BIN, free_port, stop_pid
+from infra import BIN, SAMPLE_SITE, expected_visible, free_port, ingest, mounted, stop_pid
 from mcp_compare import Calls, Probe, checked_answers, mount_answers, over_stdio, sh, strip_dot, text
 
 SAMPLE_PROBE = Probe("quickstart.mdx", "auth", "token", "$ curl", "auth/api-keys.mdx")

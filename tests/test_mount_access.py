@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import SAMPLE_SITE, copy_subset, expected_visible, mounted, run, tree_listing
+from infra import SAMPLE_SITE, copy_subset, expected_visible, mounted, run, tree_listing
 
 READERS = {
     "anonymous": None,

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import mounted
+from infra import mounted
 
 
 def mount_options() -> list[tuple[str, str]]:

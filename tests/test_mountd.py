@@ -17,14 +17,27 @@ from pathlib import Path
 import pytest
 
 from chromafs_fuse.cli.mount_request import encode_request, request_mount
-from helpers import SAMPLE_SITE, copy_subset, expected_visible, ingest, is_mounted, run, try_mount
-from infra import BIN, MountServer, RedisServer, running_mount_server, unmount
+from infra import (
+    BIN,
+    SAMPLE_SITE,
+    MountServer,
+    RedisServer,
+    copy_subset,
+    expected_visible,
+    ingest,
+    is_mounted,
+    run,
+    running_mount_server,
+    try_mount,
+    unmount,
+)
 
 
 @pytest.fixture
-def mountd(tmp_path: Path) -> Iterator[Path]:
-    with MountServer(tmp_path, isolated=True) as server:  # a daemon per mount (shared mounts: test_sessions)
-        yield server.socket
+def mountd(start_mount_server: Callable[..., MountServer]) -> Iterator[Path]:
+    server = start_mount_server(isolated=True)  # a daemon per mount (shared mounts: test_sessions)
+    yield server.socket
+    server.stop()
     assert not server.socket.exists()
 
 
@@ -229,7 +242,7 @@ def test_a_mount_request_from_another_user_is_refused(sample_chroma: Callable[[s
     folder.mkdir()
     mnt.mkdir()
     argv = [str(mnt), "--site", "acme", "--chroma-path", str(sample_chroma("public"))]
-    with running_mount_server(folder, 300.0, tmp_path) as server:
+    with running_mount_server(folder, tmp_path) as server:
         assert server.socket.stat().st_mode & 0o777 == 0o600
         folder.chmod(0o711)
         server.socket.chmod(0o666)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import SAMPLE_SITE, expected_visible, mounted, tree_listing
+from infra import SAMPLE_SITE, expected_visible, mounted, tree_listing
 
 HIDDEN_FOR_ANON = sorted(
     expected_visible(SAMPLE_SITE, "public", {"admin", "billing"}) - expected_visible(SAMPLE_SITE, "public", None)

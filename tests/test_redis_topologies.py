@@ -13,8 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import SAMPLE_SITE, ingest, mounted, try_mount
-from infra import HOST, RedisServer
+from infra import HOST, SAMPLE_SITE, RedisServer, ingest, mounted, try_mount
 from redis_topologies import RedisClusterServers, RedisSentinelServers, TlsRedisServer, make_tls_files
 
 SITE = "acme"

@@ -19,8 +19,7 @@ from chromadb.config import Settings
 from chromafs_fuse.access import Principal, visible_entries
 from chromafs_fuse.inodes import InodeTable
 from chromafs_fuse.tree import encode_tree_document, parse_tree
-from helpers import INGEST, MOUNT, SAMPLE_SITE, expected_visible, is_mounted, mounted
-from infra import RedisServer, S3Server, unmount
+from infra import INGEST, MOUNT, SAMPLE_SITE, RedisServer, S3Server, expected_visible, is_mounted, mounted, unmount
 
 
 def _read_loop(mnt: Path, pages: list[str], stop: threading.Event, failures: list[str]) -> None:

@@ -13,8 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import SAMPLE_SITE, expected_visible, ingest, mounted
-from infra import BIN
+from infra import BIN, SAMPLE_SITE, expected_visible, ingest, mounted
 
 
 def site_args(chroma: Path, secret_file: Path) -> list[str]:

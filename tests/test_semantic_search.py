@@ -11,8 +11,7 @@ from pathlib import Path
 import pytest
 
 from chromafs_fuse.search import SearchError, embedder_name, rank_pages
-from helpers import SAMPLE_SITE, expected_visible, ingest
-from infra import BIN, ChromaServer
+from infra import BIN, SAMPLE_SITE, ChromaServer, expected_visible, ingest
 
 
 def search(chroma: Path | str, query: str, *args: str, site: str = "acme") -> list[dict]:

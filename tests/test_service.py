@@ -21,8 +21,7 @@ from chromafs_fuse.cli.mount_helper import RENAMED, mount_flags, translate
 from chromafs_fuse.serving.mounttable import escape, unescape
 from chromafs_fuse.serving.process import process_start
 from chromafs_fuse.serving.status import read_statuses, runtime_dir
-from helpers import MOUNT, REPO, SAMPLE_SITE, is_mounted, mounted
-from infra import BIN, free_port, unmount
+from infra import BIN, MOUNT, REPO, SAMPLE_SITE, free_port, is_mounted, mounted, unmount
 
 
 @pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze not installed")

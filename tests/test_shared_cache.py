@@ -11,8 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import SAMPLE_SITE, expected_visible, ingest, mounted, run
-from infra import ChromaServer, RedisServer
+from infra import SAMPLE_SITE, ChromaServer, RedisServer, expected_visible, ingest, mounted, run
 
 
 def test_second_mount_boots_from_redis_with_chroma_down(redis_server: RedisServer, mnt: Path, tmp_path: Path) -> None:

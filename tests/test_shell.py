@@ -10,13 +10,12 @@ import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from helpers import SAMPLE_SITE, expected_visible
-from infra import BIN, MountServer, mounts_under, running_mount_server
+from infra import BIN, SAMPLE_SITE, MountServer, expected_visible, mounts_under
 
 SHELLS = Path("/run/chromafs/shells")
 
@@ -40,9 +39,8 @@ pytestmark = pytest.mark.skipif(NO_SANDBOX is not None, reason=str(NO_SANDBOX))
 
 
 @pytest.fixture
-def server(tmp_path: Path) -> Iterator[MountServer]:
-    with running_mount_server(tmp_path, 30.0, SHELLS) as server:
-        yield server
+def server(start_mount_server: Callable[..., MountServer]) -> MountServer:
+    return start_mount_server(SHELLS, class_idle_s=30.0)
 
 
 def shell_args(chroma: Path, token: Path | None, secret_file: Path, server: MountServer | None) -> list[str]:

@@ -14,7 +14,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
 
 from chromafs_fuse.tokens import TokenError, load_verification_key, principal_from_token
-from helpers import is_mounted, try_mount
+from infra import is_mounted, try_mount
 
 SECRET = "unit-test-secret-0123456789abcdef-0123"
 
