@@ -342,20 +342,19 @@ def unmount(path: Path) -> None:
     _fusermount("-u", "-z", str(path))
 
 
+def _exited(pid: int) -> bool:
+    """The process has exited (a zombie counts: only its parent's wait is left)."""
+    try:
+        os.kill(pid, 0)
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0] == "Z"
+    except (ProcessLookupError, FileNotFoundError):
+        return True
+
+
 def wait_gone(pid: int, timeout_s: float = 15.0) -> bool:
-    """True once the process has exited (a zombie counts: only its parent's wait is left)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            os.kill(pid, 0)
-            with open(f"/proc/{pid}/stat") as f:
-                if f.read().rpartition(")")[2].split()[0] == "Z":
-                    return True
-        except (ProcessLookupError, FileNotFoundError):
-            return True
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(0.02)
+    """True once the process has exited, False if it still runs after `timeout_s`."""
+    return poll_until(lambda: _exited(pid), timeout_s, 0.02) is True
 
 
 def wait_exit(pid: int, timeout_s: float = 10.0) -> int | None:

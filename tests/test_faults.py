@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from infra import SAMPLE_SITE, ChromaServer, copy_subset, expected_visible, ingest, mounted, run, try_mount
+from infra import SAMPLE_SITE, ChromaServer, copy_subset, expected_visible, ingest, mounted, run, try_mount, wait_until
 
 
 def test_chroma_down_then_back_without_remount(mnt: Path, tmp_path: Path) -> None:
@@ -111,14 +111,9 @@ def test_frozen_chroma_fails_a_read_within_the_backend_timeout(mnt: Path, tmp_pa
                     assert elapsed < timeout + 1.0, f"{page}: failed after {elapsed:.1f}s"
             finally:
                 os.kill(chroma.proc.pid, signal.SIGCONT)
-            deadline = time.monotonic() + 30
-            while True:  # back once the server answers again
-                try:
-                    assert (mnt / pages[1]).read_bytes() == (SAMPLE_SITE / pages[1]).read_bytes()
-                    break
-                except OSError:
-                    assert time.monotonic() < deadline, "the mount did not recover"
-                    time.sleep(0.5)
+            # back once the server answers again
+            recovered = wait_until((mnt / pages[1]).read_bytes, 30, "the mount's recovery", 0.5, ignoring=(OSError,))
+            assert recovered == (SAMPLE_SITE / pages[1]).read_bytes()
     finally:
         chroma.stop()
 

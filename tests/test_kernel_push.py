@@ -18,7 +18,7 @@ import pytest
 
 from chromafs_fuse.serving.kernel_push import KernelPusher
 from chromafs_fuse.serving.watchdog import connection_of
-from infra import SAMPLE_SITE, expected_visible, free_port, mounted, run, wait_gone
+from infra import SAMPLE_SITE, expected_visible, free_port, mounted, poll_until, run, wait_gone, wait_until
 
 REQUEST_LINE = re.compile(r'^chromafs_requests_total\{op="(\w+)"\} ([0-9.e+]+)$', re.M)
 PUSHED_LINE = re.compile(r'^chromafs_pages_pushed_total\{outcome="(\w+)"\} ([0-9.e+]+)$', re.M)
@@ -49,17 +49,16 @@ def test_the_first_read_in_a_directory_pushes_its_siblings(
     args = ("--site", "acme", "--chroma-path", chroma, "--preload", "on", "--metrics-addr", f"127.0.0.1:{port}")
     with mounted(mnt, *args, flag):
         log = mnt.parent / "mnt.log"
-        deadline = time.monotonic() + 10
-        while "preloaded" not in log.read_text() and time.monotonic() < deadline:
-            time.sleep(0.05)
+        poll_until(lambda: "preloaded" in log.read_text(), 10, 0.05)
         names = sorted(os.listdir(mnt / "guides"))  # the kernel now holds every file's inode
         files = [n for n in names if (mnt / "guides" / n).is_file()]
         assert len(files) >= 5
         first, *siblings = files
         assert (mnt / "guides" / first).read_bytes() == (SAMPLE_SITE / "guides" / first).read_bytes()
-        deadline = time.monotonic() + 5
-        while push and _counts(PUSHED_LINE, port).get("stored", 0) < len(siblings) and time.monotonic() < deadline:
-            time.sleep(0.05)
+        if push:
+            wait_until(
+                lambda: _counts(PUSHED_LINE, port).get("stored", 0) >= len(siblings), 5, "the siblings pushed", 0.05
+            )
         reads = _counts(REQUEST_LINE, port).get("read", 0)
         for name in siblings:
             assert (mnt / "guides" / name).read_bytes() == (SAMPLE_SITE / "guides" / name).read_bytes(), name
@@ -159,9 +158,7 @@ def test_pusher_skips_pages_being_read_and_reports_refusals() -> None:
     pusher.start()
     try:
         assert drained.wait(5)
-        deadline = time.monotonic() + 5
-        while len(pusher.outcomes) < 6 and time.monotonic() < deadline:
-            time.sleep(0.01)
+        wait_until(lambda: len(pusher.outcomes) >= 6, 5, "six outcomes", 0.01)
         outcomes = dict(pusher.outcomes)
         assert outcomes == {0: True, 1: False, 2: True, 3: False, 4: True, 5: False}
         assert 103 not in [inode for batch in stored for inode in batch]  # being read: never stored

@@ -29,23 +29,16 @@ from infra import (
     mounted,
     try_mount,
     unmount,
+    wait_until,
 )
 
 SITE = "live"
 DEADLINE_S = 10.0
 
 
-def wait_for(check: object, what: str) -> None:
-    deadline = time.monotonic() + DEADLINE_S
-    while True:
-        try:
-            if check():  # type: ignore[operator]
-                return
-        except OSError:
-            pass
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {DEADLINE_S:.0f}s: {what}")
-        time.sleep(0.1)
+def wait_for(check: Callable[[], object], what: str) -> None:
+    """`wait_until` within DEADLINE_S; a read that fails meanwhile counts as "not yet"."""
+    wait_until(check, DEADLINE_S, what, ignoring=(OSError,))
 
 
 def errno_of(path: Path) -> int:
@@ -136,10 +129,9 @@ def test_an_ingest_published_to_redis_reaches_mounts_at_once(
         time.sleep(1)  # the mount has subscribed
         (site / page).write_bytes((site / page).read_bytes() + b"\nAnnounced.\n")
         ingest(site, *backend, "--quiet")
-        started = time.monotonic()
-        while (mnt / page).read_bytes() != (site / page).read_bytes():
-            assert time.monotonic() - started < 2.0, "not switched within 2 s of the ingest"
-            time.sleep(0.05)
+        wait_until(
+            lambda: (mnt / page).read_bytes() == (site / page).read_bytes(), 2.0, "the switch to the new version", 0.05
+        )
 
 
 def test_a_file_open_across_a_switch_reads_one_version_and_a_hidden_one_stops(tmp_path: Path, mnt: Path) -> None:

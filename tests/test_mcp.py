@@ -19,7 +19,7 @@ import pytest
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
-from infra import BIN, SAMPLE_SITE, expected_visible, free_port, ingest, mounted, stop_pid
+from infra import BIN, SAMPLE_SITE, expected_visible, free_port, ingest, mounted, stop_pid, wait_until
 from mcp_compare import Calls, Probe, checked_answers, mount_answers, over_stdio, sh, strip_dot, text
 
 SAMPLE_PROBE = Probe("quickstart.mdx", "auth", "token", "$ curl", "auth/api-keys.mdx")
@@ -50,11 +50,14 @@ def serving_over_http(args: list[str], log_path: Path) -> Iterator[str]:
         server = subprocess.Popen(
             [str(BIN / "chromafs"), "mcp", "--http", f"127.0.0.1:{port}", *args], stdout=log, stderr=log
         )
+
+        def answers() -> bool:
+            assert server.poll() is None, log_path.read_text()
+            probe = ["bash", "-c", f"exec 3<>/dev/tcp/127.0.0.1/{port}"]
+            return subprocess.run(probe, capture_output=True).returncode == 0
+
         try:
-            deadline = time.monotonic() + 60
-            while subprocess.run(["bash", "-c", f"exec 3<>/dev/tcp/127.0.0.1/{port}"], capture_output=True).returncode:
-                assert server.poll() is None and time.monotonic() < deadline, log_path.read_text()
-                time.sleep(0.1)
+            wait_until(answers, 60, f"chromafs mcp answering on port {port} (its log: {log_path})")
             yield f"http://127.0.0.1:{port}/mcp"
         finally:
             stop_pid(server)

@@ -19,7 +19,18 @@ from chromadb.config import Settings
 from chromafs_fuse.access import Principal, visible_entries
 from chromafs_fuse.inodes import InodeTable
 from chromafs_fuse.tree import encode_tree_document, parse_tree
-from infra import INGEST, MOUNT, SAMPLE_SITE, RedisServer, S3Server, expected_visible, is_mounted, mounted, unmount
+from infra import (
+    INGEST,
+    MOUNT,
+    SAMPLE_SITE,
+    RedisServer,
+    S3Server,
+    expected_visible,
+    is_mounted,
+    mounted,
+    unmount,
+    wait_until,
+)
 
 
 def _read_loop(mnt: Path, pages: list[str], stop: threading.Event, failures: list[str]) -> None:
@@ -136,10 +147,7 @@ def test_sigterm_during_heavy_reads_exits_zero(sample_chroma: Callable[[str], Pa
         stderr=subprocess.DEVNULL,
     )
     try:
-        deadline = time.monotonic() + 60
-        while not is_mounted(mnt):
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
+        wait_until(lambda: is_mounted(mnt), 60, f"{mnt} mounted", 0.05)
         readers = [
             subprocess.Popen(["sh", "-c", f"for i in $(seq 50); do grep -rc e {mnt} >/dev/null 2>&1; done"])
             for _ in range(4)

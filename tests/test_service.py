@@ -9,7 +9,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import time
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
@@ -21,7 +20,7 @@ from chromafs_fuse.cli.mount_helper import RENAMED, mount_flags, translate
 from chromafs_fuse.serving.mounttable import escape, unescape
 from chromafs_fuse.serving.process import process_start
 from chromafs_fuse.serving.status import read_statuses, runtime_dir
-from infra import BIN, MOUNT, REPO, SAMPLE_SITE, free_port, is_mounted, mounted, unmount
+from infra import BIN, MOUNT, REPO, SAMPLE_SITE, free_port, is_mounted, mounted, unmount, wait_until
 
 
 @pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze not installed")
@@ -132,21 +131,21 @@ def test_status_and_metrics(
         f"127.0.0.1:{port}",
     ):
         (mnt / "api-reference" / "payments.mdx").read_bytes()
-        deadline = time.monotonic() + 15
-        while True:  # the status file is refreshed every few seconds
+
+        def status_after_a_read() -> tuple[dict, str] | None:
             out = subprocess.run(
                 [str(BIN / "chromafs"), "status", "--json"], capture_output=True, text=True, timeout=60
             )
             assert out.returncode == 0
             mine = [s for s in json.loads(out.stdout) if s["mountpoint"] == str(mnt)]
             assert len(mine) == 1
-            status = mine[0]
-            if status.get("requests", {}).get("read") or time.monotonic() > deadline:
-                break
-            time.sleep(0.5)
+            return (mine[0], out.stdout) if mine[0].get("requests", {}).get("read") else None
+
+        # the status file is refreshed every few seconds
+        status, printed = wait_until(status_after_a_read, 15, "a read counted in the status file", 0.5)
         assert status["site"] == "acme" and "groups=billing" in status["reader"]
         assert status["visible_files"] > 0 and status["requests"]["read"] >= 1
-        assert token not in out.stdout
+        assert token not in printed
         table = subprocess.run([str(BIN / "chromafs"), "status"], capture_output=True, text=True, timeout=60)
         assert str(mnt) in table.stdout and "acme" in table.stdout
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
