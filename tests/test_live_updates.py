@@ -27,6 +27,7 @@ from infra import (
     free_port,
     ingest,
     mounted,
+    reader_args,
     try_mount,
     unmount,
     wait_until,
@@ -189,7 +190,7 @@ def test_a_reingest_under_four_grep_loops_reaches_a_mountd_mount_on_a_chroma_ser
     admin.mkdir()
     edited, locked = "guides/troubleshooting.md", "guides/migration.mdx"
     refresh = ["--refresh-interval", "0.5"]
-    admin_token = ["--token-file", str(token_file(["admin"])), "--jwt-secret-file", str(secret_file)]
+    admin_token = reader_args(token_file(["admin"]), secret_file)
     with MountServer(tmp_path) as server:
         done = try_mount(anonymous, *backend, *refresh, "--mountd", str(server.socket))
         assert done.returncode == 0, done.stderr

@@ -23,6 +23,7 @@ from infra import (
     INGEST,
     MOUNT,
     SAMPLE_SITE,
+    Backend,
     RedisServer,
     S3Server,
     expected_visible,
@@ -44,15 +45,12 @@ def _read_loop(mnt: Path, pages: list[str], stop: threading.Event, failures: lis
 
 
 def test_redis_flapping_during_reads(
-    redis_server: RedisServer, sample_chroma: Callable[[str], Path], mnt: Path
+    redis_server: RedisServer, sample_backend: Callable[..., Backend], mnt: Path
 ) -> None:
     pages = sorted(p for p in expected_visible(SAMPLE_SITE, "public", None) if not p.endswith(".png"))
     # a small page cache forces reads through Redis/Chroma again and again
     args = [
-        "--site",
-        "acme",
-        "--chroma-path",
-        str(sample_chroma("public")),
+        *sample_backend().args,
         "--redis-url",
         redis_server.url,
         "--cache-bytes",
@@ -131,16 +129,13 @@ def test_s3_flapping_fails_only_lazy_reads_and_recovers(s3_server: S3Server, mnt
             assert (mnt / image).read_bytes() == data
 
 
-def test_sigterm_during_heavy_reads_exits_zero(sample_chroma: Callable[[str], Path], mnt: Path) -> None:
+def test_sigterm_during_heavy_reads_exits_zero(sample_backend: Callable[..., Backend], mnt: Path) -> None:
     daemon = subprocess.Popen(
         [
             MOUNT,
             "--foreground",
             str(mnt),
-            "--site",
-            "acme",
-            "--chroma-path",
-            str(sample_chroma("public")),
+            *sample_backend().args,
             "--cache-timeout",
             "0",
         ],

@@ -50,11 +50,11 @@ def wait_unmounted(mountpoints: list[Path], by: float, what: str, interval_s: fl
 
 
 def test_a_session_mount_ends_when_its_token_expires(
-    sample_chroma: Callable[[str], Path], token_file: Callable[..., Path], secret_file: Path, mnt: Path
+    sample_backend: Callable[..., Backend], token_file: Callable[..., Path], secret_file: Path, mnt: Path
 ) -> None:
     expires_at = int(time.time()) + 6
-    token = ["--token-file", str(token_file(["billing"], exp=expires_at)), "--jwt-secret-file", str(secret_file)]
-    with mounted(mnt, "--site", "acme", "--chroma-path", str(sample_chroma("public")), *token):
+    token = reader_args(token_file(["billing"], exp=expires_at), secret_file)
+    with mounted(mnt, *sample_backend().args, *token):
         assert (mnt / "quickstart.mdx").read_bytes()
         mine = next(s for s in statuses() if s["mountpoint"] == str(mnt))
         assert mine["expires_at"] == expires_at and "user=tester" in mine["reader"]
