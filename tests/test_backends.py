@@ -178,7 +178,7 @@ def test_a_mount_on_the_old_tree_reads_replaced_pages_from_chroma_during_the_gra
     never read are replaced by a re-ingest, then another page by a second one, both well within
     the grace period (--grace-period, 600 s by default): the first read of each replaced page,
     one after each ingest, is its old version exactly, reassembled from the chunks kept in Chroma
-    (no prefetch, no read-ahead: nothing of them was in memory before)."""
+    (no preload, no read-ahead: nothing of them was in memory before)."""
     site = shutil.copytree(SAMPLE_SITE, tmp_path / "site")
     backend = ["--site", "acme", "--chroma-path", str(tmp_path / "chroma")]
     ingest(site, *backend, "--quiet")

@@ -41,7 +41,7 @@ def _text_files() -> list[str]:
 def test_the_first_read_in_a_directory_pushes_its_siblings(
     sample_backend: Callable[..., Backend], mnt: Path, push: bool
 ) -> None:
-    """With every page loaded (prefetch) and the directory listed, reading one file of it hands
+    """With every page loaded (preload) and the directory listed, reading one file of it hands
     the others to the kernel: reading them then sends no request, and their bytes are exact."""
     port = free_port()
     flag = "--push-pages" if push else "--no-push-pages"
