@@ -88,7 +88,7 @@ def poll_until(
     predicate: Callable[[], T], timeout_s: float, interval_s: float = 0.1, ignoring: tuple[type[Exception], ...] = ()
 ) -> T | None:
     """Call `predicate` every `interval_s` until it returns something true, for at most `timeout_s`: its
-    last answer (None if it only ever raised one of `ignoring`, which count as "not yet")."""
+    last answer (None if that call raised one of `ignoring`, exceptions that count as "not yet")."""
     deadline = time.monotonic() + timeout_s
     answer: T | None = None
     while True:
@@ -111,7 +111,7 @@ def wait_until(
     """`poll_until`, and an AssertionError naming `what` (what was waited for) if it timed out."""
     answer = poll_until(predicate, timeout_s, interval_s, ignoring)
     if not answer:
-        raise AssertionError(f"not within {timeout_s:g}s: {what}")
+        raise AssertionError(f"not within {timeout_s:.3g}s: {what}")
     return answer
 
 
@@ -310,7 +310,7 @@ def running_mount_server(
 ) -> Iterator[MountServer]:
     """chromafs-mountd in `folder` (options as MountServer's); afterwards every mount under `folder` and
     `also` is unmounted, the test's sessions and the server's class mounts alike."""
-    server = MountServer(folder, isolated, class_idle_s, metrics_port)
+    server = MountServer(folder, isolated=isolated, class_idle_s=class_idle_s, metrics_port=metrics_port)
     try:
         with server:
             yield server
@@ -407,9 +407,6 @@ class Backend:
         if self.redis_url is not None:
             args += ["--redis-url", self.redis_url]
         return args
-
-    def with_redis(self, url: str) -> Backend:
-        return dataclasses.replace(self, redis_url=url)
 
 
 def reader_args(token: Path | None, secret_file: Path) -> list[str]:
