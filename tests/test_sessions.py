@@ -84,6 +84,9 @@ class Sessions:
         assert done.returncode == 0, done.stderr
 
 
+OpenSession = Callable[..., None]
+
+
 def mount_options(mountpoint: Path) -> set[str]:
     for line in Path("/proc/self/mountinfo").read_text().splitlines():
         fields = line.split()
@@ -102,13 +105,13 @@ def shared_server(start_mount_server: Callable[..., MountServer]) -> MountServer
 
 
 @pytest.fixture
-def sessions(shared_server: MountServer, sample_chroma: Callable[[str], Path], secret_file: Path) -> Sessions:
-    """Sessions of `shared_server` on the sample site."""
-    return Sessions(shared_server, sample_chroma("public"), secret_file)
+def open_session(shared_server: MountServer, sample_chroma: Callable[[str], Path], secret_file: Path) -> OpenSession:
+    """Opens a session of `shared_server` on the sample site: open_session(mountpoint, token=None, *more)."""
+    return Sessions(shared_server, sample_chroma("public"), secret_file).open
 
 
 def test_sessions_of_one_reader_class_share_a_mount_and_see_exactly_their_pages(
-    shared_server: MountServer, sessions: Sessions, token_file: Callable[..., Path], tmp_path: Path
+    shared_server: MountServer, open_session: OpenSession, token_file: Callable[..., Path], tmp_path: Path
 ) -> None:
     readers: dict[str, tuple[Path | None, set[str] | None]] = {
         "anon-1": (None, None),
@@ -118,7 +121,7 @@ def test_sessions_of_one_reader_class_share_a_mount_and_see_exactly_their_pages(
         "admin": (token_file(["admin", "billing"]), {"admin", "billing"}),
     }
     for name, (token, _) in readers.items():
-        sessions.open(tmp_path / name, token)
+        open_session(tmp_path / name, token)
     assert len(class_mounts(shared_server)) == 3  # anonymous, billing, admin+billing
     for name, (_, groups) in readers.items():
         copy = copy_subset(SAMPLE_SITE, expected_visible(SAMPLE_SITE, "public", groups), tmp_path / f"exp-{name}")
@@ -130,22 +133,22 @@ def test_sessions_of_one_reader_class_share_a_mount_and_see_exactly_their_pages(
     with pytest.raises(OSError) as info:
         (tmp_path / "anon-1" / "new.md").write_text("x")
     assert info.value.errno == errno.EROFS
-    status = {Path(s["mountpoint"]).name: s for s in statuses() if "session" in s}
-    assert set(status) == set(readers)
-    assert status["billing-2"]["session"]["subject"] == "someone-else"
-    assert status["billing-1"]["session"]["class"] == status["billing-2"]["session"]["class"]
-    assert status["anon-1"]["expires_at"] is None and status["admin"]["expires_at"] > time.time()
+    sessions = {Path(s["mountpoint"]).name: s for s in statuses() if "session" in s}
+    assert set(sessions) == set(readers)
+    assert sessions["billing-2"]["session"]["subject"] == "someone-else"
+    assert sessions["billing-1"]["session"]["class"] == sessions["billing-2"]["session"]["class"]
+    assert sessions["anon-1"]["expires_at"] is None and sessions["admin"]["expires_at"] > time.time()
 
 
 def test_a_session_ends_at_its_expiry_or_unmount_and_the_others_go_on(
-    shared_server: MountServer, sessions: Sessions, token_file: Callable[..., Path], tmp_path: Path
+    shared_server: MountServer, open_session: OpenSession, token_file: Callable[..., Path], tmp_path: Path
 ) -> None:
     expires_at = int(time.time()) + 6
     short, long_ = tmp_path / "short", tmp_path / "long"
-    sessions.open(short, token_file(["billing"], exp=expires_at))
-    sessions.open(long_, token_file(["billing"]))
+    open_session(short, token_file(["billing"], exp=expires_at))
+    open_session(long_, token_file(["billing"]))
     alone = tmp_path / "alone"
-    sessions.open(alone)
+    open_session(alone)
     assert len(class_mounts(shared_server)) == 2
     # the user unmounts one session: only its bind goes; its class, left without sessions, is
     # unmounted after the idle time
@@ -161,31 +164,31 @@ def test_a_session_ends_at_its_expiry_or_unmount_and_the_others_go_on(
 
 
 def test_the_server_restarts_without_harm(
-    shared_server: MountServer, sessions: Sessions, token_file: Callable[..., Path], tmp_path: Path
+    shared_server: MountServer, open_session: OpenSession, token_file: Callable[..., Path], tmp_path: Path
 ) -> None:
     """Killed under 8 live sessions, the server comes back, finds its class mounts and
     sessions, adds sessions to them without stacking anything, and still ends sessions whose
     tokens expire."""
     soon = int(time.time()) + 12
     tokens = [None, token_file(["billing"]), token_file(["billing"], exp=soon), token_file(["admin"])]
-    mountpoints = [tmp_path / f"s{i}" for i in range(8)]
-    for i, mountpoint in enumerate(mountpoints):
-        sessions.open(mountpoint, tokens[i % 4])
+    sessions = [tmp_path / f"s{i}" for i in range(8)]
+    for i, mountpoint in enumerate(sessions):
+        open_session(mountpoint, tokens[i % 4])
     classes = class_mounts(shared_server)
     assert len(classes) == 3
     shared_server.kill()
-    for mountpoint in mountpoints:
+    for mountpoint in sessions:
         assert (mountpoint / "quickstart.mdx").read_bytes() == (SAMPLE_SITE / "quickstart.mdx").read_bytes()
     shared_server.start()
     late = [tmp_path / "late-anon", tmp_path / "late-billing"]
     for mountpoint, token in zip(late, tokens[:2], strict=True):
-        sessions.open(mountpoint, token)
+        open_session(mountpoint, token)
     assert class_mounts(shared_server) == classes  # the new sessions joined the class mounts it left
     table = [line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines()]
-    assert all(table.count(str(m)) == 1 for m in [*mountpoints, *late, *classes]), "something is stacked"
-    expiring = [mountpoints[2], mountpoints[6]]
+    assert all(table.count(str(m)) == 1 for m in [*sessions, *late, *classes]), "something is stacked"
+    expiring = [sessions[2], sessions[6]]
     wait_unmounted(expiring, soon + EXPIRY_BOUND_S, "the restarted server ended the expired sessions", 0.2)
-    for mountpoint in [*mountpoints, *late]:
+    for mountpoint in [*sessions, *late]:
         if mountpoint not in expiring:
             assert (mountpoint / "quickstart.mdx").read_bytes() == (SAMPLE_SITE / "quickstart.mdx").read_bytes()
 
@@ -201,13 +204,13 @@ def running(pid: int) -> bool:
 
 
 def test_class_mounts_end_by_themselves_once_idle_when_no_server_runs(
-    shared_server: MountServer, sessions: Sessions, token_file: Callable[..., Path], tmp_path: Path
+    shared_server: MountServer, open_session: OpenSession, token_file: Callable[..., Path], tmp_path: Path
 ) -> None:
     """A stopped server leaves no class mount behind after --class-idle (plus a few seconds'
     grace), nor its daemon or watchdog; a class mount whose session stands goes on serving."""
     anonymous, admin = tmp_path / "anonymous", tmp_path / "admin"
-    sessions.open(anonymous)
-    sessions.open(admin, token_file(["admin"]))
+    open_session(anonymous)
+    open_session(admin, token_file(["admin"]))
     state = json.loads((shared_server.class_root / "state.json").read_text())
     pids = {Path(c["path"]).name: c["pid"] for c in state["classes"]}
     assert len(pids) == 2 and len(class_mounts(shared_server)) == 2
@@ -231,14 +234,14 @@ def test_class_mounts_end_by_themselves_once_idle_when_no_server_runs(
 
 @pytest.mark.parametrize("memory", [[], ["--cache-bytes", "65536"]], ids=["default", "site-over-memory-cache"])
 def test_a_class_mount_is_handed_out_warm(
-    shared_server: MountServer, sessions: Sessions, tmp_path: Path, memory: list
+    shared_server: MountServer, open_session: OpenSession, tmp_path: Path, memory: list
 ) -> None:
     """Its first session finds every listing and every page in the kernel: a `grep -r` right
     after the mount sends not a single read or listing to the class mount's daemon (the two
     images are lazy files in the blob store, read on demand: grep skips them here). A site
     larger than the daemon's memory cache is streamed through to the kernel all the same."""
     session = tmp_path / "first"
-    sessions.open(session, None, *memory)
+    open_session(session, None, *memory)
     [class_mount] = class_mounts(shared_server)
     log = Path(f"{class_mount}.log").read_text()
     assert log.index("warm in") < log.index("mounted on"), "the session was handed out before the warm-up ended"
@@ -317,12 +320,12 @@ def test_the_server_reports_its_classes_and_sessions_as_metrics(
 ) -> None:
     port = free_port()
     server = start_mount_server(metrics_port=port)
-    sessions = Sessions(server, sample_chroma("public"), secret_file)
+    open_session = Sessions(server, sample_chroma("public"), secret_file).open
     expires_at = int(time.time()) + 8
     for name in ("anon-1", "anon-2"):
-        sessions.open(tmp_path / name)
+        open_session(tmp_path / name)
     billing = tmp_path / "billing"
-    sessions.open(billing, token_file(["billing"], exp=expires_at))
+    open_session(billing, token_file(["billing"], exp=expires_at))
     assert run(["grep", "-rl", "token", str(tmp_path / "anon-1")]).returncode == 0
     time.sleep(2.5)  # class mounts write their status every 2 s
     metrics = _scrape(port)
