@@ -217,7 +217,12 @@ def test_class_mounts_end_by_themselves_once_idle_when_no_server_runs(
     shared_server.stop()
     unmount(anonymous)
     deadline = time.monotonic() + shared_server.class_idle_s + 5.0 + 30.0  # a loaded machine: generous
-    wait_until(lambda: len(class_mounts(shared_server)) <= 1, deadline - time.monotonic(), "the idle class ended", 0.2)
+    wait_until(
+        lambda: len(class_mounts(shared_server)) <= 1,
+        deadline - time.monotonic(),
+        "the idle class mount ending without its server",
+        0.2,
+    )
     assert (admin / "quickstart.mdx").read_bytes() == (SAMPLE_SITE / "quickstart.mdx").read_bytes()
     unmount(admin)
     wait_until(
