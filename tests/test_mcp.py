@@ -245,10 +245,12 @@ def test_mcp_over_http_follows_a_reingest_for_every_reader(
         (site / edited).write_text((site / edited).read_text() + "\nEdited by a re-ingest.\n")
         (site / locked).write_text("---\ngroups: [billing]\n" + (site / locked).read_text()[4:])
         ingest(site, "--site", "acme", "--chroma-path", str(chroma), "--quiet")
-        deadline = time.monotonic() + 30
-        while (anonymous := over_http(url, None, reads))[edited] != current(edited):
-            assert time.monotonic() < deadline, f"the anonymous reader still reads {anonymous[edited]}"
-            time.sleep(0.2)
+
+        def reingested() -> dict[str, tuple[bool, str]] | None:
+            answers = over_http(url, None, reads)
+            return answers if answers[edited] == current(edited) else None
+
+        anonymous = wait_until(reingested, 30, "the anonymous reader reading the re-ingested page", 0.2)
         error, message = anonymous[locked]
         assert error and message.endswith(f"read: {locked}: No such file or directory")
         assert over_http(url, billing, reads) == {path: current(path) for path in (edited, locked)}
