@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from collections.abc import Callable, Iterator
@@ -9,8 +10,18 @@ import jwt
 import pytest
 
 from chromafs_fuse.serving.mounttable import is_mounted
-from helpers import SAMPLE_SITE, ingest
-from infra import ChromaServer, RedisServer, S3Server, mounts_under, unmount
+from infra import (
+    SAMPLE_SITE,
+    Backend,
+    ChromaServer,
+    MountServer,
+    RedisServer,
+    S3Server,
+    ingest,
+    mounts_under,
+    running_mount_server,
+    unmount,
+)
 
 SITE = "acme"
 
@@ -65,6 +76,16 @@ def sample_chroma(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], P
 
 
 @pytest.fixture(scope="session")
+def sample_backend(sample_chroma: Callable[[str], Path]) -> Callable[..., Backend]:
+    """The sample site of `sample_chroma`, as the flags that name it (`.args`)."""
+
+    def get(default: str = "public") -> Backend:
+        return Backend(SITE, sample_chroma(default))
+
+    return get
+
+
+@pytest.fixture(scope="session")
 def chroma_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ChromaServer]:
     with ChromaServer(tmp_path_factory.mktemp("chroma-server") / "data") as server:
         yield server
@@ -80,6 +101,33 @@ def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
 def s3_server(tmp_path: Path) -> Iterator[S3Server]:
     with S3Server(tmp_path) as server:
         yield server
+
+
+@pytest.fixture
+def start_mount_server(tmp_path: Path) -> Iterator[Callable[..., MountServer]]:
+    """Starts chromafs-mountd on a socket in tmp_path (or in `folder`), options as MountServer's. When
+    the test ends, the server is stopped and every mount under tmp_path and `also` is unmounted: the
+    test's sessions and the server's class mounts alike."""
+    with contextlib.ExitStack() as servers:
+
+        def start(
+            *also: Path,
+            folder: Path | None = None,
+            isolated: bool = False,
+            class_idle_s: float = 300.0,
+            metrics_port: int | None = None,
+        ) -> MountServer:
+            running = running_mount_server(
+                folder or tmp_path,
+                tmp_path,
+                *also,
+                isolated=isolated,
+                class_idle_s=class_idle_s,
+                metrics_port=metrics_port,
+            )
+            return servers.enter_context(running)
+
+        yield start
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -1,6 +1,11 @@
-"""Processes and mounts shared by the tests and `scripts/bench`: the servers (`chroma run`, `redis-server`,
-moto's S3 server, `chromafs-mountd`), each on a free loopback port or a socket of its own and stopped by
-its PID; unmounting; waiting for a daemon to exit; the chromafs mounts under a directory.
+"""What the tests (and `scripts/`) run and check against, in one place.
+
+- Processes: the servers (`chroma run`, `redis-server`, moto's S3 server, `chromafs-mountd`), each on a
+  free loopback port or a socket of its own and stopped by its PID; unmounting; waiting for a daemon to
+  exit; the chromafs mounts under a directory; `wait_until`, the one bounded wait.
+- Mounting and ingesting with the real CLIs (`Backend`: where a site is kept, as their flags), always
+  unmounting.
+- The sample site as each reader should see it, derived independently of the ingest code.
 
 Every wait is bounded. A server that exits or does not answer in time is stopped, and the error carries
 the tail of its log (its stdout and stderr).
@@ -9,7 +14,10 @@ the tail of its log (its stdout and stderr).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -17,14 +25,22 @@ import sys
 import time
 import urllib.request
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Self
+from typing import Self, TypeVar
+
+import yaml
 
 from chromafs_fuse.serving.mounttable import is_mounted, mounts
 
 BIN = Path(sys.executable).parent
 HOST = "127.0.0.1"
+REPO = Path(__file__).resolve().parent.parent
+SAMPLE_SITE = REPO / "chromafs_fuse" / "sample_site"
+MOUNT = str(BIN / "chromafs-mount")
+INGEST = str(BIN / "chromafs-ingest")
+
+T = TypeVar("T")
 
 
 def child_env() -> dict[str, str]:
@@ -66,6 +82,37 @@ def _answers(url: str) -> bool:
             return True
     except OSError:
         return False
+
+
+def poll_until(
+    predicate: Callable[[], T], timeout_s: float, interval_s: float = 0.1, ignoring: tuple[type[Exception], ...] = ()
+) -> T | None:
+    """Call `predicate` every `interval_s` until it returns something true, for at most `timeout_s`: its
+    last answer (None if that call raised one of `ignoring`, exceptions that count as "not yet")."""
+    deadline = time.monotonic() + timeout_s
+    answer: T | None = None
+    while True:
+        try:
+            answer = predicate()
+        except ignoring:
+            answer = None
+        if answer or time.monotonic() > deadline:
+            return answer
+        time.sleep(interval_s)
+
+
+def wait_until(
+    predicate: Callable[[], T],
+    timeout_s: float,
+    what: str,
+    interval_s: float = 0.1,
+    ignoring: tuple[type[Exception], ...] = (),
+) -> T:
+    """`poll_until`, and an AssertionError naming `what` (what was waited for) if it timed out."""
+    answer = poll_until(predicate, timeout_s, interval_s, ignoring)
+    if not answer:
+        raise AssertionError(f"not within {timeout_s:.3g}s: {what}")
+    return answer
 
 
 class Server(ABC):
@@ -254,10 +301,16 @@ class MountServer(Server):
 
 
 @contextlib.contextmanager
-def running_mount_server(folder: Path, class_idle_s: float, *also: Path) -> Iterator[MountServer]:
-    """chromafs-mountd in `folder`; afterwards every mount under `folder` and `also` is unmounted,
-    the test's sessions and the server's class mounts alike."""
-    server = MountServer(folder, class_idle_s=class_idle_s)
+def running_mount_server(
+    folder: Path,
+    *also: Path,
+    isolated: bool = False,
+    class_idle_s: float = 300.0,
+    metrics_port: int | None = None,
+) -> Iterator[MountServer]:
+    """chromafs-mountd in `folder` (options as MountServer's); afterwards every mount under `folder` and
+    `also` is unmounted, the test's sessions and the server's class mounts alike."""
+    server = MountServer(folder, isolated=isolated, class_idle_s=class_idle_s, metrics_port=metrics_port)
     try:
         with server:
             yield server
@@ -289,20 +342,19 @@ def unmount(path: Path) -> None:
     _fusermount("-u", "-z", str(path))
 
 
+def _exited(pid: int) -> bool:
+    """The process has exited (a zombie counts: only its parent's wait is left)."""
+    try:
+        os.kill(pid, 0)
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0] == "Z"
+    except (ProcessLookupError, FileNotFoundError):
+        return True
+
+
 def wait_gone(pid: int, timeout_s: float = 15.0) -> bool:
-    """True once the process has exited (a zombie counts: only its parent's wait is left)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            os.kill(pid, 0)
-            with open(f"/proc/{pid}/stat") as f:
-                if f.read().rpartition(")")[2].split()[0] == "Z":
-                    return True
-        except (ProcessLookupError, FileNotFoundError):
-            return True
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(0.02)
+    """True once the process has exited, False if it still runs after `timeout_s`."""
+    return poll_until(lambda: _exited(pid), timeout_s, 0.02) is True
 
 
 def wait_exit(pid: int, timeout_s: float = 10.0) -> int | None:
@@ -330,3 +382,169 @@ def unmount_daemon(path: Path, pid: int | None, timeout_s: float = 10.0) -> int 
     """Unmount `path` and wait for its daemon `pid` as `wait_exit` does."""
     unmount(path)
     return None if pid is None else wait_exit(pid, timeout_s)
+
+
+# -- mounting and ingesting with the real CLIs ----------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Backend:
+    """Where a site is kept, as chromafs-ingest's and chromafs-mount's flags spell it (`args`): an
+    embedded Chroma (`chroma_path`) or a `chroma run` (`chroma_url`), and a Redis in front (`redis_url`)."""
+
+    site: str
+    chroma_path: Path | None = None
+    chroma_url: str | None = None
+    redis_url: str | None = None
+
+    @property
+    def args(self) -> list[str]:
+        args = ["--site", self.site]
+        if self.chroma_path is not None:
+            args += ["--chroma-path", str(self.chroma_path)]
+        if self.chroma_url is not None:
+            args += ["--chroma-url", self.chroma_url]
+        if self.redis_url is not None:
+            args += ["--redis-url", self.redis_url]
+        return args
+
+
+def reader_args(token: Path | None, secret_file: Path) -> list[str]:
+    """The flags of a reader with the token in the file `token`, checked with `secret_file`; none for
+    an anonymous reader (token None)."""
+    return [] if token is None else ["--token-file", str(token), "--jwt-secret-file", str(secret_file)]
+
+
+def ingest(source: Path, *args: str, status: int = 0) -> subprocess.CompletedProcess[str]:
+    """Run chromafs-ingest; its exit status must be `status` (0 clean, 3 with errors, 4 nothing ingested)."""
+    proc = subprocess.run([INGEST, str(source), *args], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == status, proc.stderr
+    return proc
+
+
+def try_mount(mountpoint: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    full_env = {k: v for k, v in os.environ.items() if k != "CHROMAFS_TOKEN"}
+    full_env.update(env or {})
+    return subprocess.run(
+        [MOUNT, str(mountpoint), *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=full_env,
+        stdin=subprocess.DEVNULL,
+    )
+
+
+@contextlib.contextmanager
+def mounted(mountpoint: Path, *args: str, env: dict[str, str] | None = None) -> Iterator[Path]:
+    """Mount with the real CLI (background daemon); unmount even if the test fails."""
+    mountpoint.mkdir(parents=True, exist_ok=True)
+    log_file = mountpoint.parent / f"{mountpoint.name}.log"
+    pid_file = mountpoint.parent / f"{mountpoint.name}.pid"
+    proc = try_mount(mountpoint, *args, "--log-file", str(log_file), "--pid-file", str(pid_file), env=env)
+    try:
+        assert proc.returncode == 0, f"mount failed: {proc.stderr}"
+        assert is_mounted(mountpoint)
+        yield mountpoint
+    finally:
+        pid = None
+        with contextlib.suppress(OSError, ValueError):
+            pid = int(pid_file.read_text())
+        unmount_daemon(mountpoint, pid, 5)
+
+
+# Shared objects that `import chromadb` maps into a process. chromadb itself is pure Python, so
+# its own name alone would never show in the maps.
+CHROMADB_FOOTPRINT = ("chromadb", "/numpy/", "pydantic_core", "/grpc/")
+
+
+def chromadb_libraries_loaded(mnt: Path) -> list[str]:
+    """The chromadb-related shared objects mapped into the daemon of `mnt` (mounted by `mounted`)."""
+    pid = int((mnt.parent / f"{mnt.name}.pid").read_text())
+    maps = Path(f"/proc/{pid}/maps").read_text()
+    assert "pyfuse3" in maps  # the right process, and its maps are readable
+    return sorted({line.split()[-1] for line in maps.splitlines() if any(s in line for s in CHROMADB_FOOTPRINT)})
+
+
+def kernel_open_mode(mnt: Path) -> str:
+    """What `chromafs status` says of the mount: "skipped" (no-open mode) or "per open"."""
+    out = run([str(BIN / "chromafs"), "status", "--json"])
+    (mine,) = [s for s in json.loads(out.stdout) if s["mountpoint"] == str(mnt)]
+    return str(mine["kernel_open"])
+
+
+def run(cmd: list[str], cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=cwd)
+
+
+def tree_listing(root: Path) -> set[str]:
+    """Every file and directory under root, relative, via the real `find`."""
+    out = subprocess.run(["find", ".", "-mindepth", "1"], cwd=root, capture_output=True, timeout=120, check=True)
+    return {p[2:] for p in out.stdout.decode("utf-8").split("\n") if p}
+
+
+# -- what the sample site should look like, derived independently of the ingest code --
+
+NAVIGATION_PUBLIC = {"index", "quickstart", "guides/migration"}  # public groups of sample_site/docs.json
+
+
+def sample_access(site: Path, default: str) -> dict[str, tuple[bool, frozenset[str]]]:
+    """relative path -> (public, groups) for every file of the sample site."""
+    table: dict[str, tuple[bool, frozenset[str]]] = {}
+    for path in sorted(site.rglob("*")):
+        if not path.is_file():
+            continue
+        rel = path.relative_to(site).as_posix()
+        public, groups, said = False, frozenset(), False
+        if path.suffix in (".md", ".mdx"):
+            text = path.read_bytes().decode("utf-8").replace("\r\n", "\n")
+            if text.startswith("---\n"):
+                front = yaml.safe_load(text.split("---\n")[1]) or {}
+                if "public" in front or "groups" in front:
+                    said = True
+                    public = bool(front.get("public", False))
+                    groups = frozenset(front.get("groups") or [])
+            if not said and rel.rsplit(".", 1)[0] in NAVIGATION_PUBLIC:
+                said, public = True, True
+        if not said:
+            public = default == "public"
+        table[rel] = (public, groups)
+    return table
+
+
+def expected_visible(site: Path, default: str, user_groups: set[str] | None) -> set[str]:
+    """user_groups None = anonymous; a set = a valid token with those groups."""
+    visible = set()
+    for rel, (public, groups) in sample_access(site, default).items():
+        if public or (user_groups is not None and (not groups or groups & user_groups)):
+            visible.add(rel)
+    return visible
+
+
+def copy_subset(site: Path, files: set[str], dest: Path) -> Path:
+    for rel in files:
+        target = dest / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(site / rel, target)
+    dest.mkdir(parents=True, exist_ok=True)
+    return dest
+
+
+def source_files(root: Path) -> dict[str, Path]:
+    """Every regular file a default ingest takes (dot files and dot folders are skipped)."""
+    return {
+        p.relative_to(root).as_posix(): p
+        for p in root.rglob("*")
+        if p.is_file() and not any(part.startswith(".") for part in p.relative_to(root).parts)
+    }
+
+
+def expand(spec: str | list[str], everything: set[str], errors: set[str]) -> set[str]:
+    if isinstance(spec, list):
+        return set(spec)
+    if spec == "all":
+        return everything
+    if spec == "all but errors":
+        return everything - errors
+    assert spec.startswith("all but "), spec
+    return everything - set(spec.removeprefix("all but ").split(", "))

@@ -5,19 +5,10 @@ server with its own CA. Every process on a free loopback port, stopped by its PI
 from __future__ import annotations
 
 import subprocess
-import time
 from pathlib import Path
 from typing import Self
 
-from infra import HOST, RedisServer, Server, free_port
-
-
-def wait_until(check: object, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not check():  # type: ignore[operator]
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"timed out waiting for {what}")
-        time.sleep(0.1)
+from infra import HOST, RedisServer, Server, free_port, wait_until
 
 
 class RedisClusterServers:

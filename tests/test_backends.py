@@ -15,7 +15,17 @@ import chromadb
 import pytest
 from chromadb.config import Settings
 
-from helpers import SAMPLE_SITE, copy_subset, expected_visible, ingest, kernel_open_mode, mounted, run
+from infra import (
+    SAMPLE_SITE,
+    Backend,
+    copy_subset,
+    expected_visible,
+    ingest,
+    kernel_open_mode,
+    mounted,
+    reader_args,
+    run,
+)
 
 MINTLIFY = Path(__file__).resolve().parents[2] / "shared" / "corpora" / "mintlify-docs"
 
@@ -34,9 +44,7 @@ def test_chroma_server_backend(chroma_server, mnt: Path, tmp_path: Path, token_f
     for groups in (None, ["billing"]):
         visible = expected_visible(SAMPLE_SITE, "public", None if groups is None else set(groups))
         copy = copy_subset(SAMPLE_SITE, visible, tmp_path / f"expected-{groups}")
-        token_args = (
-            [] if groups is None else ["--token-file", str(token_file(groups)), "--jwt-secret-file", str(secret_file)]
-        )
+        token_args = [] if groups is None else reader_args(token_file(groups), secret_file)
         with mounted(mnt, "--site", "acme", "--chroma-url", chroma_server.url, *token_args):
             diff = run(["diff", "-r", str(copy), str(mnt)])
             assert diff.returncode == 0, diff.stdout + diff.stderr
@@ -130,29 +138,30 @@ def test_reingest_updates_in_place_and_never_mixes_versions(mnt: Path, tmp_path:
     site = tmp_path / "site"
     shutil.copytree(SAMPLE_SITE, site)
     chroma = tmp_path / "chroma"
-    ingest(site, "--site", "acme", "--chroma-path", str(chroma), "--quiet")
+    backend = Backend("acme", chroma).args
+    ingest(site, *backend, "--quiet")
     old_mnt = tmp_path / "old"
     old_mnt.mkdir()
     changed = site / "quickstart.mdx"
     old_bytes = changed.read_bytes()
-    with mounted(old_mnt, "--site", "acme", "--chroma-path", str(chroma), "--refresh-interval", "0"):
+    with mounted(old_mnt, *backend, "--refresh-interval", "0"):
         changed.write_bytes(old_bytes.replace(b"Quickstart", b"Quick start v2") + b"\nA new closing line.\n")
         (site / "changelog.md").unlink()
         (site / "guides" / "brand-new.md").write_text("---\npublic: true\n---\n# New page\n")
-        second = ingest(site, "--site", "acme", "--chroma-path", str(chroma))
+        second = ingest(site, *backend)
         assert "1 removed" in second.stdout and "unchanged" in second.stdout
         assert "old page versions: 2 kept for running mounts, 0 deleted" in second.stdout
         # a mount still on the old tree reads the replaced versions within the grace period
         assert (old_mnt / "quickstart.mdx").read_bytes() == old_bytes
         assert (old_mnt / "changelog.md").read_bytes() == (SAMPLE_SITE / "changelog.md").read_bytes()
-        with mounted(mnt, "--site", "acme", "--chroma-path", str(chroma)):
+        with mounted(mnt, *backend):
             visible = expected_visible(site, "public", None)
             copy = copy_subset(site, visible, tmp_path / "expected")
             diff = run(["diff", "-r", str(copy), str(mnt)])
             assert diff.returncode == 0, diff.stdout
             assert not (mnt / "changelog.md").exists()
     # the next ingest after the grace period deletes the retired versions
-    third = ingest(site, "--site", "acme", "--chroma-path", str(chroma), "--grace-period", "0")
+    third = ingest(site, *backend, "--grace-period", "0")
     assert "pages: " in third.stdout and "old page versions: 0 kept for running mounts, 2 deleted" in third.stdout
     client = chromadb.PersistentClient(path=str(chroma), settings=Settings(anonymized_telemetry=False))
     records = client.get_collection("acme", embedding_function=None).get(include=["metadatas"])
@@ -169,7 +178,7 @@ def test_a_mount_on_the_old_tree_reads_replaced_pages_from_chroma_during_the_gra
     never read are replaced by a re-ingest, then another page by a second one, both well within
     the grace period (--grace-period, 600 s by default): the first read of each replaced page,
     one after each ingest, is its old version exactly, reassembled from the chunks kept in Chroma
-    (no prefetch, no read-ahead: nothing of them was in memory before)."""
+    (no preload, no read-ahead: nothing of them was in memory before)."""
     site = shutil.copytree(SAMPLE_SITE, tmp_path / "site")
     backend = ["--site", "acme", "--chroma-path", str(tmp_path / "chroma")]
     ingest(site, *backend, "--quiet")
@@ -208,20 +217,10 @@ def test_real_docs_site_ingests_and_mounts_byte_for_byte(mnt: Path, tmp_path: Pa
 
 
 def test_token_never_reaches_the_daemon_command_line_environment_or_log(
-    sample_chroma: Callable[[str], Path], make_token: Callable[..., str], secret_file: Path, mnt: Path
+    sample_backend: Callable[..., Backend], make_token: Callable[..., str], secret_file: Path, mnt: Path
 ) -> None:
     token = make_token(["admin"])
-    with mounted(
-        mnt,
-        "--site",
-        "acme",
-        "--chroma-path",
-        str(sample_chroma("public")),
-        "--token",
-        token,
-        "--jwt-secret-file",
-        str(secret_file),
-    ):
+    with mounted(mnt, *sample_backend().args, "--token", token, "--jwt-secret-file", str(secret_file)):
         assert (mnt / "internal" / "billing.mdx").exists()
         pid = int((mnt.parent / "mnt.pid").read_text())
         assert token.encode() not in Path(f"/proc/{pid}/cmdline").read_bytes()
@@ -236,8 +235,8 @@ def test_reingest_moves_a_file_between_blob_store_and_chunks(mnt: Path, tmp_path
     (site / "specs").mkdir(parents=True)
     spec = site / "specs" / "big.json"
     spec.write_text('{"a": "' + "x" * 5000 + '"}\n')
-    chroma = str(tmp_path / "chroma")
+    backend = Backend("acme", tmp_path / "chroma").args
     for threshold in ("1000", "100000", "1000"):  # blob, then chunks, then blob again
-        ingest(site, "--site", "acme", "--chroma-path", chroma, "--large-file-threshold", threshold, "--quiet")
-        with mounted(mnt, "--site", "acme", "--chroma-path", chroma):
+        ingest(site, *backend, "--large-file-threshold", threshold, "--quiet")
+        with mounted(mnt, *backend):
             assert (mnt / "specs" / "big.json").read_bytes() == spec.read_bytes(), threshold

@@ -20,8 +20,7 @@ from chromafs_fuse.backends.chroma_store import BackendError, ChromaLocation, Ch
 from chromafs_fuse.grep import GrepQuery, candidate_pages
 from chromafs_fuse.names import DEFAULT_PAGE_FIELD, TREE_RECORD_ID
 from chromafs_fuse.tree import parse_tree
-from helpers import SAMPLE_SITE, chromadb_libraries_loaded, expected_visible, ingest, mounted, try_mount
-from infra import ChromaServer
+from infra import SAMPLE_SITE, ChromaServer, chromadb_libraries_loaded, expected_visible, ingest, mounted, try_mount
 
 SITE = "http-adapter"
 

@@ -18,7 +18,7 @@ from chromafs_fuse.names import TREE_RECORD_ID
 from chromafs_fuse.page_cache import PageCache
 from chromafs_fuse.site.page_source import PageSource, PageUnavailable
 from chromafs_fuse.tree import parse_tree
-from helpers import SAMPLE_SITE, chromadb_libraries_loaded, expected_visible, mounted
+from infra import SAMPLE_SITE, chromadb_libraries_loaded, expected_visible, mounted
 
 SITE = "acme"  # the sample_chroma fixture's site
 

@@ -13,8 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import INGEST, SAMPLE_SITE, expected_visible, mounted
-from infra import ChromaServer
+from infra import INGEST, SAMPLE_SITE, ChromaServer, expected_visible, mounted
 
 OLDEST = "1.0.0"
 # What chromadb 1.0.0 imports that later releases (the venv's) no longer pull in.

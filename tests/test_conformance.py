@@ -32,14 +32,18 @@ from urllib.parse import urlparse
 import pytest
 import yaml
 
-from helpers import INGEST, MOUNT, REPO, expand, source_files
 from infra import (
+    INGEST,
+    MOUNT,
+    REPO,
     ChromaServer,
     MountServer,
     RedisServer,
     child_env,
+    expand,
     mounts_under,
     running_mount_server,
+    source_files,
     unmount,
     wait_gone,
 )
@@ -364,7 +368,7 @@ def mount_server(conformance_root: Path) -> Iterator[MountServer]:
     folder.mkdir()
     sessions.mkdir()
     class_pids: list[int] = []
-    with running_mount_server(folder, 900.0, sessions) as server:
+    with running_mount_server(folder, sessions, class_idle_s=900.0) as server:
         try:
             yield server
         finally:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from chromafs_fuse.ingest.embedding import HashingEmbedder
-from helpers import SAMPLE_SITE
+from infra import SAMPLE_SITE
 
 TEXTS = [
     "",

@@ -13,8 +13,18 @@ from pathlib import Path
 
 import pytest
 
-from helpers import SAMPLE_SITE, copy_subset, expected_visible, ingest, mounted, run, try_mount
-from infra import ChromaServer
+from infra import (
+    SAMPLE_SITE,
+    Backend,
+    ChromaServer,
+    copy_subset,
+    expected_visible,
+    ingest,
+    mounted,
+    run,
+    try_mount,
+    wait_until,
+)
 
 
 def test_chroma_down_then_back_without_remount(mnt: Path, tmp_path: Path) -> None:
@@ -49,9 +59,9 @@ def test_chroma_down_then_back_without_remount(mnt: Path, tmp_path: Path) -> Non
         chroma.stop()
 
 
-def test_reader_of_a_dead_mount_gets_an_error_not_a_hang(sample_chroma: Callable[[str], Path], mnt: Path) -> None:
-    chroma = str(sample_chroma("public"))
-    with mounted(mnt, "--site", "acme", "--chroma-path", chroma, "--preload", "off"):
+def test_reader_of_a_dead_mount_gets_an_error_not_a_hang(sample_backend: Callable[..., Backend], mnt: Path) -> None:
+    backend = sample_backend().args
+    with mounted(mnt, *backend, "--preload", "off"):
         pid = int((mnt.parent / "mnt.pid").read_text())
         os.kill(pid, signal.SIGSTOP)  # the daemon hangs: a reader now blocks in the kernel
         reader = subprocess.Popen(["cat", str(mnt / "changelog.md")], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
@@ -65,7 +75,7 @@ def test_reader_of_a_dead_mount_gets_an_error_not_a_hang(sample_chroma: Callable
             with pytest.raises(OSError) as info:
                 probe()
             assert info.value.errno in (107, 103)  # ENOTCONN / ECONNABORTED
-        again = try_mount(mnt, "--site", "acme", "--chroma-path", chroma)
+        again = try_mount(mnt, *backend)
         assert again.returncode == 0, again.stderr
         assert (mnt / "changelog.md").read_bytes() == (SAMPLE_SITE / "changelog.md").read_bytes()
 
@@ -112,14 +122,9 @@ def test_frozen_chroma_fails_a_read_within_the_backend_timeout(mnt: Path, tmp_pa
                     assert elapsed < timeout + 1.0, f"{page}: failed after {elapsed:.1f}s"
             finally:
                 os.kill(chroma.proc.pid, signal.SIGCONT)
-            deadline = time.monotonic() + 30
-            while True:  # back once the server answers again
-                try:
-                    assert (mnt / pages[1]).read_bytes() == (SAMPLE_SITE / pages[1]).read_bytes()
-                    break
-                except OSError:
-                    assert time.monotonic() < deadline, "the mount did not recover"
-                    time.sleep(0.5)
+            # back once the server answers again
+            recovered = wait_until((mnt / pages[1]).read_bytes, 30, "the mount's recovery", 0.5, ignoring=(OSError,))
+            assert recovered == (SAMPLE_SITE / pages[1]).read_bytes()
     finally:
         chroma.stop()
 
@@ -131,7 +136,7 @@ def test_tampered_chunk_gives_eio_never_wrong_bytes(mnt: Path, tmp_path: Path) -
     from chromadb.config import Settings
 
     chroma = tmp_path / "chroma"
-    ingest(SAMPLE_SITE, "--site", "acme", "--chroma-path", str(chroma), "--quiet")
+    ingest(SAMPLE_SITE, *Backend("acme", chroma).args, "--quiet")
     client = chromadb.PersistentClient(str(chroma), settings=Settings(anonymized_telemetry=False))
     collection = client.get_collection("acme", embedding_function=None)
     tampered = {"quickstart.mdx": None, "auth/oauth.mdx": None}
@@ -142,7 +147,7 @@ def test_tampered_chunk_gives_eio_never_wrong_bytes(mnt: Path, tmp_path: Path) -
         same_length = original[:-1] + ("X" if original[-1] != "X" else "Y")
         forged = same_length if page == "quickstart.mdx" else original + " (edited)"
         collection.update(ids=[found["ids"][first]], documents=[forged], embeddings=[found["embeddings"][first]])
-    with mounted(mnt, "--site", "acme", "--chroma-path", str(chroma), "--preload", "off"):
+    with mounted(mnt, *Backend("acme", chroma).args, "--preload", "off"):
         for page in tampered:
             with pytest.raises(OSError) as info:
                 (mnt / page).read_bytes()
@@ -160,18 +165,18 @@ def test_a_source_file_that_cannot_be_read_is_reported_and_the_rest_is_ingested(
     from chromadb.config import Settings
 
     source_chroma, chroma, broken = tmp_path / "source-chroma", tmp_path / "chroma", "quickstart.mdx"
-    ingest(SAMPLE_SITE, "--site", "acme", "--chroma-path", str(source_chroma), "--quiet")
+    ingest(SAMPLE_SITE, *Backend("acme", source_chroma).args, "--quiet")
     client = chromadb.PersistentClient(str(source_chroma), settings=Settings(anonymized_telemetry=False))
     collection = client.get_collection("acme", embedding_function=None)
     found = collection.get(where={"page_slug": broken}, include=["documents", "embeddings"])
     collection.update(ids=found["ids"][:1], documents=[found["documents"][0] + "!"], embeddings=found["embeddings"][:1])
     report_path = tmp_path / "report.json"
-    with mounted(mnt, "--site", "acme", "--chroma-path", str(source_chroma), "--preload", "off"):
+    with mounted(mnt, *Backend("acme", source_chroma).args, "--preload", "off"):
         assert (mnt / broken).stat().st_size == (SAMPLE_SITE / broken).stat().st_size
         with pytest.raises(OSError) as info:
             (mnt / broken).read_bytes()
         assert info.value.errno == errno.EIO
-        done = ingest(mnt, "--site", "acme", "--chroma-path", str(chroma), "--report", str(report_path), status=3)
+        done = ingest(mnt, *Backend("acme", chroma).args, "--report", str(report_path), status=3)
     assert f"error: {broken}: cannot read: Input/output error (not ingested)" in done.stderr
     report = json.loads(report_path.read_text())
     assert (report["status"], report["exit_status"]) == ("finished with errors", 3)
@@ -185,6 +190,6 @@ def test_a_source_file_that_cannot_be_read_is_reported_and_the_rest_is_ingested(
         }
     ]
     others = expected_visible(SAMPLE_SITE, "public", None) - {broken}
-    with mounted(mnt, "--site", "acme", "--chroma-path", str(chroma)):
+    with mounted(mnt, *Backend("acme", chroma).args):
         diff = run(["diff", "-r", str(copy_subset(SAMPLE_SITE, others, tmp_path / "expected")), str(mnt)])
         assert diff.returncode == 0, diff.stdout + diff.stderr

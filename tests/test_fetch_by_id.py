@@ -12,7 +12,7 @@ import chromadb
 from chromafs_fuse.backends.chroma_store import ChromaLocation, ChromaPages
 from chromafs_fuse.names import DEFAULT_PAGE_FIELD
 from chromafs_fuse.tree import parse_tree
-from helpers import SAMPLE_SITE, ingest
+from infra import SAMPLE_SITE, ingest
 
 SITE = "by-id"
 

@@ -9,8 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import SAMPLE_SITE, expected_visible, mounted
-from infra import BIN
+from infra import BIN, SAMPLE_SITE, Backend, expected_visible, mounted, reader_args
 
 PATTERNS = [
     ["refresh token"],
@@ -30,13 +29,13 @@ def _grep_cli(args: list[str]) -> subprocess.CompletedProcess[bytes]:
 @pytest.mark.parametrize("groups", [None, ["billing"]])
 def test_same_lines_as_grep_on_the_mount(
     groups: list[str] | None,
-    sample_chroma: Callable[[str], Path],
+    sample_backend: Callable[..., Backend],
     token_file: Callable[..., Path],
     secret_file: Path,
     mnt: Path,
 ) -> None:
-    site = ["--site", "acme", "--chroma-path", str(sample_chroma("public"))]
-    token = [] if groups is None else ["--token-file", str(token_file(groups)), "--jwt-secret-file", str(secret_file)]
+    site = sample_backend().args
+    token = [] if groups is None else reader_args(token_file(groups), secret_file)
     hidden = expected_visible(SAMPLE_SITE, "public", {"admin", "billing"}) - expected_visible(
         SAMPLE_SITE, "public", None if groups is None else set(groups)
     )
@@ -59,8 +58,8 @@ def test_same_lines_as_grep_on_the_mount(
         assert scoped.returncode == 0 and all(line.startswith(b"auth/") for line in scoped.stdout.splitlines())
 
 
-def test_hidden_path_is_like_a_missing_one(sample_chroma: Callable[[str], Path]) -> None:
-    site = ["--site", "acme", "--chroma-path", str(sample_chroma("public"))]
+def test_hidden_path_is_like_a_missing_one(sample_backend: Callable[..., Backend]) -> None:
+    site = sample_backend().args
     hidden = _grep_cli(["billing", "internal/billing.mdx", *site])
     missing = _grep_cli(["billing", "internal/no-such.mdx", *site])
     assert hidden.returncode == missing.returncode == 2

@@ -17,7 +17,7 @@ from chromafs_fuse.ingest.access_rules import (
     parse_acl,
     public_pages_from_navigation,
 )
-from helpers import INGEST, SAMPLE_SITE, ingest, mounted, tree_listing
+from infra import INGEST, SAMPLE_SITE, Backend, ingest, mounted, reader_args, tree_listing
 
 
 def test_access_fields() -> None:
@@ -65,25 +65,14 @@ def test_acl_file_and_unreadable_frontmatter_end_to_end(
     acl.write_text(
         json.dumps([{"glob": "specs/public.json", "public": True}, {"glob": "specs/*", "groups": ["admin"]}])
     )
-    chroma = tmp_path / "chroma"
-    proc = ingest(
-        site,
-        "--site",
-        "acme",
-        "--chroma-path",
-        str(chroma),
-        "--acl",
-        str(acl),
-        "--default-access",
-        "authenticated",
-        status=3,
-    )
+    backend = Backend("acme", tmp_path / "chroma").args
+    proc = ingest(site, *backend, "--acl", str(acl), "--default-access", "authenticated", status=3)
     assert "error: broken.md:3: frontmatter not valid YAML" in proc.stderr
     assert "(hidden from everyone)" in proc.stderr
-    with mounted(mnt, "--site", "acme", "--chroma-path", str(chroma)):
+    with mounted(mnt, *backend):
         assert tree_listing(mnt) == {"specs", "specs/public.json"}
-    admin = ["--token-file", str(token_file(["admin"])), "--jwt-secret-file", str(secret_file)]
-    with mounted(mnt, "--site", "acme", "--chroma-path", str(chroma), *admin):
+    admin = reader_args(token_file(["admin"]), secret_file)
+    with mounted(mnt, *backend, *admin):
         assert tree_listing(mnt) == {"specs", "specs/public.json", "specs/admin.yaml", "open.md"}
 
 

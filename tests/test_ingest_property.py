@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from chromafs_fuse.ingest.access_rules import Access
 from chromafs_fuse.ingest.scan import HIDDEN, ScanOptions, SourceFile, scan_site
-from helpers import INGEST, mounted, run
+from infra import INGEST, mounted, run
 
 SUFFIXES = (".md", ".mdx", ".markdown")
 

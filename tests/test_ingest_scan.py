@@ -11,7 +11,7 @@ import pytest
 
 from chromafs_fuse.ingest.access_rules import Access
 from chromafs_fuse.ingest.scan import HIDDEN, INGESTED, NOT_INGESTED, ScanOptions, scan_site
-from helpers import INGEST
+from infra import INGEST
 
 
 def scan(root: Path, **kwargs: object) -> tuple[dict[str, Access], dict[str, tuple[str, str, int | None]]]:

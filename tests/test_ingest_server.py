@@ -14,8 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import INGEST, mounted
-from infra import ChromaServer, child_env
+from infra import INGEST, ChromaServer, child_env, mounted
 
 
 def run_ingest(source: Path, url: str, *args: str, site: str = "acme") -> subprocess.CompletedProcess[str]:

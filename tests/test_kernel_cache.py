@@ -11,8 +11,7 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
-from helpers import SAMPLE_SITE, expected_visible, kernel_open_mode, mounted, run
-from infra import free_port
+from infra import SAMPLE_SITE, expected_visible, free_port, kernel_open_mode, mounted, run
 
 REQUEST_LINE = re.compile(r'^chromafs_requests_total\{op="(\w+)"\} ([0-9.e+]+)$', re.M)
 

@@ -18,8 +18,7 @@ import pytest
 
 from chromafs_fuse.serving.kernel_push import KernelPusher
 from chromafs_fuse.serving.watchdog import connection_of
-from helpers import SAMPLE_SITE, expected_visible, mounted, run
-from infra import free_port, wait_gone
+from infra import SAMPLE_SITE, Backend, expected_visible, free_port, mounted, poll_until, run, wait_gone, wait_until
 
 REQUEST_LINE = re.compile(r'^chromafs_requests_total\{op="(\w+)"\} ([0-9.e+]+)$', re.M)
 PUSHED_LINE = re.compile(r'^chromafs_pages_pushed_total\{outcome="(\w+)"\} ([0-9.e+]+)$', re.M)
@@ -40,27 +39,25 @@ def _text_files() -> list[str]:
 
 @pytest.mark.parametrize("push", [True, False], ids=["push", "no-push"])
 def test_the_first_read_in_a_directory_pushes_its_siblings(
-    sample_chroma: Callable[[str], Path], mnt: Path, push: bool
+    sample_backend: Callable[..., Backend], mnt: Path, push: bool
 ) -> None:
-    """With every page loaded (prefetch) and the directory listed, reading one file of it hands
+    """With every page loaded (preload) and the directory listed, reading one file of it hands
     the others to the kernel: reading them then sends no request, and their bytes are exact."""
     port = free_port()
     flag = "--push-pages" if push else "--no-push-pages"
-    chroma = str(sample_chroma("public"))
-    args = ("--site", "acme", "--chroma-path", chroma, "--preload", "on", "--metrics-addr", f"127.0.0.1:{port}")
+    args = (*sample_backend().args, "--preload", "on", "--metrics-addr", f"127.0.0.1:{port}")
     with mounted(mnt, *args, flag):
         log = mnt.parent / "mnt.log"
-        deadline = time.monotonic() + 10
-        while "preloaded" not in log.read_text() and time.monotonic() < deadline:
-            time.sleep(0.05)
+        poll_until(lambda: "preloaded" in log.read_text(), 10, 0.05)
         names = sorted(os.listdir(mnt / "guides"))  # the kernel now holds every file's inode
         files = [n for n in names if (mnt / "guides" / n).is_file()]
         assert len(files) >= 5
         first, *siblings = files
         assert (mnt / "guides" / first).read_bytes() == (SAMPLE_SITE / "guides" / first).read_bytes()
-        deadline = time.monotonic() + 5
-        while push and _counts(PUSHED_LINE, port).get("stored", 0) < len(siblings) and time.monotonic() < deadline:
-            time.sleep(0.05)
+        if push:
+            wait_until(
+                lambda: _counts(PUSHED_LINE, port).get("stored", 0) >= len(siblings), 5, "the siblings pushed", 0.05
+            )
         reads = _counts(REQUEST_LINE, port).get("read", 0)
         for name in siblings:
             assert (mnt / "guides" / name).read_bytes() == (SAMPLE_SITE / "guides" / name).read_bytes(), name
@@ -77,13 +74,13 @@ def test_the_first_read_in_a_directory_pushes_its_siblings(
             assert (mnt / relative).read_bytes() == (SAMPLE_SITE / relative).read_bytes(), relative
 
 
-def test_pushing_never_shows_a_hidden_page(sample_chroma: Callable[[str], Path], mnt: Path) -> None:
-    chroma = str(sample_chroma("public"))
+def test_pushing_never_shows_a_hidden_page(sample_backend: Callable[..., Backend], mnt: Path) -> None:
+    backend = sample_backend().args
     visible = expected_visible(SAMPLE_SITE, "public", None)
     every = sorted(str(p.relative_to(SAMPLE_SITE)) for p in SAMPLE_SITE.rglob("*") if p.is_file())
     hidden = [r for r in every if r not in visible]
     assert hidden, "the sample site must have hidden pages"
-    with mounted(mnt, "--site", "acme", "--chroma-path", chroma, "--preload", "on"):
+    with mounted(mnt, *backend, "--preload", "on"):
         run(["grep", "-rl", "e", str(mnt)])  # every visible page pushed or read
         for relative in hidden:
             with pytest.raises(FileNotFoundError):
@@ -96,9 +93,9 @@ def _children(pid: int) -> list[int]:
     return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
 
 
-def test_the_watchdog_lives_and_dies_with_its_mount(sample_chroma: Callable[[str], Path], mnt: Path) -> None:
-    chroma = str(sample_chroma("public"))
-    with mounted(mnt, "--site", "acme", "--chroma-path", chroma):
+def test_the_watchdog_lives_and_dies_with_its_mount(sample_backend: Callable[..., Backend], mnt: Path) -> None:
+    backend = sample_backend().args
+    with mounted(mnt, *backend):
         daemon = int((mnt.parent / "mnt.pid").read_text())
         (watchdog,) = _children(daemon)
         processes = [watchdog, *_children(watchdog)]  # the shell and its sleep
@@ -109,22 +106,22 @@ def test_the_watchdog_lives_and_dies_with_its_mount(sample_chroma: Callable[[str
     for pid in processes:
         assert wait_gone(pid, 5), "the watchdog outlived a normal unmount"
 
-    with mounted(mnt, "--site", "acme", "--chroma-path", chroma):
+    with mounted(mnt, *backend):
         (watchdog,) = _children(int((mnt.parent / "mnt.pid").read_text()))
         (sleeper,) = _children(watchdog)
         os.kill(watchdog, signal.SIGKILL)  # however the shell ends, its sleep must not linger
         assert wait_gone(watchdog, 5) and wait_gone(sleeper, 5), "the watchdog's sleep outlived it"
 
-    with mounted(mnt, "--site", "acme", "--chroma-path", chroma, "--no-push-pages"):
+    with mounted(mnt, *backend, "--no-push-pages"):
         assert _children(int((mnt.parent / "mnt.pid").read_text())) == []  # nothing to watch for
 
 
-def test_a_killed_daemon_never_leaves_a_hung_mount(sample_chroma: Callable[[str], Path], mnt: Path) -> None:
+def test_a_killed_daemon_never_leaves_a_hung_mount(sample_backend: Callable[..., Backend], mnt: Path) -> None:
     """SIGKILL while a reader is going through the site: the daemon and its watchdog are gone in
     seconds, the reader gets an error or its output, and the next mount works."""
-    chroma = str(sample_chroma("public"))
+    backend = sample_backend().args
     for attempt in range(5):
-        with mounted(mnt, "--site", "acme", "--chroma-path", chroma, "--preload", "off", "--readahead-pages", "4"):
+        with mounted(mnt, *backend, "--preload", "off", "--readahead-pages", "4"):
             daemon = int((mnt.parent / "mnt.pid").read_text())
             (watchdog,) = _children(daemon)
             reader = subprocess.Popen(
@@ -138,7 +135,7 @@ def test_a_killed_daemon_never_leaves_a_hung_mount(sample_chroma: Callable[[str]
             with pytest.raises(OSError) as info:
                 os.statvfs(mnt)
             assert info.value.errno in (errno.ENOTCONN, errno.ECONNABORTED)
-    with mounted(mnt, "--site", "acme", "--chroma-path", chroma):
+    with mounted(mnt, *backend):
         assert (mnt / "index.mdx").read_bytes() == (SAMPLE_SITE / "index.mdx").read_bytes()
 
 
@@ -160,9 +157,7 @@ def test_pusher_skips_pages_being_read_and_reports_refusals() -> None:
     pusher.start()
     try:
         assert drained.wait(5)
-        deadline = time.monotonic() + 5
-        while len(pusher.outcomes) < 6 and time.monotonic() < deadline:
-            time.sleep(0.01)
+        wait_until(lambda: len(pusher.outcomes) >= 6, 5, "six outcomes", 0.01)
         outcomes = dict(pusher.outcomes)
         assert outcomes == {0: True, 1: False, 2: True, 3: False, 4: True, 5: False}
         assert 103 not in [inode for batch in stored for inode in batch]  # being read: never stored

@@ -10,8 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import INGEST, SAMPLE_SITE, mounted, run
-from infra import S3Server
+from infra import INGEST, SAMPLE_SITE, S3Server, mounted, run
 
 SPEC = "openapi/openapi.json"
 

@@ -12,13 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from helpers import MOUNT, SAMPLE_SITE, is_mounted, mounted, try_mount
-from infra import free_port, unmount, wait_gone
+from infra import MOUNT, SAMPLE_SITE, Backend, free_port, is_mounted, mounted, try_mount, unmount, wait_gone
 
 
-def test_mountpoint_may_come_last(sample_chroma: Callable[[str], Path], mnt: Path) -> None:
+def test_mountpoint_may_come_last(sample_backend: Callable[..., Backend], mnt: Path) -> None:
     proc = subprocess.run(
-        [MOUNT, "--site", "acme", "--chroma-path", str(sample_chroma("public")), str(mnt)],
+        [MOUNT, *sample_backend().args, str(mnt)],
         capture_output=True,
         text=True,
         timeout=60,
@@ -46,21 +45,21 @@ def test_unreachable_chroma_server_fails_fast(mnt: Path) -> None:
     assert not is_mounted(mnt)
 
 
-def test_not_a_directory_and_already_mounted(sample_chroma: Callable[[str], Path], mnt: Path, tmp_path: Path) -> None:
-    chroma = str(sample_chroma("public"))
+def test_not_a_directory_and_already_mounted(sample_backend: Callable[..., Backend], mnt: Path, tmp_path: Path) -> None:
+    backend = sample_backend().args
     a_file = tmp_path / "file"
     a_file.write_text("x")
-    proc = try_mount(a_file, "--site", "acme", "--chroma-path", chroma)
+    proc = try_mount(a_file, *backend)
     assert proc.returncode == 1 and "not a directory" in proc.stderr
-    with mounted(mnt, "--site", "acme", "--chroma-path", chroma):
-        again = try_mount(mnt, "--site", "acme", "--chroma-path", chroma)
+    with mounted(mnt, *backend):
+        again = try_mount(mnt, *backend)
         assert again.returncode == 1 and "already mounted" in again.stderr
         assert (mnt / "index.mdx").is_file()
 
 
-def test_sigterm_and_sigint_unmount_cleanly(sample_chroma: Callable[[str], Path], mnt: Path) -> None:
+def test_sigterm_and_sigint_unmount_cleanly(sample_backend: Callable[..., Backend], mnt: Path) -> None:
     for signum in (signal.SIGTERM, signal.SIGINT):
-        with mounted(mnt, "--site", "acme", "--chroma-path", str(sample_chroma("public"))):
+        with mounted(mnt, *sample_backend().args):
             pid = int((mnt.parent / "mnt.pid").read_text())
             reader = subprocess.Popen(
                 ["grep", "-rc", "e", str(mnt)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
@@ -73,10 +72,10 @@ def test_sigterm_and_sigint_unmount_cleanly(sample_chroma: Callable[[str], Path]
 
 
 def test_killed_daemon_leaves_stale_mount_that_the_next_mount_cleans(
-    sample_chroma: Callable[[str], Path], mnt: Path
+    sample_backend: Callable[..., Backend], mnt: Path
 ) -> None:
-    chroma = str(sample_chroma("public"))
-    with mounted(mnt, "--site", "acme", "--chroma-path", chroma):
+    backend = sample_backend().args
+    with mounted(mnt, *backend):
         pid = int((mnt.parent / "mnt.pid").read_text())
         os.kill(pid, signal.SIGKILL)
         assert wait_gone(pid)
@@ -87,17 +86,17 @@ def test_killed_daemon_leaves_stale_mount_that_the_next_mount_cleans(
             # ENOTCONN: "Transport endpoint is not connected"; ECONNABORTED when the daemon's
             # watchdog aborted the connection before the kernel released it.
             assert exc.errno in (errno.ENOTCONN, errno.ECONNABORTED)
-        proc = try_mount(mnt, "--site", "acme", "--chroma-path", chroma)
+        proc = try_mount(mnt, *backend)
         assert proc.returncode == 0, proc.stderr
         assert (mnt / "index.mdx").is_file()
 
 
-def test_an_aborted_connection_is_cleaned_by_the_next_mount(sample_chroma: Callable[[str], Path], mnt: Path) -> None:
+def test_an_aborted_connection_is_cleaned_by_the_next_mount(sample_backend: Callable[..., Backend], mnt: Path) -> None:
     """What a watchdog leaves behind: a mount whose connection was aborted through fusectl."""
     from chromafs_fuse.serving.watchdog import FUSECTL, connection_of
 
-    chroma = str(sample_chroma("public"))
-    with mounted(mnt, "--site", "acme", "--chroma-path", chroma, "--no-push-pages"):
+    backend = sample_backend().args
+    with mounted(mnt, *backend, "--no-push-pages"):
         connection = connection_of(str(mnt))
         assert connection is not None
         if not os.path.isdir(os.path.join(FUSECTL, str(connection))):
@@ -108,6 +107,6 @@ def test_an_aborted_connection_is_cleaned_by_the_next_mount(sample_chroma: Calla
             os.statvfs(mnt)
         # ECONNABORTED for a request the abort caught in flight, ENOTCONN for any after it.
         assert info.value.errno in (errno.ENOTCONN, errno.ECONNABORTED)
-        proc = try_mount(mnt, "--site", "acme", "--chroma-path", chroma)
+        proc = try_mount(mnt, *backend)
         assert proc.returncode == 0, proc.stderr
         assert (mnt / "index.mdx").read_bytes() == (SAMPLE_SITE / "index.mdx").read_bytes()

@@ -18,24 +18,28 @@ from pathlib import Path
 import pytest
 
 from chromafs_fuse.tree import tree_version
-from helpers import SAMPLE_SITE, expected_visible, ingest, mounted, try_mount
-from infra import BIN, ChromaServer, MountServer, free_port, unmount
+from infra import (
+    BIN,
+    SAMPLE_SITE,
+    ChromaServer,
+    MountServer,
+    expected_visible,
+    free_port,
+    ingest,
+    mounted,
+    reader_args,
+    try_mount,
+    unmount,
+    wait_until,
+)
 
 SITE = "live"
 DEADLINE_S = 10.0
 
 
-def wait_for(check: object, what: str) -> None:
-    deadline = time.monotonic() + DEADLINE_S
-    while True:
-        try:
-            if check():  # type: ignore[operator]
-                return
-        except OSError:
-            pass
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {DEADLINE_S:.0f}s: {what}")
-        time.sleep(0.1)
+def wait_for(check: Callable[[], object], what: str) -> None:
+    """`wait_until` within DEADLINE_S; a read that fails meanwhile counts as "not yet"."""
+    wait_until(check, DEADLINE_S, what, ignoring=(OSError,))
 
 
 def errno_of(path: Path) -> int:
@@ -126,10 +130,9 @@ def test_an_ingest_published_to_redis_reaches_mounts_at_once(
         time.sleep(1)  # the mount has subscribed
         (site / page).write_bytes((site / page).read_bytes() + b"\nAnnounced.\n")
         ingest(site, *backend, "--quiet")
-        started = time.monotonic()
-        while (mnt / page).read_bytes() != (site / page).read_bytes():
-            assert time.monotonic() - started < 2.0, "not switched within 2 s of the ingest"
-            time.sleep(0.05)
+        wait_until(
+            lambda: (mnt / page).read_bytes() == (site / page).read_bytes(), 2.0, "the switch to the new version", 0.05
+        )
 
 
 def test_a_file_open_across_a_switch_reads_one_version_and_a_hidden_one_stops(tmp_path: Path, mnt: Path) -> None:
@@ -187,7 +190,7 @@ def test_a_reingest_under_four_grep_loops_reaches_a_mountd_mount_on_a_chroma_ser
     admin.mkdir()
     edited, locked = "guides/troubleshooting.md", "guides/migration.mdx"
     refresh = ["--refresh-interval", "0.5"]
-    admin_token = ["--token-file", str(token_file(["admin"])), "--jwt-secret-file", str(secret_file)]
+    admin_token = reader_args(token_file(["admin"]), secret_file)
     with MountServer(tmp_path) as server:
         done = try_mount(anonymous, *backend, *refresh, "--mountd", str(server.socket))
         assert done.returncode == 0, done.stderr

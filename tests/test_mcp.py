@@ -19,8 +19,7 @@ import pytest
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
-from helpers import SAMPLE_SITE, expected_visible, ingest, mounted
-from infra import BIN, free_port, stop_pid
+from infra import BIN, SAMPLE_SITE, expected_visible, free_port, ingest, mounted, stop_pid, wait_until
 from mcp_compare import Calls, Probe, checked_answers, mount_answers, over_stdio, sh, strip_dot, text
 
 SAMPLE_PROBE = Probe("quickstart.mdx", "auth", "token", "$ curl", "auth/api-keys.mdx")
@@ -51,11 +50,14 @@ def serving_over_http(args: list[str], log_path: Path) -> Iterator[str]:
         server = subprocess.Popen(
             [str(BIN / "chromafs"), "mcp", "--http", f"127.0.0.1:{port}", *args], stdout=log, stderr=log
         )
+
+        def answers() -> bool:
+            assert server.poll() is None, log_path.read_text()
+            probe = ["bash", "-c", f"exec 3<>/dev/tcp/127.0.0.1/{port}"]
+            return subprocess.run(probe, capture_output=True).returncode == 0
+
         try:
-            deadline = time.monotonic() + 60
-            while subprocess.run(["bash", "-c", f"exec 3<>/dev/tcp/127.0.0.1/{port}"], capture_output=True).returncode:
-                assert server.poll() is None and time.monotonic() < deadline, log_path.read_text()
-                time.sleep(0.1)
+            wait_until(answers, 60, f"chromafs mcp answering on port {port} (its log: {log_path})")
             yield f"http://127.0.0.1:{port}/mcp"
         finally:
             stop_pid(server)
@@ -243,10 +245,12 @@ def test_mcp_over_http_follows_a_reingest_for_every_reader(
         (site / edited).write_text((site / edited).read_text() + "\nEdited by a re-ingest.\n")
         (site / locked).write_text("---\ngroups: [billing]\n" + (site / locked).read_text()[4:])
         ingest(site, "--site", "acme", "--chroma-path", str(chroma), "--quiet")
-        deadline = time.monotonic() + 30
-        while (anonymous := over_http(url, None, reads))[edited] != current(edited):
-            assert time.monotonic() < deadline, f"the anonymous reader still reads {anonymous[edited]}"
-            time.sleep(0.2)
+
+        def reingested() -> dict[str, tuple[bool, str]] | None:
+            answers = over_http(url, None, reads)
+            return answers if answers[edited] == current(edited) else None
+
+        anonymous = wait_until(reingested, 30, "the anonymous reader reading the re-ingested page", 0.2)
         error, message = anonymous[locked]
         assert error and message.endswith(f"read: {locked}: No such file or directory")
         assert over_http(url, billing, reads) == {path: current(path) for path in (edited, locked)}

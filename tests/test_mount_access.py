@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import SAMPLE_SITE, copy_subset, expected_visible, mounted, run, tree_listing
+from infra import SAMPLE_SITE, Backend, copy_subset, expected_visible, mounted, reader_args, run, tree_listing
 
 READERS = {
     "anonymous": None,
@@ -29,11 +29,9 @@ REFERENCE_TABLE = {
 
 
 def mount_args(chroma: Path, reader: str, token_file: Callable[..., Path], secret: Path) -> list[str]:
-    args = ["--site", "acme", "--chroma-path", str(chroma)]
     groups = READERS[reader]
-    if groups is not None:
-        args += ["--token-file", str(token_file(sorted(groups))), "--jwt-secret-file", str(secret)]
-    return args
+    token = None if groups is None else token_file(sorted(groups))
+    return [*Backend("acme", chroma).args, *reader_args(token, secret)]
 
 
 def directories_of(files: set[str]) -> set[str]:
@@ -100,9 +98,9 @@ def test_directory_of_only_hidden_pages_does_not_exist(
             assert info.value.errno == errno.ENOENT
 
 
-def test_tools_work_and_stat_is_exact(sample_chroma: Callable[[str], Path], mnt: Path, tmp_path: Path) -> None:
+def test_tools_work_and_stat_is_exact(sample_backend: Callable[..., Backend], mnt: Path, tmp_path: Path) -> None:
     copy = copy_subset(SAMPLE_SITE, expected_visible(SAMPLE_SITE, "public", None), tmp_path / "expected")
-    with mounted(mnt, "--site", "acme", "--chroma-path", str(sample_chroma("public"))):
+    with mounted(mnt, *sample_backend().args):
         for cmd in (
             ["grep", "-rn", "refresh token", "."],
             ["grep", "-rlE", "refresh|Bearer [a-z]+", "."],
@@ -133,7 +131,7 @@ def test_tools_work_and_stat_is_exact(sample_chroma: Callable[[str], Path], mnt:
         assert os.stat(mnt / "guides").st_mode & 0o777 == 0o555
         # stable inode numbers: the same across lookups and across mounts
         first = os.stat(mnt / "auth/oauth.mdx").st_ino
-    with mounted(mnt, "--site", "acme", "--chroma-path", str(sample_chroma("public"))):
+    with mounted(mnt, *sample_backend().args):
         assert os.stat(mnt / "auth/oauth.mdx").st_ino == first
         wc = subprocess.run(
             f"find {mnt} -type f -exec cat {{}} + | wc -c", shell=True, capture_output=True, text=True, check=True
@@ -142,8 +140,8 @@ def test_tools_work_and_stat_is_exact(sample_chroma: Callable[[str], Path], mnt:
         assert int(wc.stdout) == sum((SAMPLE_SITE / f).stat().st_size for f in visible)
 
 
-def test_statfs_counts_only_visible(sample_chroma: Callable[[str], Path], mnt: Path, tmp_path: Path) -> None:
-    with mounted(mnt, "--site", "acme", "--chroma-path", str(sample_chroma("public"))):
+def test_statfs_counts_only_visible(sample_backend: Callable[..., Backend], mnt: Path, tmp_path: Path) -> None:
+    with mounted(mnt, *sample_backend().args):
         anonymous = os.statvfs(mnt)
         visible = expected_visible(SAMPLE_SITE, "public", None)
         assert anonymous.f_files == len(visible) + len(directories_of(visible)) + 1

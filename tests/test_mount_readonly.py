@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import mounted
+from infra import Backend, mounted
 
 
 def mount_options() -> list[tuple[str, str]]:
@@ -24,8 +24,8 @@ def _errno_of(fn: Callable[[], object]) -> int:
 
 
 @pytest.mark.parametrize("options", [[], ["-o", "rw"]], ids=["default", "asked-for-rw"])
-def test_writes_fail_with_erofs(sample_chroma: Callable[[str], Path], mnt: Path, options: list[str]) -> None:
-    with mounted(mnt, "--site", "acme", "--chroma-path", str(sample_chroma("public")), *options):
+def test_writes_fail_with_erofs(sample_backend: Callable[..., Backend], mnt: Path, options: list[str]) -> None:
+    with mounted(mnt, *sample_backend().args, *options):
         (entry,) = [e for e in mount_options() if e[0] == str(mnt)]
         assert "ro" in entry[1].split(","), "the kernel must see a read-only mount"
         page = mnt / "auth" / "oauth.mdx"

@@ -17,63 +17,62 @@ from pathlib import Path
 import pytest
 
 from chromafs_fuse.cli.mount_request import encode_request, request_mount
-from helpers import SAMPLE_SITE, copy_subset, expected_visible, ingest, is_mounted, run, try_mount
-from infra import BIN, MountServer, RedisServer, running_mount_server, unmount
+from infra import (
+    BIN,
+    SAMPLE_SITE,
+    Backend,
+    MountServer,
+    RedisServer,
+    copy_subset,
+    expected_visible,
+    ingest,
+    is_mounted,
+    reader_args,
+    run,
+    running_mount_server,
+    try_mount,
+    unmount,
+)
 
 
 @pytest.fixture
-def mountd(tmp_path: Path) -> Iterator[Path]:
-    with MountServer(tmp_path, isolated=True) as server:  # a daemon per mount (shared mounts: test_sessions)
-        yield server.socket
+def mountd(start_mount_server: Callable[..., MountServer]) -> Iterator[Path]:
+    server = start_mount_server(isolated=True)  # a daemon per mount (shared mounts: test_sessions)
+    yield server.socket
+    server.stop()
     assert not server.socket.exists()
 
 
 def test_mount_through_the_server(
     mountd: Path,
-    sample_chroma: Callable[[str], Path],
+    sample_backend: Callable[..., Backend],
     token_file: Callable[..., Path],
     secret_file: Path,
     tmp_path: Path,
 ) -> None:
-    chroma = str(sample_chroma("public"))
+    backend = sample_backend().args
     mounts = [tmp_path / "anon", tmp_path / "billing"]
     for m in mounts:
         m.mkdir()
     try:
-        assert try_mount(mounts[0], "--site", "acme", "--chroma-path", chroma, "--mountd", str(mountd)).returncode == 0
+        assert try_mount(mounts[0], *backend, "--mountd", str(mountd)).returncode == 0
         billing = try_mount(
-            mounts[1],
-            "--site",
-            "acme",
-            "--chroma-path",
-            chroma,
-            "--mountd",
-            str(mountd),
-            "--token-file",
-            str(token_file(["billing"])),
-            "--jwt-secret-file",
-            str(secret_file),
+            mounts[1], *backend, "--mountd", str(mountd), *reader_args(token_file(["billing"]), secret_file)
         )
         assert billing.returncode == 0, billing.stderr
         for m, groups in zip(mounts, (None, {"billing"}), strict=True):
             copy = copy_subset(SAMPLE_SITE, expected_visible(SAMPLE_SITE, "public", groups), tmp_path / f"exp-{m.name}")
             diff = run(["diff", "-r", str(copy), str(m)])
             assert diff.returncode == 0, diff.stdout
-        bad = try_mount(tmp_path / "anon", "--site", "acme", "--chroma-path", chroma, "--mountd", str(mountd))
+        bad = try_mount(tmp_path / "anon", *backend, "--mountd", str(mountd))
         assert bad.returncode == 1 and "already mounted" in bad.stderr
         (tmp_path / "bad").mkdir()
         expired = try_mount(
             tmp_path / "bad",
-            "--site",
-            "acme",
-            "--chroma-path",
-            chroma,
+            *backend,
             "--mountd",
             str(mountd),
-            "--token-file",
-            str(token_file(["admin"], exp=int(time.time()) - 10)),
-            "--jwt-secret-file",
-            str(secret_file),
+            *reader_args(token_file(["admin"], exp=int(time.time()) - 10), secret_file),
         )
         assert expired.returncode == 1 and expired.stderr.strip() == "chromafs-mount: token has expired"
         assert not is_mounted(tmp_path / "bad")
@@ -82,13 +81,8 @@ def test_mount_through_the_server(
             unmount(m)
 
 
-def test_mounts_outlive_the_server(mountd: Path, sample_chroma: Callable[[str], Path], mnt: Path) -> None:
-    assert (
-        try_mount(
-            mnt, "--site", "acme", "--chroma-path", str(sample_chroma("public")), "--mountd", str(mountd)
-        ).returncode
-        == 0
-    )
+def test_mounts_outlive_the_server(mountd: Path, sample_backend: Callable[..., Backend], mnt: Path) -> None:
+    assert try_mount(mnt, *sample_backend().args, "--mountd", str(mountd)).returncode == 0
     try:
         # the server is stopped by the fixture after this test; here, kill -TERM it early
         pids = subprocess.run(["pgrep", "-f", f"chromafs-mountd --socket {mountd}"], capture_output=True, text=True)
@@ -110,9 +104,9 @@ def test_server_hands_over_the_tree_from_redis_and_sees_a_reingest(
 ) -> None:
     site = tmp_path / "site"
     shutil.copytree(SAMPLE_SITE, site)
-    chroma = str(tmp_path / "chroma")
-    ingest(site, "--site", "acme", "--chroma-path", chroma, "--redis-url", redis_server.url, "--quiet")
-    args = ["--site", "acme", "--chroma-path", chroma, "--redis-url", redis_server.url, "--mountd", str(mountd)]
+    backend = Backend("acme", tmp_path / "chroma", redis_url=redis_server.url).args
+    ingest(site, *backend, "--quiet")
+    args = [*backend, "--mountd", str(mountd)]
     for round_number in range(2):
         mnt = tmp_path / f"mnt{round_number}"
         mnt.mkdir()
@@ -125,7 +119,7 @@ def test_server_hands_over_the_tree_from_redis_and_sees_a_reingest(
         finally:
             unmount(mnt)
         (site / "quickstart.mdx").write_text("# Changed by a re-ingest\n")
-        ingest(site, "--site", "acme", "--chroma-path", chroma, "--redis-url", redis_server.url, "--quiet")
+        ingest(site, *backend, "--quiet")
 
 
 def test_each_mount_from_a_shared_table_is_scoped_to_its_own_reader(
@@ -133,9 +127,9 @@ def test_each_mount_from_a_shared_table_is_scoped_to_its_own_reader(
 ) -> None:
     """Two readers with the same groups share the server's pruned table, but each forked mount
     serves (and reports) its own reader, from the token the server verified for it."""
-    chroma = str(tmp_path / "chroma")
-    ingest(SAMPLE_SITE, "--site", "acme", "--chroma-path", chroma, "--redis-url", redis_server.url, "--quiet")
-    args = ["--site", "acme", "--chroma-path", chroma, "--redis-url", redis_server.url, "--mountd", str(mountd)]
+    backend = Backend("acme", tmp_path / "chroma", redis_url=redis_server.url).args
+    ingest(SAMPLE_SITE, *backend, "--quiet")
+    args = [*backend, "--mountd", str(mountd)]
     auth = ["--jwt-secret-file", str(secret_file)]
     readers = {"alice": tmp_path / "alice", "bob": tmp_path / "bob"}
     try:
@@ -162,9 +156,9 @@ def test_readers_of_different_groups_through_the_server_never_share_a_table(
 ) -> None:
     """Anonymous, billing and admin readers mounted through one server with Redis, in an order that
     would hand a later reader an earlier reader's pruned table if the key left out the groups."""
-    chroma = str(tmp_path / "chroma")
-    ingest(SAMPLE_SITE, "--site", "acme", "--chroma-path", chroma, "--redis-url", redis_server.url, "--quiet")
-    args = ["--site", "acme", "--chroma-path", chroma, "--redis-url", redis_server.url, "--mountd", str(mountd)]
+    backend = Backend("acme", tmp_path / "chroma", redis_url=redis_server.url).args
+    ingest(SAMPLE_SITE, *backend, "--quiet")
+    args = [*backend, "--mountd", str(mountd)]
     auth = ["--jwt-secret-file", str(secret_file)]
     readers: dict[str, tuple[list[str], set[str] | None]] = {
         "billing": (["--token-file", str(token_file(["billing"]))], {"billing"}),
@@ -220,7 +214,7 @@ def request_as(uid: int, socket_path: Path, argv: list[str]) -> tuple[int, str]:
     return os.waitstatus_to_exitcode(status), printed
 
 
-def test_a_mount_request_from_another_user_is_refused(sample_chroma: Callable[[str], Path], tmp_path: Path) -> None:
+def test_a_mount_request_from_another_user_is_refused(sample_backend: Callable[..., Backend], tmp_path: Path) -> None:
     """Only root or the server's own user may ask chromafs-mountd for a mount. Its socket is
     root's alone (0600); opened to everyone here, so that the server's own check of the peer's
     uid is what a request from nobody meets: refused with the server's answer, nothing mounted.
@@ -228,8 +222,8 @@ def test_a_mount_request_from_another_user_is_refused(sample_chroma: Callable[[s
     folder, mnt = tmp_path / "server", tmp_path / "mnt"
     folder.mkdir()
     mnt.mkdir()
-    argv = [str(mnt), "--site", "acme", "--chroma-path", str(sample_chroma("public"))]
-    with running_mount_server(folder, 300.0, tmp_path) as server:
+    argv = [str(mnt), *sample_backend().args]
+    with running_mount_server(folder, tmp_path) as server:
         assert server.socket.stat().st_mode & 0o777 == 0o600
         folder.chmod(0o711)
         server.socket.chmod(0o666)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import SAMPLE_SITE, expected_visible, mounted, tree_listing
+from infra import SAMPLE_SITE, Backend, expected_visible, mounted, reader_args, tree_listing
 
 HIDDEN_FOR_ANON = sorted(
     expected_visible(SAMPLE_SITE, "public", {"admin", "billing"}) - expected_visible(SAMPLE_SITE, "public", None)
@@ -61,9 +61,9 @@ def _variants(rel: str) -> list[str]:
     ]
 
 
-def test_hidden_pages_answer_exactly_like_missing_ones(sample_chroma: Callable[[str], Path], mnt: Path) -> None:
+def test_hidden_pages_answer_exactly_like_missing_ones(sample_backend: Callable[..., Backend], mnt: Path) -> None:
     cwd = os.getcwd()
-    with mounted(mnt, "--site", "acme", "--chroma-path", str(sample_chroma("public"))):
+    with mounted(mnt, *sample_backend().args):
         try:
             for rel in HIDDEN_FOR_ANON:
                 missing = rel.rsplit("/", 1)[0] + "/no-such-page-" + str(len(rel)) + ".mdx"
@@ -87,14 +87,14 @@ def test_hidden_pages_answer_exactly_like_missing_ones(sample_chroma: Callable[[
 
 
 def test_listings_counts_inodes_and_xattrs_reveal_nothing(
-    sample_chroma: Callable[[str], Path], token_file: Callable[..., Path], secret_file: Path, tmp_path: Path
+    sample_backend: Callable[..., Backend], token_file: Callable[..., Path], secret_file: Path, tmp_path: Path
 ) -> None:
-    chroma = str(sample_chroma("public"))
+    backend = sample_backend().args
     anon, admin = tmp_path / "anon", tmp_path / "admin"
-    admin_args = ["--token-file", str(token_file(["admin", "billing"])), "--jwt-secret-file", str(secret_file)]
+    admin_args = reader_args(token_file(["admin", "billing"]), secret_file)
     with (
-        mounted(anon, "--site", "acme", "--chroma-path", chroma),
-        mounted(admin, "--site", "acme", "--chroma-path", chroma, *admin_args),
+        mounted(anon, *backend),
+        mounted(admin, *backend, *admin_args),
     ):
         visible = expected_visible(SAMPLE_SITE, "public", None)
         for rel in visible:
@@ -114,9 +114,9 @@ def test_listings_counts_inodes_and_xattrs_reveal_nothing(
         assert anon_fs.f_files < admin_fs.f_files and anon_fs.f_blocks <= admin_fs.f_blocks
 
 
-def test_hidden_and_missing_lookups_take_the_same_time(sample_chroma: Callable[[str], Path], mnt: Path) -> None:
+def test_hidden_and_missing_lookups_take_the_same_time(sample_backend: Callable[..., Backend], mnt: Path) -> None:
     # --cache-timeout 0: every lookup reaches the daemon instead of the kernel's negative cache
-    with mounted(mnt, "--site", "acme", "--chroma-path", str(sample_chroma("public")), "--cache-timeout", "0"):
+    with mounted(mnt, *sample_backend().args, "--cache-timeout", "0"):
         hidden = [mnt / rel for rel in HIDDEN_FOR_ANON]
         missing = [mnt / (rel + ".nope") for rel in HIDDEN_FOR_ANON]
 
@@ -159,18 +159,9 @@ def _as_nobody(*cmd: str) -> subprocess.CompletedProcess[str]:
 
 @pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None, reason="needs root and setpriv")
 @pytest.mark.parametrize("allow_other", [False, True])
-def test_other_local_users(allow_other: bool, sample_chroma: Callable[[str], Path], shared_mountpoint: Path) -> None:
+def test_other_local_users(allow_other: bool, sample_backend: Callable[..., Backend], shared_mountpoint: Path) -> None:
     options = ["-o", "allow_other"] if allow_other else []
-    with mounted(
-        shared_mountpoint,
-        "--site",
-        "acme",
-        "--chroma-path",
-        str(sample_chroma("public")),
-        *options,
-        "--log-file",
-        "/dev/null",
-    ):
+    with mounted(shared_mountpoint, *sample_backend().args, *options, "--log-file", "/dev/null"):
         page = shared_mountpoint / "auth" / "oauth.mdx"
         cat = _as_nobody("cat", str(page))
         write = _as_nobody("sh", "-c", f"echo x >> '{page}'")

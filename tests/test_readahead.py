@@ -8,8 +8,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from helpers import ingest, mounted, run
-from infra import RedisServer
+from infra import RedisServer, ingest, mounted, run
 
 FILES = 100
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from helpers import INGEST, REPO, expand, mounted, source_files
+from infra import INGEST, REPO, expand, mounted, source_files
 
 SITES = REPO / "tests" / "data" / "sites"
 EXPECTED = yaml.safe_load((REPO / "tests" / "data" / "sites.yaml").read_text())

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import REPO, SAMPLE_SITE
+from infra import REPO, SAMPLE_SITE
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="chromafs-mountd's class mounts need root")
 

@@ -19,8 +19,19 @@ from chromadb.config import Settings
 from chromafs_fuse.access import Principal, visible_entries
 from chromafs_fuse.inodes import InodeTable
 from chromafs_fuse.tree import encode_tree_document, parse_tree
-from helpers import INGEST, MOUNT, SAMPLE_SITE, expected_visible, is_mounted, mounted
-from infra import RedisServer, S3Server, unmount
+from infra import (
+    INGEST,
+    MOUNT,
+    SAMPLE_SITE,
+    Backend,
+    RedisServer,
+    S3Server,
+    expected_visible,
+    is_mounted,
+    mounted,
+    unmount,
+    wait_until,
+)
 
 
 def _read_loop(mnt: Path, pages: list[str], stop: threading.Event, failures: list[str]) -> None:
@@ -34,15 +45,12 @@ def _read_loop(mnt: Path, pages: list[str], stop: threading.Event, failures: lis
 
 
 def test_redis_flapping_during_reads(
-    redis_server: RedisServer, sample_chroma: Callable[[str], Path], mnt: Path
+    redis_server: RedisServer, sample_backend: Callable[..., Backend], mnt: Path
 ) -> None:
     pages = sorted(p for p in expected_visible(SAMPLE_SITE, "public", None) if not p.endswith(".png"))
     # a small page cache forces reads through Redis/Chroma again and again
     args = [
-        "--site",
-        "acme",
-        "--chroma-path",
-        str(sample_chroma("public")),
+        *sample_backend().args,
         "--redis-url",
         redis_server.url,
         "--cache-bytes",
@@ -121,26 +129,20 @@ def test_s3_flapping_fails_only_lazy_reads_and_recovers(s3_server: S3Server, mnt
             assert (mnt / image).read_bytes() == data
 
 
-def test_sigterm_during_heavy_reads_exits_zero(sample_chroma: Callable[[str], Path], mnt: Path) -> None:
+def test_sigterm_during_heavy_reads_exits_zero(sample_backend: Callable[..., Backend], mnt: Path) -> None:
     daemon = subprocess.Popen(
         [
             MOUNT,
             "--foreground",
             str(mnt),
-            "--site",
-            "acme",
-            "--chroma-path",
-            str(sample_chroma("public")),
+            *sample_backend().args,
             "--cache-timeout",
             "0",
         ],
         stderr=subprocess.DEVNULL,
     )
     try:
-        deadline = time.monotonic() + 60
-        while not is_mounted(mnt):
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
+        wait_until(lambda: is_mounted(mnt), 60, f"{mnt} mounted", 0.05)
         readers = [
             subprocess.Popen(["sh", "-c", f"for i in $(seq 50); do grep -rc e {mnt} >/dev/null 2>&1; done"])
             for _ in range(4)

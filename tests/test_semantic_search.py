@@ -11,8 +11,7 @@ from pathlib import Path
 import pytest
 
 from chromafs_fuse.search import SearchError, embedder_name, rank_pages
-from helpers import SAMPLE_SITE, expected_visible, ingest
-from infra import BIN, ChromaServer
+from infra import BIN, SAMPLE_SITE, ChromaServer, expected_visible, ingest, reader_args
 
 
 def search(chroma: Path | str, query: str, *args: str, site: str = "acme") -> list[dict]:
@@ -32,7 +31,7 @@ def test_only_pages_the_reader_may_see_are_ranked(
     sample_chroma: Callable[[str], Path], token_file: Callable[..., Path], secret_file: Path
 ) -> None:
     chroma = sample_chroma("public")
-    admin = ["--token-file", str(token_file(["admin"])), "--jwt-secret-file", str(secret_file)]
+    admin = reader_args(token_file(["admin"]), secret_file)
     # the title of a page only admins may read: it is the admin's best hit, and never anyone else's
     hits = search(chroma, "SAML single sign-on", "-n", "3", *admin)
     assert hits[0]["path"] == "admin/sso/saml.mdx"

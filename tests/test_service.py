@@ -9,7 +9,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import time
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
@@ -21,8 +20,7 @@ from chromafs_fuse.cli.mount_helper import RENAMED, mount_flags, translate
 from chromafs_fuse.serving.mounttable import escape, unescape
 from chromafs_fuse.serving.process import process_start
 from chromafs_fuse.serving.status import read_statuses, runtime_dir
-from helpers import MOUNT, REPO, SAMPLE_SITE, is_mounted, mounted
-from infra import BIN, free_port, unmount
+from infra import BIN, MOUNT, REPO, SAMPLE_SITE, Backend, free_port, is_mounted, mounted, unmount, wait_until
 
 
 @pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze not installed")
@@ -85,7 +83,7 @@ def test_mount_t_fuse_chromafs_and_fstab(sample_chroma: Callable[[str], Path], m
 
 
 def test_foreground_daemon_notifies_systemd_and_stops_cleanly(
-    sample_chroma: Callable[[str], Path], mnt: Path, tmp_path: Path
+    sample_backend: Callable[..., Backend], mnt: Path, tmp_path: Path
 ) -> None:
     notify_path = tmp_path / "notify.sock"
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
@@ -93,7 +91,7 @@ def test_foreground_daemon_notifies_systemd_and_stops_cleanly(
     listener.settimeout(60)
     env = {**os.environ, "NOTIFY_SOCKET": str(notify_path)}
     daemon = subprocess.Popen(
-        [MOUNT, "--foreground", str(mnt), "--site", "acme", "--chroma-path", str(sample_chroma("public"))],
+        [MOUNT, "--foreground", str(mnt), *sample_backend().args],
         env=env,
         stderr=subprocess.PIPE,
         text=True,
@@ -115,16 +113,13 @@ def test_foreground_daemon_notifies_systemd_and_stops_cleanly(
 
 
 def test_status_and_metrics(
-    sample_chroma: Callable[[str], Path], mnt: Path, make_token: Callable[..., str], secret_file: Path
+    sample_backend: Callable[..., Backend], mnt: Path, make_token: Callable[..., str], secret_file: Path
 ) -> None:
     port = free_port()
     token = make_token(["billing"])
     with mounted(
         mnt,
-        "--site",
-        "acme",
-        "--chroma-path",
-        str(sample_chroma("public")),
+        *sample_backend().args,
         "--token",
         token,
         "--jwt-secret-file",
@@ -133,21 +128,21 @@ def test_status_and_metrics(
         f"127.0.0.1:{port}",
     ):
         (mnt / "api-reference" / "payments.mdx").read_bytes()
-        deadline = time.monotonic() + 15
-        while True:  # the status file is refreshed every few seconds
+
+        def status_after_a_read() -> tuple[dict, str] | None:
             out = subprocess.run(
                 [str(BIN / "chromafs"), "status", "--json"], capture_output=True, text=True, timeout=60
             )
             assert out.returncode == 0
             mine = [s for s in json.loads(out.stdout) if s["mountpoint"] == str(mnt)]
             assert len(mine) == 1
-            status = mine[0]
-            if status.get("requests", {}).get("read") or time.monotonic() > deadline:
-                break
-            time.sleep(0.5)
+            return (mine[0], out.stdout) if mine[0].get("requests", {}).get("read") else None
+
+        # the status file is refreshed every few seconds
+        status, printed = wait_until(status_after_a_read, 15, "a read counted in the status file", 0.5)
         assert status["site"] == "acme" and "groups=billing" in status["reader"]
         assert status["visible_files"] > 0 and status["requests"]["read"] >= 1
-        assert token not in out.stdout
+        assert token not in printed
         table = subprocess.run([str(BIN / "chromafs"), "status"], capture_output=True, text=True, timeout=60)
         assert str(mnt) in table.stdout and "acme" in table.stdout
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
@@ -161,8 +156,8 @@ def test_status_and_metrics(
     assert str(mnt) not in gone.stdout
 
 
-def test_daemon_log_is_private(sample_chroma: Callable[[str], Path], mnt: Path) -> None:
-    with mounted(mnt, "--site", "acme", "--chroma-path", str(sample_chroma("public"))):
+def test_daemon_log_is_private(sample_backend: Callable[..., Backend], mnt: Path) -> None:
+    with mounted(mnt, *sample_backend().args):
         log = mnt.parent / "mnt.log"
         assert log.stat().st_mode & 0o777 == 0o600  # it names pages and groups: not for other local users
 
@@ -194,11 +189,11 @@ def test_status_files_left_by_killed_daemons_are_ignored_and_removed() -> None:
             path.unlink(missing_ok=True)
 
 
-def test_mount_table_paths_with_spaces_and_non_ascii(sample_chroma: Callable[[str], Path], tmp_path: Path) -> None:
+def test_mount_table_paths_with_spaces_and_non_ascii(sample_backend: Callable[..., Backend], tmp_path: Path) -> None:
     assert unescape(b"/mnt/d\\040\xc3\xa9\\011x\\134y") == "/mnt/d é\tx\\y"
     assert escape("/mnt/d é\tx\\y") == "/mnt/d\\040é\\011x\\134y"
     point = tmp_path / "docs é ü"
-    with mounted(point, "--site", "acme", "--chroma-path", str(sample_chroma("public"))):
+    with mounted(point, *sample_backend().args):
         assert is_mounted(point)
         out = subprocess.run([str(BIN / "chromafs"), "status", "--json"], capture_output=True, text=True, timeout=60)
         assert [s["mountpoint"] for s in json.loads(out.stdout) if s["mountpoint"] == str(point)] == [str(point)]

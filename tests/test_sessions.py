@@ -11,13 +11,30 @@ import socket
 import subprocess
 import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from helpers import SAMPLE_SITE, copy_subset, expected_visible, ingest, is_mounted, mounted, run, try_mount
-from infra import BIN, MountServer, free_port, mounts_under, running_mount_server, unmount
+from infra import (
+    BIN,
+    SAMPLE_SITE,
+    Backend,
+    MountServer,
+    copy_subset,
+    expected_visible,
+    free_port,
+    ingest,
+    is_mounted,
+    mounted,
+    mounts_under,
+    reader_args,
+    run,
+    try_mount,
+    unmount,
+    wait_until,
+)
 
 EXPIRY_BOUND_S = 5.0
 
@@ -27,36 +44,47 @@ def statuses() -> list[dict]:
     return json.loads(out.stdout)
 
 
+def wait_unmounted(mountpoints: list[Path], by: float, what: str, interval_s: float = 0.1) -> None:
+    """Until none of `mountpoints` is mounted any more, at the latest at the time `by` (time.time())."""
+    wait_until(lambda: not any(is_mounted(m) for m in mountpoints), by - time.time(), what, interval_s)
+
+
 def test_a_session_mount_ends_when_its_token_expires(
-    sample_chroma: Callable[[str], Path], token_file: Callable[..., Path], secret_file: Path, mnt: Path
+    sample_backend: Callable[..., Backend], token_file: Callable[..., Path], secret_file: Path, mnt: Path
 ) -> None:
     expires_at = int(time.time()) + 6
-    token = ["--token-file", str(token_file(["billing"], exp=expires_at)), "--jwt-secret-file", str(secret_file)]
-    with mounted(mnt, "--site", "acme", "--chroma-path", str(sample_chroma("public")), *token):
+    token = reader_args(token_file(["billing"], exp=expires_at), secret_file)
+    with mounted(mnt, *sample_backend().args, *token):
         assert (mnt / "quickstart.mdx").read_bytes()
         mine = next(s for s in statuses() if s["mountpoint"] == str(mnt))
         assert mine["expires_at"] == expires_at and "user=tester" in mine["reader"]
         while time.time() < expires_at - 0.5:
             assert is_mounted(mnt)  # serving until the token expires
             time.sleep(0.25)
-        while is_mounted(mnt):
-            assert time.time() < expires_at + EXPIRY_BOUND_S, "still mounted 5 s after the token expired"
-            time.sleep(0.1)
+        wait_unmounted([mnt], expires_at + EXPIRY_BOUND_S, "the mount ended within 5 s of its token's expiry")
     assert "the token expired" in (mnt.parent / "mnt.log").read_text()
 
 
 # -- sessions of shared class mounts (chromafs-mountd as root) -------------------------------
 
 
-def session_args(chroma: Path, server: MountServer, token: Path | None, secret_file: Path) -> list[str]:
-    args = ["--site", "acme", "--chroma-path", str(chroma), "--mountd", str(server.socket), "--refresh-interval", "0"]
-    return [*args, "--token-file", str(token), "--jwt-secret-file", str(secret_file)] if token else args
+@dataclass(frozen=True)
+class Sessions:
+    """Opens sessions of `server` on the site in `chroma`, each an anonymous reader's or a token's."""
+
+    server: MountServer
+    chroma: Path
+    secret_file: Path
+
+    def open(self, mountpoint: Path, token: Path | None = None, *more: str) -> None:
+        """A session on `mountpoint` (made if missing) for `token` (None: anonymous); `more` flags last."""
+        mountpoint.mkdir(exist_ok=True)
+        args = [*Backend("acme", self.chroma).args, "--mountd", str(self.server.socket), "--refresh-interval", "0"]
+        done = try_mount(mountpoint, *args, *reader_args(token, self.secret_file), *more)
+        assert done.returncode == 0, done.stderr
 
 
-def open_session(mountpoint: Path, args: list[str]) -> None:
-    mountpoint.mkdir(exist_ok=True)
-    done = try_mount(mountpoint, *args)
-    assert done.returncode == 0, done.stderr
+OpenSession = Callable[..., None]
 
 
 def mount_options(mountpoint: Path) -> set[str]:
@@ -72,19 +100,19 @@ def class_mounts(server: MountServer) -> list[Path]:
 
 
 @pytest.fixture
-def shared_server(tmp_path: Path) -> Iterator[MountServer]:
-    with running_mount_server(tmp_path, 1.0) as server:
-        yield server
+def shared_server(start_mount_server: Callable[..., MountServer]) -> MountServer:
+    return start_mount_server(class_idle_s=1.0)
+
+
+@pytest.fixture
+def open_session(shared_server: MountServer, sample_chroma: Callable[[str], Path], secret_file: Path) -> OpenSession:
+    """Opens a session of `shared_server` on the sample site: open_session(mountpoint, token=None, *more)."""
+    return Sessions(shared_server, sample_chroma("public"), secret_file).open
 
 
 def test_sessions_of_one_reader_class_share_a_mount_and_see_exactly_their_pages(
-    shared_server: MountServer,
-    sample_chroma: Callable[[str], Path],
-    token_file: Callable[..., Path],
-    secret_file: Path,
-    tmp_path: Path,
+    shared_server: MountServer, open_session: OpenSession, token_file: Callable[..., Path], tmp_path: Path
 ) -> None:
-    chroma = sample_chroma("public")
     readers: dict[str, tuple[Path | None, set[str] | None]] = {
         "anon-1": (None, None),
         "anon-2": (None, None),
@@ -93,7 +121,7 @@ def test_sessions_of_one_reader_class_share_a_mount_and_see_exactly_their_pages(
         "admin": (token_file(["admin", "billing"]), {"admin", "billing"}),
     }
     for name, (token, _) in readers.items():
-        open_session(tmp_path / name, session_args(chroma, shared_server, token, secret_file))
+        open_session(tmp_path / name, token)
     assert len(class_mounts(shared_server)) == 3  # anonymous, billing, admin+billing
     for name, (_, groups) in readers.items():
         copy = copy_subset(SAMPLE_SITE, expected_visible(SAMPLE_SITE, "public", groups), tmp_path / f"exp-{name}")
@@ -113,54 +141,39 @@ def test_sessions_of_one_reader_class_share_a_mount_and_see_exactly_their_pages(
 
 
 def test_a_session_ends_at_its_expiry_or_unmount_and_the_others_go_on(
-    shared_server: MountServer,
-    sample_chroma: Callable[[str], Path],
-    token_file: Callable[..., Path],
-    secret_file: Path,
-    tmp_path: Path,
+    shared_server: MountServer, open_session: OpenSession, token_file: Callable[..., Path], tmp_path: Path
 ) -> None:
-    chroma = sample_chroma("public")
     expires_at = int(time.time()) + 6
     short, long_ = tmp_path / "short", tmp_path / "long"
-    open_session(short, session_args(chroma, shared_server, token_file(["billing"], exp=expires_at), secret_file))
-    open_session(long_, session_args(chroma, shared_server, token_file(["billing"]), secret_file))
+    open_session(short, token_file(["billing"], exp=expires_at))
+    open_session(long_, token_file(["billing"]))
     alone = tmp_path / "alone"
-    open_session(alone, session_args(chroma, shared_server, None, secret_file))
+    open_session(alone)
     assert len(class_mounts(shared_server)) == 2
     # the user unmounts one session: only its bind goes; its class, left without sessions, is
     # unmounted after the idle time
     assert run(["fusermount3", "-u", str(alone)]).returncode == 0
-    deadline = time.monotonic() + 10
-    while len(class_mounts(shared_server)) != 1:
-        assert time.monotonic() < deadline, "the idle class mount was not unmounted"
-        time.sleep(0.2)
+    wait_until(lambda: len(class_mounts(shared_server)) == 1, 10, "the idle class mount unmounted", 0.2)
     page = long_ / "quickstart.mdx"
     while time.time() < expires_at - 0.5:
         assert (short / "quickstart.mdx").read_bytes() == page.read_bytes()
         time.sleep(0.25)
-    while is_mounted(short):
-        assert time.time() < expires_at + EXPIRY_BOUND_S, "the expired session still mounted 5 s after exp"
-        time.sleep(0.1)
+    wait_unmounted([short], expires_at + EXPIRY_BOUND_S, "the expired session ended within 5 s of exp")
     assert page.read_bytes() == (SAMPLE_SITE / "quickstart.mdx").read_bytes()  # the other session goes on
     assert "expired" in shared_server.log.read_text()
 
 
 def test_the_server_restarts_without_harm(
-    shared_server: MountServer,
-    sample_chroma: Callable[[str], Path],
-    token_file: Callable[..., Path],
-    secret_file: Path,
-    tmp_path: Path,
+    shared_server: MountServer, open_session: OpenSession, token_file: Callable[..., Path], tmp_path: Path
 ) -> None:
     """Killed under 8 live sessions, the server comes back, finds its class mounts and
     sessions, adds sessions to them without stacking anything, and still ends sessions whose
     tokens expire."""
-    chroma = sample_chroma("public")
     soon = int(time.time()) + 12
     tokens = [None, token_file(["billing"]), token_file(["billing"], exp=soon), token_file(["admin"])]
     sessions = [tmp_path / f"s{i}" for i in range(8)]
     for i, mountpoint in enumerate(sessions):
-        open_session(mountpoint, session_args(chroma, shared_server, tokens[i % 4], secret_file))
+        open_session(mountpoint, tokens[i % 4])
     classes = class_mounts(shared_server)
     assert len(classes) == 3
     shared_server.kill()
@@ -169,14 +182,12 @@ def test_the_server_restarts_without_harm(
     shared_server.start()
     late = [tmp_path / "late-anon", tmp_path / "late-billing"]
     for mountpoint, token in zip(late, tokens[:2], strict=True):
-        open_session(mountpoint, session_args(chroma, shared_server, token, secret_file))
+        open_session(mountpoint, token)
     assert class_mounts(shared_server) == classes  # the new sessions joined the class mounts it left
     table = [line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines()]
     assert all(table.count(str(m)) == 1 for m in [*sessions, *late, *classes]), "something is stacked"
     expiring = [sessions[2], sessions[6]]
-    while any(is_mounted(m) for m in expiring):
-        assert time.time() < soon + EXPIRY_BOUND_S, "the restarted server did not end the expired sessions"
-        time.sleep(0.2)
+    wait_unmounted(expiring, soon + EXPIRY_BOUND_S, "the restarted server ended the expired sessions", 0.2)
     for mountpoint in [*sessions, *late]:
         if mountpoint not in expiring:
             assert (mountpoint / "quickstart.mdx").read_bytes() == (SAMPLE_SITE / "quickstart.mdx").read_bytes()
@@ -193,32 +204,33 @@ def running(pid: int) -> bool:
 
 
 def test_class_mounts_end_by_themselves_once_idle_when_no_server_runs(
-    shared_server: MountServer,
-    sample_chroma: Callable[[str], Path],
-    token_file: Callable[..., Path],
-    secret_file: Path,
-    tmp_path: Path,
+    shared_server: MountServer, open_session: OpenSession, token_file: Callable[..., Path], tmp_path: Path
 ) -> None:
     """A stopped server leaves no class mount behind after --class-idle (plus a few seconds'
     grace), nor its daemon or watchdog; a class mount whose session stands goes on serving."""
-    chroma = sample_chroma("public")
     anonymous, admin = tmp_path / "anonymous", tmp_path / "admin"
-    open_session(anonymous, session_args(chroma, shared_server, None, secret_file))
-    open_session(admin, session_args(chroma, shared_server, token_file(["admin"]), secret_file))
+    open_session(anonymous)
+    open_session(admin, token_file(["admin"]))
     state = json.loads((shared_server.class_root / "state.json").read_text())
     pids = {Path(c["path"]).name: c["pid"] for c in state["classes"]}
     assert len(pids) == 2 and len(class_mounts(shared_server)) == 2
     shared_server.stop()
     unmount(anonymous)
     deadline = time.monotonic() + shared_server.class_idle_s + 5.0 + 30.0  # a loaded machine: generous
-    while len(class_mounts(shared_server)) > 1:
-        assert time.monotonic() < deadline, "an idle class mount outlived its server"
-        time.sleep(0.2)
+    wait_until(
+        lambda: len(class_mounts(shared_server)) <= 1,
+        deadline - time.monotonic(),
+        "the idle class mount ending without its server",
+        0.2,
+    )
     assert (admin / "quickstart.mdx").read_bytes() == (SAMPLE_SITE / "quickstart.mdx").read_bytes()
     unmount(admin)
-    while class_mounts(shared_server) or any(running(pid) for pid in pids.values()):
-        assert time.monotonic() < deadline + 10.0, "the last class mount or a daemon outlived its server"
-        time.sleep(0.2)
+    wait_until(
+        lambda: not class_mounts(shared_server) and not any(running(pid) for pid in pids.values()),
+        deadline + 10.0 - time.monotonic(),
+        "the last class mount and every class daemon ended",
+        0.2,
+    )
     watchdogs = subprocess.run(
         ["pgrep", "-f", f"chromafs-watchdog ({'|'.join(map(str, pids.values()))}) "], capture_output=True, text=True
     )
@@ -227,14 +239,14 @@ def test_class_mounts_end_by_themselves_once_idle_when_no_server_runs(
 
 @pytest.mark.parametrize("memory", [[], ["--cache-bytes", "65536"]], ids=["default", "site-over-memory-cache"])
 def test_a_class_mount_is_handed_out_warm(
-    shared_server: MountServer, sample_chroma: Callable[[str], Path], secret_file: Path, tmp_path: Path, memory: list
+    shared_server: MountServer, open_session: OpenSession, tmp_path: Path, memory: list
 ) -> None:
     """Its first session finds every listing and every page in the kernel: a `grep -r` right
     after the mount sends not a single read or listing to the class mount's daemon (the two
     images are lazy files in the blob store, read on demand: grep skips them here). A site
     larger than the daemon's memory cache is streamed through to the kernel all the same."""
     session = tmp_path / "first"
-    open_session(session, [*session_args(sample_chroma("public"), shared_server, None, secret_file), *memory])
+    open_session(session, None, *memory)
     [class_mount] = class_mounts(shared_server)
     log = Path(f"{class_mount}.log").read_text()
     assert log.index("warm in") < log.index("mounted on"), "the session was handed out before the warm-up ended"
@@ -270,19 +282,16 @@ def test_a_class_mount_warms_the_pages_a_reingest_changed(
     site = tmp_path / "site"
     shutil.copytree(SAMPLE_SITE, site)
     chroma = tmp_path / "chroma"
-    ingest(site, "--site", "acme", "--chroma-path", str(chroma), "--quiet")
+    ingest(site, *Backend("acme", chroma).args, "--quiet")
     session = tmp_path / "session"
-    open_session(session, [*session_args(chroma, shared_server, None, secret_file), "--refresh-interval", "0.5"])
+    Sessions(shared_server, chroma, secret_file).open(session, None, "--refresh-interval", "0.5")
     [class_mount] = class_mounts(shared_server)
     log = Path(f"{class_mount}.log")
     changed = (site / "quickstart.mdx").read_bytes() + b"\nA line the re-ingest added.\n"
     (site / "quickstart.mdx").write_bytes(changed)
     (site / "new-page.md").write_bytes(b"# New\n\nA page the re-ingest added.\n")
-    ingest(site, "--site", "acme", "--chroma-path", str(chroma), "--quiet")
-    deadline = time.monotonic() + 30
-    while log.read_text().count("warm in") < 2:
-        assert time.monotonic() < deadline, f"no second warm-up after the switch:\n{log.read_text()[-2000:]}"
-        time.sleep(0.2)
+    ingest(site, *Backend("acme", chroma).args, "--quiet")
+    wait_until(lambda: log.read_text().count("warm in") >= 2, 30, f"a second warm-up after the switch ({log})", 0.2)
     time.sleep(2.5)  # the daemon's status is written every 2 s
     before = next(s for s in statuses() if s["mountpoint"] == str(class_mount))["requests"]
     assert (session / "quickstart.mdx").read_bytes() == changed
@@ -308,43 +317,41 @@ def _scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
 
 
 def test_the_server_reports_its_classes_and_sessions_as_metrics(
-    sample_chroma: Callable[[str], Path], token_file: Callable[..., Path], secret_file: Path, tmp_path: Path
+    start_mount_server: Callable[..., MountServer],
+    sample_chroma: Callable[[str], Path],
+    token_file: Callable[..., Path],
+    secret_file: Path,
+    tmp_path: Path,
 ) -> None:
     port = free_port()
-    server = MountServer(tmp_path, metrics_port=port)
-    chroma = sample_chroma("public")
+    server = start_mount_server(metrics_port=port)
+    open_session = Sessions(server, sample_chroma("public"), secret_file).open
     expires_at = int(time.time()) + 8
-    try:
-        with server:
-            for name in ("anon-1", "anon-2"):
-                open_session(tmp_path / name, session_args(chroma, server, None, secret_file))
-            billing = tmp_path / "billing"
-            open_session(billing, session_args(chroma, server, token_file(["billing"], exp=expires_at), secret_file))
-            assert run(["grep", "-rl", "token", str(tmp_path / "anon-1")]).returncode == 0
-            time.sleep(2.5)  # class mounts write their status every 2 s
-            metrics = _scrape(port)
-            assert metrics[("chromafs_mountd_classes", ())] == 2
-            assert metrics[("chromafs_mountd_sessions", ())] == 3
-            assert metrics[("chromafs_mountd_sessions_opened_total", ())] == 3
-            per_class = {dict(labels)["reader"]: value for (name, labels), value in metrics.items()
-                         if name == "chromafs_class_sessions"}  # fmt: skip
-            assert per_class == {"anonymous": 2, "user=? groups=billing": 1}
-            expiries = {dict(labels)["mountpoint"]: value for (name, labels), value in metrics.items()
-                        if name == "chromafs_session_expiry_timestamp_seconds"}  # fmt: skip
-            assert expiries == {str(billing): expires_at}
-            served = [value for (name, labels), value in metrics.items()
-                      if name == "chromafs_class_requests_total" and dict(labels)["op"] == "readdir"]  # fmt: skip
-            assert len(served) == 2 and all(value > 0 for value in served)
-            while is_mounted(billing):
-                assert time.time() < expires_at + EXPIRY_BOUND_S
-                time.sleep(0.1)
-            metrics = _scrape(port)
-            assert metrics[("chromafs_mountd_sessions_expired_total", ())] == 1
-            assert metrics[("chromafs_mountd_sessions", ())] == 2
-        # the class mounts outlive the server, but none of them holds its metrics port
-        assert class_mounts(server) and is_mounted(tmp_path / "anon-1")
-        with pytest.raises(OSError), socket.create_connection(("127.0.0.1", port), timeout=2):
-            pass
-    finally:
-        for path in mounts_under(tmp_path):
-            unmount(path)
+    for name in ("anon-1", "anon-2"):
+        open_session(tmp_path / name)
+    billing = tmp_path / "billing"
+    open_session(billing, token_file(["billing"], exp=expires_at))
+    assert run(["grep", "-rl", "token", str(tmp_path / "anon-1")]).returncode == 0
+    time.sleep(2.5)  # class mounts write their status every 2 s
+    metrics = _scrape(port)
+    assert metrics[("chromafs_mountd_classes", ())] == 2
+    assert metrics[("chromafs_mountd_sessions", ())] == 3
+    assert metrics[("chromafs_mountd_sessions_opened_total", ())] == 3
+    per_class = {dict(labels)["reader"]: value for (name, labels), value in metrics.items()
+                 if name == "chromafs_class_sessions"}  # fmt: skip
+    assert per_class == {"anonymous": 2, "user=? groups=billing": 1}
+    expiries = {dict(labels)["mountpoint"]: value for (name, labels), value in metrics.items()
+                if name == "chromafs_session_expiry_timestamp_seconds"}  # fmt: skip
+    assert expiries == {str(billing): expires_at}
+    served = [value for (name, labels), value in metrics.items()
+              if name == "chromafs_class_requests_total" and dict(labels)["op"] == "readdir"]  # fmt: skip
+    assert len(served) == 2 and all(value > 0 for value in served)
+    wait_unmounted([billing], expires_at + EXPIRY_BOUND_S, "the billing session ended at its token's expiry")
+    metrics = _scrape(port)
+    assert metrics[("chromafs_mountd_sessions_expired_total", ())] == 1
+    assert metrics[("chromafs_mountd_sessions", ())] == 2
+    server.stop()
+    # the class mounts outlive the server, but none of them holds its metrics port
+    assert class_mounts(server) and is_mounted(tmp_path / "anon-1")
+    with pytest.raises(OSError), socket.create_connection(("127.0.0.1", port), timeout=2):
+        pass

@@ -11,8 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import SAMPLE_SITE, expected_visible, ingest, mounted, run
-from infra import ChromaServer, RedisServer
+from infra import SAMPLE_SITE, Backend, ChromaServer, RedisServer, expected_visible, ingest, mounted, reader_args, run
 
 
 def test_second_mount_boots_from_redis_with_chroma_down(redis_server: RedisServer, mnt: Path, tmp_path: Path) -> None:
@@ -48,15 +47,15 @@ def test_second_mount_boots_from_redis_with_chroma_down(redis_server: RedisServe
 
 def test_public_mount_never_touches_hidden_keys(
     redis_server: RedisServer,
-    sample_chroma: Callable[[str], Path],
+    sample_backend: Callable[..., Backend],
     mnt: Path,
     tmp_path: Path,
     token_file: Callable[..., Path],
     secret_file: Path,
 ) -> None:
-    chroma = str(sample_chroma("public"))
-    base = ["--site", "acme", "--chroma-path", chroma, "--redis-url", redis_server.url, "--preload", "on"]
-    admin = ["--token-file", str(token_file(["admin", "billing"])), "--jwt-secret-file", str(secret_file)]
+    backend = sample_backend().args
+    base = [*backend, "--redis-url", redis_server.url, "--preload", "on"]
+    admin = reader_args(token_file(["admin", "billing"]), secret_file)
     with mounted(tmp_path / "admin", *base, *admin):
         run(["grep", "-rq", "never-matches-anything", str(tmp_path / "admin")])
     keys = redis_server.cli("--scan").split()
@@ -86,13 +85,10 @@ def test_public_mount_never_touches_hidden_keys(
 
 
 def test_reads_survive_redis_outage_and_use_it_again(
-    redis_server: RedisServer, sample_chroma: Callable[[str], Path], mnt: Path, tmp_path: Path
+    redis_server: RedisServer, sample_backend: Callable[..., Backend], mnt: Path, tmp_path: Path
 ) -> None:
     args = [
-        "--site",
-        "acme",
-        "--chroma-path",
-        str(sample_chroma("public")),
+        *sample_backend().args,
         "--redis-url",
         redis_server.url,
         "--preload",
@@ -121,9 +117,9 @@ def test_reads_survive_redis_outage_and_use_it_again(
 def test_wrong_bytes_in_redis_are_never_served(redis_server: RedisServer, mnt: Path, tmp_path: Path) -> None:
     """A page in the shared cache that does not match the tree's size and sha256 is ignored with a
     warning: the mount reads the page from Chroma."""
-    chroma = str(tmp_path / "chroma")
-    ingest(SAMPLE_SITE, "--site", "acme", "--chroma-path", chroma, "--redis-url", redis_server.url, "--quiet")
-    args = ["--site", "acme", "--chroma-path", chroma, "--redis-url", redis_server.url, "--preload", "off"]
+    backend = Backend("acme", tmp_path / "chroma", redis_url=redis_server.url).args
+    ingest(SAMPLE_SITE, *backend, "--quiet")
+    args = [*backend, "--preload", "off"]
     page = "quickstart.mdx"
     with mounted(mnt, *args):
         assert (mnt / page).read_bytes() == (SAMPLE_SITE / page).read_bytes()

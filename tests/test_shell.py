@@ -9,14 +9,12 @@ import signal
 import socket
 import subprocess
 import tempfile
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from helpers import SAMPLE_SITE, expected_visible
-from infra import BIN, MountServer, mounts_under, running_mount_server
+from infra import BIN, SAMPLE_SITE, MountServer, expected_visible, mounts_under, poll_until, wait_until
 
 SHELLS = Path("/run/chromafs/shells")
 
@@ -40,9 +38,8 @@ pytestmark = pytest.mark.skipif(NO_SANDBOX is not None, reason=str(NO_SANDBOX))
 
 
 @pytest.fixture
-def server(tmp_path: Path) -> Iterator[MountServer]:
-    with running_mount_server(tmp_path, 30.0, SHELLS) as server:
-        yield server
+def server(start_mount_server: Callable[..., MountServer]) -> MountServer:
+    return start_mount_server(SHELLS, class_idle_s=30.0)
 
 
 def shell_args(chroma: Path, token: Path | None, secret_file: Path, server: MountServer | None) -> list[str]:
@@ -159,22 +156,20 @@ def test_a_shell_dies_with_its_caller_and_a_stopped_shell_ends_its_session(
     def start(tag: str) -> tuple[subprocess.Popen[bytes], int]:
         argv = [str(BIN / "chromafs"), "shell", *args, "--", "bash", "-c", f"exec -a {tag} sleep 300"]
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL)
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            found = subprocess.run(["pgrep", "-x", "-f", f"{tag} 300"], capture_output=True, text=True)
-            if found.returncode == 0:
-                return proc, int(found.stdout.split()[0])
-            time.sleep(0.05)
-        proc.kill()
-        raise AssertionError("the sandboxed command never started")
+        try:
+            found = wait_until(
+                lambda: subprocess.run(["pgrep", "-x", "-f", f"{tag} 300"], capture_output=True, text=True).stdout,
+                30,
+                "the sandboxed command started",
+                0.05,
+            )
+        except AssertionError:
+            proc.kill()
+            raise
+        return proc, int(found.split()[0])
 
     def gone(pid: int) -> bool:
-        deadline = time.monotonic() + 5
-        while time.monotonic() < deadline:
-            if not os.path.exists(f"/proc/{pid}"):
-                return True
-            time.sleep(0.05)
-        return False
+        return poll_until(lambda: not os.path.exists(f"/proc/{pid}"), 5, 0.05) is True
 
     proc, sandboxed = start(f"probe-term-{os.getpid()}")
     proc.send_signal(signal.SIGTERM)

@@ -13,6 +13,7 @@ import trio
 
 from chromafs_fuse.site.follower import TreeFollower, follow_in_thread, follow_on_trio, new_trees
 from chromafs_fuse.tree import SiteTree, parse_tree
+from infra import wait_until
 
 
 def tree(text: str) -> SiteTree:
@@ -133,15 +134,12 @@ def test_in_a_thread_a_failing_backend_keeps_the_tree_and_polling_goes_on() -> N
     stop = follow_in_thread(follower)
     try:
         deadline = time.monotonic() + 5
-        while follower.failures < 2:
-            assert time.monotonic() < deadline
-            time.sleep(0.01)
+        wait_until(lambda: follower.failures >= 2, 5, "two failed polls", 0.01)
         assert follower.tree is held
         site.failing = None
         site.reingest("two")
-        while follower.tree is not site.published:
-            assert time.monotonic() < deadline
-            time.sleep(0.01)
+        left_s = deadline - time.monotonic()
+        wait_until(lambda: follower.tree is site.published, left_s, "the new tree once the backend is back", 0.01)
     finally:
         stop.set()
 

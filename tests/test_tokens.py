@@ -14,7 +14,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
 
 from chromafs_fuse.tokens import TokenError, load_verification_key, principal_from_token
-from helpers import is_mounted, try_mount
+from infra import Backend, is_mounted, try_mount
 
 SECRET = "unit-test-secret-0123456789abcdef-0123"
 
@@ -113,51 +113,22 @@ def test_token_without_a_key_is_refused() -> None:
 
 
 def test_cli_refuses_bad_tokens_with_one_line_and_no_mount(
-    sample_chroma: Callable[[str], Path], mnt: Path, tmp_path: Path
+    sample_backend: Callable[..., Backend], mnt: Path, tmp_path: Path
 ) -> None:
     secret = tmp_path / "secret"
     secret.write_text(SECRET)
-    chroma = str(sample_chroma("public"))
+    backend = sample_backend().args
     for what, token in bad_tokens(tmp_path).items():
         token_path = tmp_path / "t.jwt"
         token_path.write_text(token)
-        proc = try_mount(
-            mnt,
-            "--site",
-            "acme",
-            "--chroma-path",
-            chroma,
-            "--token-file",
-            str(token_path),
-            "--jwt-secret-file",
-            str(secret),
-        )
+        proc = try_mount(mnt, *backend, "--token-file", str(token_path), "--jwt-secret-file", str(secret))
         assert proc.returncode != 0, what
         lines = proc.stderr.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("chromafs-mount: "), (what, proc.stderr)
         assert token not in proc.stderr
         assert not is_mounted(mnt), what
     # token through the environment is verified too; an unreadable token file is refused
-    env_proc = try_mount(
-        mnt,
-        "--site",
-        "acme",
-        "--chroma-path",
-        chroma,
-        "--jwt-secret-file",
-        str(secret),
-        env={"CHROMAFS_TOKEN": "garbage"},
-    )
+    env_proc = try_mount(mnt, *backend, "--jwt-secret-file", str(secret), env={"CHROMAFS_TOKEN": "garbage"})
     assert env_proc.returncode != 0 and not is_mounted(mnt)
-    missing = try_mount(
-        mnt,
-        "--site",
-        "acme",
-        "--chroma-path",
-        chroma,
-        "--token-file",
-        str(tmp_path / "nope"),
-        "--jwt-secret-file",
-        str(secret),
-    )
+    missing = try_mount(mnt, *backend, "--token-file", str(tmp_path / "nope"), "--jwt-secret-file", str(secret))
     assert missing.returncode != 0 and "cannot read token file" in missing.stderr
