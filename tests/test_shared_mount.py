@@ -1,0 +1,178 @@
+"""The shared class mode (chromafs-mountd --class-mode shared, issue 30): every reader class of
+every site is a directory of ONE mount served by ONE process, and a session is a read-only bind
+of its class's directory. Each session sees exactly its class's tree, and nothing it can observe
+depends on the other classes or sites."""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import json
+import mmap
+import os
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from helpers import SAMPLE_SITE, copy_subset, expected_visible, ingest, run, try_mount
+from infra import MountServer, mounts_under, unmount
+
+IDLE_S = 1.0
+
+
+class SharedServer(MountServer):
+    """chromafs-mountd with --class-mode shared."""
+
+    def argv(self) -> list[str]:
+        return [*super().argv(), "--class-mode", "shared"]
+
+    @property
+    def shared(self) -> Path:
+        return self.class_root / "shared"
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[SharedServer]:
+    server = SharedServer(tmp_path / "server", class_idle_s=IDLE_S)
+    (tmp_path / "server").mkdir()
+    try:
+        with server:
+            yield server
+    finally:
+        for path in mounts_under(tmp_path):
+            if path != server.shared:
+                unmount(path)
+        unmount(server.shared)
+
+
+def session_args(chroma: Path, server: MountServer, token: Path | None, secret_file: Path, site: str = "acme") -> list:
+    args = ["--site", site, "--chroma-path", str(chroma), "--mountd", str(server.socket), "--refresh-interval", "0"]
+    return [*args, "--token-file", str(token), "--jwt-secret-file", str(secret_file)] if token else args
+
+
+def open_session(mountpoint: Path, args: list[str]) -> float:
+    """Opens the session; the seconds it took."""
+    mountpoint.mkdir(exist_ok=True)
+    started = time.perf_counter()
+    done = try_mount(mountpoint, *args)
+    assert done.returncode == 0, done.stderr
+    return time.perf_counter() - started
+
+
+def find_list(root: Path) -> list[str]:
+    out = run(["find", str(root), "-printf", "%P %y %n %s\n"])
+    assert out.returncode == 0, out.stderr
+    return sorted(out.stdout.splitlines())
+
+
+def shared_processes(server: SharedServer) -> list[int]:
+    out = subprocess.run(["pgrep", "-f", f"chromafs-shared {server.class_root}$"], capture_output=True, text=True)
+    return [int(pid) for pid in out.stdout.split()]
+
+
+def control(server: SharedServer, request: dict) -> dict:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(10)
+        sock.connect(str(server.class_root / "shared.sock"))
+        sock.sendall(json.dumps(request).encode() + b"\n")
+        answer = b""
+        while not answer.endswith(b"\n"):
+            answer += sock.recv(65536)
+    return json.loads(answer)
+
+
+def test_two_classes_of_one_site_are_views_of_one_mount(
+    server: SharedServer,
+    sample_chroma: Callable[[str], Path],
+    token_file: Callable[..., Path],
+    secret_file: Path,
+    tmp_path: Path,
+) -> None:
+    chroma = sample_chroma("public")
+    anon, billing = tmp_path / "anon", tmp_path / "billing"
+    open_session(anon, session_args(chroma, server, None, secret_file))
+    before = {"anon": find_list(anon), "stat": os.stat(anon / "quickstart.mdx"), "statfs": os.statvfs(anon)}
+    open_session(billing, session_args(chroma, server, token_file(["billing"]), secret_file))
+    for mountpoint, groups in ((anon, None), (billing, {"billing"})):
+        visible = expected_visible(SAMPLE_SITE, "public", groups)
+        copy = copy_subset(SAMPLE_SITE, visible, tmp_path / f"expected-{mountpoint.name}")
+        diff = run(["diff", "-r", str(copy), str(mountpoint)])
+        assert diff.returncode == 0, f"{mountpoint.name}: {diff.stdout[:1000]}"
+    assert len(shared_processes(server)) == 1
+    assert mounts_under(server.class_root) == [server.shared]  # one mount, whatever the classes
+    assert os.stat(anon).st_dev == os.stat(billing).st_dev
+    page_a, page_b = os.stat(anon / "quickstart.mdx"), os.stat(billing / "quickstart.mdx")
+    assert page_a.st_ino == page_b.st_ino and page_a.st_nlink == page_b.st_nlink == 1
+    # nothing the first session sees changed when the second class came
+    assert find_list(anon) == before["anon"]
+    assert os.stat(anon / "quickstart.mdx") == before["stat"] and os.statvfs(anon) == before["statfs"]
+    billing_only = expected_visible(SAMPLE_SITE, "public", {"billing"}) - expected_visible(SAMPLE_SITE, "public", None)
+    hidden = sorted(billing_only)
+    assert hidden, "the sample site hides nothing from anonymous readers"
+    for key in hidden:
+        with pytest.raises(OSError) as info:
+            os.stat(anon / key)
+        assert info.value.errno == errno.ENOENT
+    with pytest.raises(OSError) as info:
+        (anon / "new.md").write_text("x")
+    assert info.value.errno == errno.EROFS
+
+
+def resident_pages(path: Path) -> tuple[int, int]:
+    """(pages of the file in the kernel's page cache, pages of the file): mincore(2) on a mapping of
+    it, which faults nothing in."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    size = path.stat().st_size
+    pages = (size + mmap.PAGESIZE - 1) // mmap.PAGESIZE
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        address = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+        assert address not in (None, ctypes.c_void_p(-1).value), os.strerror(ctypes.get_errno())
+        try:
+            vector = ctypes.create_string_buffer(pages)
+            assert libc.mincore(address, size, vector) == 0, os.strerror(ctypes.get_errno())
+            return sum(byte & 1 for byte in vector.raw[:pages]), pages
+        finally:
+            libc.munmap(address, size)
+    finally:
+        os.close(fd)
+
+
+def test_a_second_site_and_the_page_cache_are_shared_without_leaking(
+    server: SharedServer,
+    sample_chroma: Callable[[str], Path],
+    token_file: Callable[..., Path],
+    secret_file: Path,
+    tmp_path: Path,
+) -> None:
+    """Two classes of one site and a class of another site: one process, one mount; a page read
+    through one class is in the kernel's page cache for the other (one inode); the other site's
+    copy of the page is another inode; `..` at a session's root is the session's parent."""
+    chroma = sample_chroma("public")
+    other_chroma = tmp_path / "other-chroma"
+    ingest(SAMPLE_SITE, "--site", "other", "--chroma-path", str(other_chroma), "--quiet")
+    anon, admin, other = tmp_path / "anon", tmp_path / "admin", tmp_path / "other"
+    open_session(anon, session_args(chroma, server, None, secret_file))
+    seen = (find_list(anon), os.statvfs(anon), [os.stat(anon / p) for p in ("", "quickstart.mdx")])
+    open_session(admin, session_args(chroma, server, token_file(["admin", "billing"]), secret_file))
+    open_session(other, session_args(other_chroma, server, None, secret_file, site="other"))
+    assert (find_list(anon), os.statvfs(anon), [os.stat(anon / p) for p in ("", "quickstart.mdx")]) == seen
+    assert len(shared_processes(server)) == 1 and mounts_under(server.class_root) == [server.shared]
+    assert os.stat(other / "quickstart.mdx").st_ino != os.stat(anon / "quickstart.mdx").st_ino
+    assert find_list(other) == find_list(anon)  # the same pages, public alike
+    page = max(anon.rglob("*.md*"), key=lambda p: p.stat().st_size).relative_to(anon)
+    assert resident_pages(admin / page)[0] == 0  # nobody read it yet
+    data = (anon / page).read_bytes()
+    resident, pages = resident_pages(admin / page)
+    assert resident == pages, f"{page}: {resident} of {pages} pages in the kernel for the other class"
+    assert (admin / page).read_bytes() == data
+    assert sorted(os.listdir(anon / "..")) == sorted(os.listdir(tmp_path))
+    assert os.stat(anon / "..").st_ino == os.stat(tmp_path).st_ino
