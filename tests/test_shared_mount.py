@@ -10,6 +10,7 @@ import errno
 import json
 import mmap
 import os
+import shutil
 import socket
 import subprocess
 import time
@@ -176,3 +177,53 @@ def test_a_second_site_and_the_page_cache_are_shared_without_leaking(
     assert (admin / page).read_bytes() == data
     assert sorted(os.listdir(anon / "..")) == sorted(os.listdir(tmp_path))
     assert os.stat(anon / "..").st_ino == os.stat(tmp_path).st_ino
+
+
+def test_a_reingest_is_seen_by_every_class_of_the_site(
+    server: SharedServer, token_file: Callable[..., Path], secret_file: Path, tmp_path: Path
+) -> None:
+    site, chroma = tmp_path / "site", tmp_path / "chroma"
+    shutil.copytree(SAMPLE_SITE, site)
+    ingest(site, "--site", "acme", "--chroma-path", str(chroma), "--quiet")
+    anon, billing = tmp_path / "anon", tmp_path / "billing"
+    refresh = ["--refresh-interval", "0.5"]
+    open_session(anon, [*session_args(chroma, server, None, secret_file), *refresh])
+    open_session(billing, [*session_args(chroma, server, token_file(["billing"]), secret_file), *refresh])
+    old = (anon / "quickstart.mdx").read_bytes()
+    assert (billing / "quickstart.mdx").read_bytes() == old
+    changed = old + b"\nA line the re-ingest added.\n"
+    (site / "quickstart.mdx").write_bytes(changed)
+    (site / "new-page.md").write_bytes(b"# New\n")
+    ingest(site, "--site", "acme", "--chroma-path", str(chroma), "--quiet")
+    deadline = time.monotonic() + 30
+    while not all((m / "new-page.md").exists() for m in (anon, billing)):
+        assert time.monotonic() < deadline, (server.class_root / "shared.log").read_text()[-2000:]
+        time.sleep(0.2)
+    for mountpoint in (anon, billing):
+        assert (mountpoint / "quickstart.mdx").read_bytes() == changed
+        assert (mountpoint / "new-page.md").read_bytes() == b"# New\n"
+    assert os.stat(anon / "quickstart.mdx").st_ino == os.stat(billing / "quickstart.mdx").st_ino
+
+
+def test_the_process_outlives_a_server_restart_and_ends_once_unused(
+    server: SharedServer, sample_chroma: Callable[[str], Path], token_file: Callable[..., Path], secret_file: Path,
+    tmp_path: Path,
+) -> None:  # fmt: skip
+    chroma = sample_chroma("public")
+    anon, billing = tmp_path / "anon", tmp_path / "billing"
+    open_session(anon, session_args(chroma, server, None, secret_file))
+    [pid] = shared_processes(server)
+    server.kill()
+    assert (anon / "quickstart.mdx").read_bytes() == (SAMPLE_SITE / "quickstart.mdx").read_bytes()
+    server.start()
+    open_session(billing, session_args(chroma, server, token_file(["billing"]), secret_file))
+    assert shared_processes(server) == [pid]  # the restarted server found it
+    views = control(server, {"op": "describe"})["views"]
+    assert sorted(v["reader"] for v in views.values()) == ["anonymous", "user=? groups=billing"]
+    server.stop()
+    unmount(anon)
+    unmount(billing)
+    deadline = time.monotonic() + IDLE_S + 5.0 + 30.0  # --class-idle, the grace, a loaded machine
+    while shared_processes(server) or server.shared in mounts_under(server.class_root):
+        assert time.monotonic() < deadline, "the shared process outlived its last session"
+        time.sleep(0.2)
