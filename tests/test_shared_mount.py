@@ -18,8 +18,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from test_probes import HIDDEN_FOR_ANON, _errno, _probes, _variants
 
-from helpers import SAMPLE_SITE, copy_subset, expected_visible, ingest, run, try_mount
+from helpers import SAMPLE_SITE, copy_subset, expected_visible, ingest, run, tree_listing, try_mount
 from infra import MountServer, mounts_under, unmount
 
 IDLE_S = 1.0
@@ -227,3 +228,44 @@ def test_the_process_outlives_a_server_restart_and_ends_once_unused(
     while shared_processes(server) or server.shared in mounts_under(server.class_root):
         assert time.monotonic() < deadline, "the shared process outlived its last session"
         time.sleep(0.2)
+
+
+def test_the_leak_probes_find_nothing_through_a_shared_session(
+    server: SharedServer,
+    sample_chroma: Callable[[str], Path],
+    token_file: Callable[..., Path],
+    secret_file: Path,
+    tmp_path: Path,
+) -> None:
+    """test_probes.py's probes on an anonymous session while an admin class of the site is served
+    by the same mount: a hidden page answers every call exactly as a missing one; listings,
+    counts and xattrs reveal nothing; statfs is the same for both classes."""
+    chroma = sample_chroma("public")
+    anon, admin = tmp_path / "anon", tmp_path / "admin"
+    open_session(admin, session_args(chroma, server, token_file(["admin", "billing"]), secret_file))
+    open_session(anon, session_args(chroma, server, None, secret_file))
+    for rel in HIDDEN_FOR_ANON:
+        assert (admin / rel).read_bytes() == (SAMPLE_SITE / rel).read_bytes()
+    cwd = os.getcwd()
+    try:
+        for rel in HIDDEN_FOR_ANON:
+            missing = rel.rsplit("/", 1)[0] + "/no-such-page-" + str(len(rel)) + ".mdx"
+            for variant in _variants(rel):
+                for name, probe in _probes(anon / variant).items():
+                    hidden_errno, missing_errno = _errno(probe), _errno(_probes(anon / missing)[name])
+                    assert hidden_errno == missing_errno != 0, (variant, name, hidden_errno, missing_errno)
+    finally:
+        os.chdir(cwd)
+    visible = expected_visible(SAMPLE_SITE, "public", None)
+    listing = tree_listing(anon)
+    assert not set(HIDDEN_FOR_ANON) & set(listing) and "internal/secret-project" not in listing
+    for directory in {r.rsplit("/", 1)[0] for r in visible if "/" in r} | {"."}:
+        names = os.listdir(anon / directory)
+        subdirs = sum(1 for n in names if (anon / directory / n).is_dir())
+        st = os.stat(anon / directory)
+        assert st.st_nlink == 2 + subdirs and st.st_size == 0
+    for rel in visible:
+        with pytest.raises(OSError) as no_xattrs:
+            os.listxattr(anon / rel)
+        assert no_xattrs.value.errno == errno.EOPNOTSUPP
+    assert os.statvfs(anon) == os.statvfs(admin)
