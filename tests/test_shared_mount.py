@@ -21,7 +21,7 @@ import pytest
 from test_probes import HIDDEN_FOR_ANON, _errno, _probes, _variants
 
 from helpers import SAMPLE_SITE, copy_subset, expected_visible, ingest, run, tree_listing, try_mount
-from infra import MountServer, mounts_under, unmount
+from infra import MountServer, free_port, mounts_under, unmount
 
 IDLE_S = 1.0
 
@@ -269,3 +269,40 @@ def test_the_leak_probes_find_nothing_through_a_shared_session(
             os.listxattr(anon / rel)
         assert no_xattrs.value.errno == errno.EOPNOTSUPP
     assert os.statvfs(anon) == os.statvfs(admin)
+
+
+def test_the_server_reports_each_class_of_the_shared_mount(
+    sample_chroma: Callable[[str], Path], token_file: Callable[..., Path], secret_file: Path, tmp_path: Path
+) -> None:
+    from test_sessions import _scrape
+
+    port = free_port()
+    (tmp_path / "server").mkdir()
+    server = SharedServer(tmp_path / "server", class_idle_s=IDLE_S, metrics_port=port)
+    chroma = sample_chroma("public")
+    try:
+        with server:
+            anon, billing = tmp_path / "anon", tmp_path / "billing"
+            open_session(anon, session_args(chroma, server, None, secret_file))
+            open_session(billing, session_args(chroma, server, token_file(["billing"]), secret_file))
+            assert run(["grep", "-rl", "token", str(anon)]).returncode == 0
+            assert run(["ls", str(billing)]).returncode == 0
+            time.sleep(2.5)  # the shared process writes its status every 2 s
+            metrics = _scrape(port)
+            assert metrics[("chromafs_mountd_classes", ())] == 2
+            readers = {dict(labels)["class"]: dict(labels)["reader"] for (name, labels) in metrics
+                       if name == "chromafs_class_sessions"}  # fmt: skip
+            files = {readers[dict(labels)["class"]]: value for (name, labels), value in metrics.items()
+                     if name == "chromafs_class_visible_files"}  # fmt: skip
+            assert files == {
+                "anonymous": len(expected_visible(SAMPLE_SITE, "public", None)),
+                "user=? groups=billing": len(expected_visible(SAMPLE_SITE, "public", {"billing"})),
+            }
+            served = {readers[dict(labels)["class"]]: value for (name, labels), value in metrics.items()
+                      if name == "chromafs_class_requests_total"}  # fmt: skip
+            assert served["anonymous"] > served["user=? groups=billing"] > 0
+    finally:
+        for path in mounts_under(tmp_path):
+            if path != server.shared:
+                unmount(path)
+        unmount(server.shared)

@@ -209,7 +209,9 @@ class SharedSites:
                     await trio.sleep_forever()
                 with new_trees(site.follower) as trees:
                     async with trio.open_nursery() as nursery:
-                        nursery.start_soon(follow_on_trio, site.follower, site.config.session.backend_timeout_s)
+                        # a thread of its own: waiting for announcements must not take trio's default ones
+                        timeout_s, own = site.config.session.backend_timeout_s, trio.CapacityLimiter(1)
+                        nursery.start_soon(follow_on_trio, site.follower, timeout_s, own)
                         async for tree in trees:
                             try:
                                 await self._switch(site, tree)
