@@ -115,7 +115,9 @@ class Mount:
         self.may_push = config.push_pages and self.no_open and hasattr(pyfuse3, "store_pages")
         self.refresher: TreeRefresher | None = None
         if config.refresh_interval_s > 0:
-            self.refresher = TreeRefresher(self.loader, self.pages, config.refresh_interval_s, self.switch_to)
+            self.refresher = TreeRefresher(
+                self.loader, self.pages, self.tree, config.refresh_interval_s, self.switch_to
+            )
         self.started = time.time()
         self.status = StatusFile(self.describe)
         # while run() runs:

@@ -1,9 +1,7 @@
-"""A running mount follows re-ingests: wait for a new tree version to be announced (Redis
-pub/sub) or poll the published version; on a change, load the new tree and hand it to the
-mount (serving/mount.py `Mount.switch_to`), which prunes it for its reader, switches to it
-and tells the kernel what to forget (`tell_kernel`).
-
-Everything blocking (Redis, Chroma) runs in worker threads.
+"""A running mount follows re-ingests: the site's `TreeFollower` (site/follower.py) notices a new
+version (announced through Redis pub/sub, or polled) and loads its tree in worker threads; the
+refresher hands each new tree to the mount (serving/mount.py `Mount.switch_to`), which prunes it
+for its reader, switches to it and tells the kernel what to forget.
 """
 
 from __future__ import annotations
@@ -11,17 +9,16 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
 
 import trio
 
+from chromafs_fuse.site.follower import TreeFollower, follow_on_trio, new_trees
 from chromafs_fuse.site.loader import SiteLoader
 from chromafs_fuse.site.page_source import PageSource
 from chromafs_fuse.tree import SiteTree
 from chromafs_fuse.tree_diff import TreeChange
 
 log = logging.getLogger("chromafs.refresh")
-T = TypeVar("T")
 
 
 class TreeRefresher:
@@ -29,62 +26,56 @@ class TreeRefresher:
         self,
         loader: SiteLoader,
         source: PageSource,
+        tree: SiteTree,
         interval_s: float,
         switch_to: Callable[[SiteTree], Awaitable[TreeChange]],
     ) -> None:
-        """`switch_to` serves a new tree (on the loop) and says what changed."""
-        self.loader = loader
+        """`tree` is the one served now; `switch_to` serves a new one (on the loop) and says what changed."""
         self.source = source
-        self.interval_s = interval_s
+        self.follower = TreeFollower(loader, source.chroma, tree, interval_s)
         self.switch_to = switch_to
         self.switches = 0
         self.applied_at = time.time()  # when the tree served now was applied
         self.last_switch_s = 0.0
-        self.failures = 0
-        self.announcements = loader.announcements()
-        self.announced = 0  # switches checked because Redis announced a version
+        self.failed_switches = 0
 
     def describe(self) -> dict[str, object]:
+        follower = self.follower
         return {
-            "refresh_interval_s": self.interval_s,
+            "refresh_interval_s": follower.interval_s,
             "tree_applied_at": self.applied_at,
             "tree_switches": self.switches,
             "last_switch_s": round(self.last_switch_s, 4),
-            "refresh_failures": self.failures,
-            "tree_announcements": self.announced,
+            "refresh_failures": follower.failures + self.failed_switches,
+            "tree_announcements": follower.announced,
         }
 
-    async def _next_check(self) -> None:
-        """Until a version is announced, or `interval_s` has passed (a poll)."""
-        if self.announcements is None:
-            await trio.sleep(self.interval_s)
-        elif await trio.to_thread.run_sync(self.announcements.wait, self.interval_s, abandon_on_cancel=True):
-            self.announced += 1
-
     async def run(self) -> None:
-        while True:
-            await self._next_check()
-            try:
-                await self.check()
-            except Exception as exc:  # a backend down: keep serving the tree we have, try again later
-                self.failures += 1
-                log.warning("checking for a new tree failed: %s", exc)
+        """Follow until cancelled; of the trees that came while a switch ran, only the newest is served."""
+        with new_trees(self.follower) as trees:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(follow_on_trio, self.follower, self.source.timeout_s)
+                async for tree in trees:
+                    while True:
+                        try:
+                            tree = trees.receive_nowait()
+                        except trio.WouldBlock:
+                            break
+                    await self.check(tree)
 
-    async def _off_loop(self, fn: Callable[..., T], *args: object) -> T:
-        with trio.fail_after(self.source.timeout_s):
-            return await trio.to_thread.run_sync(fn, *args, abandon_on_cancel=True)
-
-    async def check(self) -> bool:
-        """Switch to the published tree if it is not the one served; True if it switched."""
+    async def check(self, tree: SiteTree) -> bool:
+        """Switch to `tree` unless it is the one served; True if it switched."""
         previous = self.source.tree_version
-        version = await self._off_loop(self.loader.current_version, self.source.chroma)
-        if version == previous:
-            return False
-        started = time.perf_counter()
-        tree = await self._off_loop(self.loader.reload_tree, self.source.chroma)
         if tree.version == previous:
             return False
-        change = await self.switch_to(tree)
+        started = time.perf_counter()
+        try:
+            change = await self.switch_to(tree)
+        except Exception as exc:  # keep serving the tree we have; the next check hands the tree out again
+            self.failed_switches += 1
+            self.follower.hand_out_again()
+            log.warning("switching to tree %s failed: %s", tree.version, exc)
+            return False
         self.switches += 1
         self.applied_at = time.time()
         self.last_switch_s = time.perf_counter() - started
