@@ -9,7 +9,9 @@ The flags, and the defaults of the fields they set, are declared once, in option
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
@@ -171,3 +173,22 @@ class MountConfig:
             refresh_interval_s=refresh,
             search_dir=args.search_dir,
         )
+
+    def to_dict(self) -> dict[str, object]:
+        """As JSON carries it (the mount server hands a session's configuration to the shared
+        mount's process); `from_dict` gives it back equal."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, object]) -> MountConfig:
+        fields = dict(data)
+        session = dict(fields.pop("session"))  # type: ignore[call-overload]
+        chroma = dict(session.pop("chroma"))
+        redis = session.pop("redis")
+        session_config = SessionConfig(
+            chroma=ChromaLocation(**chroma),
+            redis=RedisSettings(**redis) if redis is not None else None,
+            **session,
+        )
+        fields["fuse_options"] = tuple(fields.get("fuse_options") or ())  # type: ignore[arg-type]
+        return cls(session=session_config, **fields)  # type: ignore[arg-type]

@@ -310,6 +310,19 @@ MOUNTD_OPTIONS = (
         metavar="HOST:PORT",
     ),
     Option("--isolated-only", "no class mounts: every session gets a daemon of its own", kind="switch", default=False),
+    Option(
+        "--class-mode",
+        "how classes are served: process (a daemon and a mount per class) or shared (one process and one "
+        "mount for every class of every site, each class a directory of it; default: %(default)s)",
+        choices=("process", "shared"),
+        default="process",
+    ),
+    Option(
+        "--shared-cache-bytes",
+        "with --class-mode shared: the page memory of every site together (default: %(default)s)",
+        type=int,
+        default=256 * MIB,
+    ),
 )
 
 

@@ -157,6 +157,14 @@ class SharedNamespace(Generic[V]):
         """A view that answers for `inode`; None for the top directories and unknown inodes."""
         return self._route.get(inode)
 
+    def holders(self, inode: int) -> list[V]:
+        """Every view that answers for `inode` (a page several views show, an old version)."""
+        holders = self._holders.get(inode)
+        if holders is not None:
+            return list(holders)
+        view = self._route.get(inode)
+        return [] if view is None else [view]
+
     def is_top(self, inode: int) -> bool:
         return inode == ROOT_INODE or inode in self._site_by_inode
 

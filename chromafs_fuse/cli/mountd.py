@@ -51,6 +51,8 @@ def main(argv: list[str] | None = None) -> int:
         args.class_idle,
         args.class_warm_wait,
         args.metrics_addr,
+        args.class_mode,
+        args.shared_cache_bytes,
     )
     return 0
 

@@ -1,7 +1,10 @@
 """The mount server's shared mounts: one live mount per class, a read-only bind per session.
 
-`SessionKeeper` opens a session by binding its class mount (started first if the class has
-none) on the caller's mountpoint, and its `housekeep`, called every half second by the
+Where a class is served is its `ClassHost`'s business: `ProcessHost` starts a daemon per class
+(a FUSE mount of its own, `--class-mode process`), serving/shared_host.py's `SharedHost` adds a
+view to the one shared mount (`--class-mode shared`, issue 30). `SessionKeeper` opens a session
+by binding its class's directory (the class started first if it has none) on the caller's
+mountpoint, and its `housekeep`, called every half second by the
 server, ends sessions whose token expired (the bind is detached), notices sessions their
 users unmounted, drops class mounts whose daemon died (detaching their binds) and stops
 class mounts idle for `idle_s`. Everything is saved in a state file in the root-only class
@@ -18,6 +21,7 @@ import os
 import signal
 import time
 from collections.abc import Callable
+from typing import Protocol
 
 from chromafs_fuse.access import Principal
 from chromafs_fuse.config import MountConfig
@@ -57,11 +61,69 @@ def _device(path: str) -> str:
 StartClass = Callable[[MountConfig, Principal, str], int]
 
 
+class ClassHost(Protocol):
+    """Where classes are served. Every call blocks (the server's loop is synchronous)."""
+
+    def start(self, key: str, config: MountConfig, reader: Principal) -> ClassMount:
+        """Serve the reader class `reader` of the session's site; SessionError when it cannot be."""
+        ...
+
+    def stop(self, mount: ClassMount) -> None:
+        """An idle class: stop serving it."""
+        ...
+
+    def alive(self, mount: ClassMount, devices: dict[str, str]) -> bool:
+        """Whether the class is still served (`devices`: mounted_devices())."""
+        ...
+
+    def drop(self, mount: ClassMount) -> None:
+        """A class found dead: unmount what is left of it."""
+        ...
+
+    def owns(self, path: str) -> bool:
+        """A mount in the class root that is the host's own, not a class mount state may name."""
+        ...
+
+
+class ProcessHost:
+    """A daemon and a FUSE mount per class, at `<root>/<class key>`."""
+
+    def __init__(self, root: str, start_class: StartClass) -> None:
+        self.root = root
+        self.start_class = start_class
+
+    def start(self, key: str, config: MountConfig, reader: Principal) -> ClassMount:
+        path = os.path.join(self.root, key)
+        if path in mounted_devices():
+            detach(path)  # a class mount no state names (the state was lost): it drains
+        os.makedirs(path, mode=0o755, exist_ok=True)
+        pid = self.start_class(config, reader, path)
+        return ClassMount(
+            key, path, pid, process_start(pid), config.site, reader.describe(), _device(path), time.time()
+        )
+
+    def stop(self, mount: ClassMount) -> None:
+        if process_start(mount.pid) == mount.pid_start:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(mount.pid, signal.SIGTERM)  # it unmounts itself
+        else:
+            detach(mount.path)
+
+    def alive(self, mount: ClassMount, devices: dict[str, str]) -> bool:
+        return process_start(mount.pid) == mount.pid_start and devices.get(mount.path) == mount.device
+
+    def drop(self, mount: ClassMount) -> None:
+        detach(mount.path)
+
+    def owns(self, path: str) -> bool:
+        return False
+
+
 class SessionKeeper:
-    def __init__(self, root: str, idle_s: float, start_class: StartClass) -> None:
+    def __init__(self, root: str, idle_s: float, host: ClassHost) -> None:
         self.root = root
         self.idle_s = idle_s
-        self.start_class = start_class
+        self.host = host
         os.makedirs(root, mode=0o700, exist_ok=True)
         os.chmod(root, 0o700)  # class mounts are reached through session binds only
         self.state_path = os.path.join(root, "state.json")
@@ -79,10 +141,10 @@ class SessionKeeper:
             raise SessionError(f"{mountpoint} is already mounted")
         key = class_key(mount_settings(config), principal)
         mount = self.table.classes.get(key)
-        if mount is None or not self._alive(mount, devices):
+        if mount is None or not self.host.alive(mount, devices):
             if mount is not None:
                 self._drop_class(mount, "its daemon is gone")
-            mount = self._start(key, config, principal, devices)
+            mount = self._start(key, config, principal)
         try:
             bind_read_only(mount.path, mountpoint)
         except OSError as exc:
@@ -97,23 +159,9 @@ class SessionKeeper:
         )
         return session
 
-    def _start(self, key: str, config: MountConfig, principal: Principal, devices: dict[str, str]) -> ClassMount:
-        path = os.path.join(self.root, key)
-        if path in devices:
-            detach(path)  # a class mount no state names (the state was lost): it drains
-        os.makedirs(path, mode=0o755, exist_ok=True)
+    def _start(self, key: str, config: MountConfig, principal: Principal) -> ClassMount:
         started = time.perf_counter()
-        pid = self.start_class(config, principal.reader_class(), path)
-        mount = ClassMount(
-            key,
-            path,
-            pid,
-            process_start(pid),
-            config.site,
-            principal.reader_class().describe(),
-            _device(path),
-            time.time(),
-        )
+        mount = self.host.start(key, config, principal.reader_class())
         self.table.classes[key] = mount
         log.info(
             "class mount %s for %s (%s) ready in %.3fs",
@@ -137,7 +185,7 @@ class SessionKeeper:
             changed = True
         devices = mounted_devices()
         for mount in list(self.table.classes.values()):
-            if not self._alive(mount, devices):
+            if not self.host.alive(mount, devices):
                 self._drop_class(mount, "its daemon is gone")
                 changed = True
         for session in list(self.table.sessions.values()):
@@ -149,7 +197,7 @@ class SessionKeeper:
                 changed = True
         for mount in self.table.idle(now, self.idle_s):
             log.info("class mount %s idle for %.0fs: stopping it", mount.key[:12], now - (mount.idle_since or now))
-            self._stop(mount)
+            self.host.stop(mount)
             self.table.drop_class(mount.key)
             changed = True
         if changed:
@@ -161,7 +209,7 @@ class SessionKeeper:
         now = time.time()
         devices = mounted_devices()
         for mount in list(self.table.classes.values()):
-            if not self._alive(mount, devices):
+            if not self.host.alive(mount, devices):
                 self._drop_class(mount, "gone while the server was down")
         for session in list(self.table.sessions.values()):
             if devices.get(session.mountpoint) != self.table.classes[session.class_key].device:
@@ -172,7 +220,7 @@ class SessionKeeper:
                 mount.idle_since = now
         known = {m.path for m in self.table.classes.values()}
         for path, device in devices.items():
-            if os.path.dirname(path) == self.root and path not in known:
+            if os.path.dirname(path) == self.root and path not in known and not self.host.owns(path):
                 users = [p for p, d in devices.items() if d == device and p != path]
                 if not users:
                     log.info("unmounting %s: a class mount no state names, with no session", path)
@@ -185,9 +233,6 @@ class SessionKeeper:
 
     # -- helpers ------------------------------------------------------------------------
 
-    def _alive(self, mount: ClassMount, devices: dict[str, str]) -> bool:
-        return process_start(mount.pid) == mount.pid_start and devices.get(mount.path) == mount.device
-
     def _end(self, session: Session, now: float) -> None:
         self.table.remove(session.mountpoint, now)
         self._remove_status(session)
@@ -197,14 +242,7 @@ class SessionKeeper:
         for session in self.table.drop_class(mount.key):
             detach(session.mountpoint)
             self._remove_status(session)
-        detach(mount.path)
-
-    def _stop(self, mount: ClassMount) -> None:
-        if process_start(mount.pid) == mount.pid_start:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(mount.pid, signal.SIGTERM)  # it unmounts itself
-        else:
-            detach(mount.path)
+        self.host.drop(mount)
 
     def _save(self) -> None:
         try:

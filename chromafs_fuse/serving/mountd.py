@@ -56,6 +56,7 @@ ParseArgv = Callable[[list[str]], "argparse.Namespace"]
 log = logging.getLogger("chromafs.mountd")
 MAX_REQUEST_BYTES = 256 * 1024
 DEFAULT_SOCKET = "/run/chromafs/mountd.sock"
+DEFAULT_SHARED_CACHE_BYTES = 256 * 1024 * 1024
 
 
 def _peer_uid(conn: socket.socket) -> int:
@@ -148,6 +149,21 @@ def listed_table(timeout_s: float, tree: SiteTree, principal: Principal) -> List
     return listed
 
 
+def _become_daemon(cwd: str, title: str) -> None:
+    """In a forked child: a session of its own, default signals, no terminal, `title` shown."""
+    os.setsid()
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD):
+        signal.signal(signum, signal.SIG_DFL)
+    devnull = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(devnull, fd)
+    os.close(devnull)
+    os.chdir(cwd)
+    # Without this the child shows the server's command line, and `pkill chromafs-mountd` would take
+    # every mount down with the server.
+    setproctitle.setproctitle(title)
+
+
 def _serve_in_child(
     conn: socket.socket,
     cwd: str,
@@ -160,17 +176,7 @@ def _serve_in_child(
     from chromafs_fuse.serving.daemon import run_daemon
     from chromafs_fuse.token_source import token_of
 
-    os.setsid()
-    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD):
-        signal.signal(signum, signal.SIG_DFL)
-    devnull = os.open(os.devnull, os.O_RDWR)
-    for fd in (0, 1, 2):
-        os.dup2(devnull, fd)
-    os.close(devnull)
-    os.chdir(cwd)
-    # Without this the child shows the server's command line, and `pkill chromafs-mountd` would take
-    # every mount down with the server.
-    setproctitle.setproctitle(f"chromafs-mount {config.mountpoint} --site {config.site}")
+    _become_daemon(cwd, f"chromafs-mount {config.mountpoint} --site {config.site}")
     conn.setblocking(True)
     return run_daemon(
         config,
@@ -180,6 +186,16 @@ def _serve_in_child(
         principal=principal,
         read_token=partial(token_of, token, None),
     )
+
+
+def _serve_shared_in_child(conn: socket.socket, class_root: str, cache_bytes: int, idle_exit_s: float) -> int:
+    """In the forked child: become the shared mount's process (class mode shared)."""
+    from chromafs_fuse.serving.shared_mount import run_shared_mount
+
+    _become_daemon("/", f"chromafs-shared {class_root}")
+    conn.setblocking(True)
+    log_file = os.path.join(class_root, "shared.log")
+    return run_shared_mount(class_root, cache_bytes, idle_exit_s, conn.detach(), log_file)
 
 
 @dataclasses.dataclass
@@ -248,12 +264,15 @@ def serve_forever(
     class_idle_s: float = DEFAULT_IDLE_S,
     class_warm_wait_s: float = DEFAULT_WARM_WAIT_S,
     metrics_addr: str | None = None,
+    class_mode: str = "process",
+    shared_cache_bytes: int = DEFAULT_SHARED_CACHE_BYTES,
 ) -> None:
     """Serve mount requests until SIGTERM, each request's argv parsed by `parse_argv`. With
     `class_root` (root only), sessions are binds of shared class mounts kept there, each handed
     out once warm or after `class_warm_wait_s`; without it, or for `--isolated`, each session
-    gets a daemon."""
-    from chromafs_fuse.serving.class_mounts import SessionError, SessionKeeper
+    gets a daemon. `class_mode` "shared": every class is a view of one shared mount (issue 30),
+    its pages in one memory budget of `shared_cache_bytes`."""
+    from chromafs_fuse.serving.class_mounts import ClassHost, ProcessHost, SessionError, SessionKeeper
     from chromafs_fuse.serving.handshake import wait_for_ready
 
     os.makedirs(os.path.dirname(socket_path) or ".", mode=0o755, exist_ok=True)
@@ -292,7 +311,27 @@ def serve_forever(
             raise SessionError(reason or "the class mount's daemon exited")
         return pid
 
-    keeper = SessionKeeper(class_root, class_idle_s, start_class) if class_root else None
+    def start_shared() -> int:
+        assert class_root is not None
+        ours, theirs = socket.socketpair()
+        with ours:
+            idle_exit_s = class_idle_s + ORPHAN_GRACE_S  # ends by itself, with no server to stop it
+            serve = partial(_serve_shared_in_child, theirs, class_root, shared_cache_bytes, idle_exit_s)
+            pid = _fork_daemon(listeners, serve)
+            theirs.close()
+            ok, reason = wait_for_ready(ours.fileno(), 60)
+        if not ok:
+            raise SessionError(reason or "the shared mount's process exited")
+        return pid
+
+    keeper = None
+    if class_root:
+        host: ClassHost = ProcessHost(class_root, start_class)
+        if class_mode == "shared":
+            from chromafs_fuse.serving.shared_host import SharedHost
+
+            host = SharedHost(class_root, start_shared)
+        keeper = SessionKeeper(class_root, class_idle_s, host)
     metrics = MetricsEndpoint(metrics_addr, lambda: keeper.table if keeper else None) if metrics_addr else None
     listeners: list[socket.socket | MetricsEndpoint] = [server, *([metrics] if metrics else [])]
 

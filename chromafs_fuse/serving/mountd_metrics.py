@@ -28,15 +28,22 @@ SCRAPE_TIMEOUT_S = 0.2  # a scraper that dawdles must not hold up mount requests
 MAX_REQUEST_BYTES = 8192
 
 
-def class_status(pid: int) -> dict[str, Any]:
-    """What a class mount's daemon last wrote about itself ({} if nothing yet)."""
+def class_status(pid: int, path: str | None = None) -> dict[str, Any]:
+    """What a class mount's daemon last wrote about itself ({} if nothing yet); for a view of the
+    shared mount (class mode shared), what its process wrote about the view at `path`."""
     directory = runtime_dir()
     try:
         with open(os.path.join(directory, f"{pid}.json")) as f:
             status = json.load(f)
     except (OSError, ValueError):
         return {}
-    return status if isinstance(status, dict) and status.get("pid") == pid else {}
+    if not isinstance(status, dict) or status.get("pid") != pid:
+        return {}
+    views = status.get("views")
+    if isinstance(views, dict):
+        view = views.get(path)
+        return view if isinstance(view, dict) else {}
+    return status
 
 
 class SessionCollector:
@@ -68,7 +75,7 @@ class SessionCollector:
         )
         for mount in table.classes.values():
             sessions.add_metric([mount.key, mount.site, mount.reader], len(table.sessions_of(mount.key)))
-            status = class_status(mount.pid)
+            status = class_status(mount.pid, mount.path)
             if not status:
                 continue
             files.add_metric([mount.key], status.get("visible_files", 0))

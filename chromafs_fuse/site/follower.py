@@ -139,17 +139,20 @@ class TreeFollower:
 # -- the drivers -------------------------------------------------------------------------------
 
 
-async def follow_on_trio(follower: TreeFollower, timeout_s: float) -> None:
+async def follow_on_trio(follower: TreeFollower, timeout_s: float, limiter: trio.CapacityLimiter | None = None) -> None:
     """Follow until cancelled: after each announcement or `interval_s`, check in a worker thread
-    (abandoned after `timeout_s`: a backend that hangs) and hand a new tree out on the loop."""
+    (abandoned after `timeout_s`: a backend that hangs) and hand a new tree out on the loop.
+    `limiter`: the follower's own threads (a process following many sites must not let their
+    waits take every thread of trio's default limiter)."""
+    limiter = limiter or trio.to_thread.current_default_thread_limiter()
     while True:
         if follower.announcements is None:
             await trio.sleep(follower.interval_s)
         else:
-            await trio.to_thread.run_sync(follower.wait_for_announcement, abandon_on_cancel=True)
+            await trio.to_thread.run_sync(follower.wait_for_announcement, abandon_on_cancel=True, limiter=limiter)
         try:
             with trio.fail_after(timeout_s):
-                tree = await trio.to_thread.run_sync(follower.published, abandon_on_cancel=True)
+                tree = await trio.to_thread.run_sync(follower.published, abandon_on_cancel=True, limiter=limiter)
         except Exception as exc:  # a backend down or hanging (TooSlowError): keep the tree held, try later
             follower.failed(exc)
             continue

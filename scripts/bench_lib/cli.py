@@ -46,6 +46,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help="the density figure's steps: sites served at once (each with 2 reader classes)",
     )
     p.add_argument(
+        "--class-mode",
+        choices=("process", "shared"),
+        default="process",
+        help="the density figure's chromafs-mountd --class-mode (default: %(default)s)",
+    )
+    p.add_argument(
         "--baseline",
         metavar="REF",
         help="also measure the code at git REF (a temporary worktree), alternating with the current code, "

@@ -17,6 +17,7 @@ MemAvailable falls under 4 GiB; the output says where it stopped and why.
 
 from __future__ import annotations
 
+import os
 import random
 import time
 from pathlib import Path
@@ -69,8 +70,6 @@ def cpu_ticks(pids: list[int]) -> int:
 
 def idle_cpu_percent(pids: list[int]) -> float:
     """CPU the serving processes use while nobody reads, in % of one core."""
-    import os
-
     before = cpu_ticks(pids)
     time.sleep(IDLE_CPU_WINDOW_S)
     return (cpu_ticks(pids) - before) / os.sysconf("SC_CLK_TCK") / IDLE_CPU_WINDOW_S * 100
@@ -105,7 +104,10 @@ class Density:
         self.workdir.mkdir()
         self.copier = SiteCopier(run.chroma.url, corpus.site)
         (self.workdir / "classes").mkdir()
-        self.sessions = Sessions(self.workdir / "classes", corpus.site, backend, class_idle_s=TOKEN_LIFE_S)
+        self.class_mode = run.args.class_mode
+        self.sessions = Sessions(
+            self.workdir / "classes", corpus.site, backend, class_idle_s=TOKEN_LIFE_S, class_mode=self.class_mode
+        )
         self.visible = {name: sorted(keys) for name, keys in _visible_sets(chroma_dir, corpus.site).items()}
         self.sites: list[str] = []
         self.served: list[tuple[str, str]] = []  # (site, class)
@@ -130,7 +132,8 @@ class Density:
             greps.append(measure.run_tool(measure.command_of("grep -rl"), roots[reader])[0])
             self.served.append((site, reader))
             if first_site:
-                wait_warm(self.sessions.server.class_root)
+                if self.class_mode == "process":  # the shared mount pushes nothing ahead
+                    wait_warm(self.sessions.server.class_root)
                 cached.append(meminfo_kb("Cached") - meminfo_kb("Shmem"))
         return self.page_cache_sharing(roots, cached[1] - cached[0]) if first_site else None
 
@@ -140,12 +143,16 @@ class Density:
         page = 4096
         common_bytes = sum(-(-(self.corpus.source / key).stat().st_size // page) * page for key in common)
         held = {reader: resident_bytes(root, common) for reader, root in roots.items()}
+        # Classes whose files are the same inodes (the shared class mode) hold one copy between them.
+        files_of = {reader: [os.stat(root / key)[1:3] for key in common] for reader, root in roots.items()}
+        distinct = {tuple(files_of[reader]): reader for reader in roots}
         second = sum((self.corpus.source / key).stat().st_size for key in self.visible["signed-in"])
         return {
             "common_files": len(common),
             "common_bytes_in_pages": common_bytes,
             "resident_bytes_per_class": held,
-            "copies_held": sum(held.values()) / common_bytes if common_bytes else None,
+            "same_inodes_across_classes": len(distinct) == 1 and len(roots) > 1,
+            "copies_held": sum(held[r] for r in distinct.values()) / common_bytes if common_bytes else None,
             "second_class_cached_growth_bytes": second_growth_kb * 1024,
             "second_class_bytes": second,
             "second_class_growth_to_bytes": second_growth_kb * 1024 / second if second else None,
@@ -200,6 +207,7 @@ def measure_density(run: Any, corpus: corpora.Corpus, backend: list[str], chroma
     density = Density(run, corpus, backend, chroma_dir)
     facts = corpus.facts
     out: dict[str, Any] = {
+        "class_mode": run.args.class_mode,
         "site_shape": {
             "tree_record_bytes": facts.get("tree_record_bytes"),
             "tree_files": facts.get("tree_files"),
@@ -259,7 +267,8 @@ def text_lines(result: dict[str, Any]) -> list[str]:
         f"  each site: {shape['tree_files']} files (anonymous sees {shape['visible_files_anonymous']}, "
         f"signed in {shape['visible_files_signed_in']}), median page {shape['median_page_bytes']} bytes, "
         f"{(shape['visible_bytes_anonymous'] or 0) / 1e6:.2f} MB visible to anonymous, "
-        f"tree record {shape['tree_record_bytes']} bytes; 2 reader classes per site",
+        f"tree record {shape['tree_record_bytes']} bytes; 2 reader classes per site; "
+        f"chromafs-mountd --class-mode {result.get('class_mode', 'process')}",
         "  sites classes processes  PSS total  PSS/class   marginal  first session p50/p90  "
         "later p50/p90  1st grep p50/p90  idle CPU  MemAvail",
     ]

@@ -42,11 +42,25 @@ def _token(site: str, groups: list[str] | None, exp: float) -> str:
     return jwt.encode(claims, SECRET, algorithm="HS256")
 
 
+class ModeServer(MountServer):
+    """chromafs-mountd with --class-mode `class_mode`."""
+
+    def __init__(self, folder: Path, class_idle_s: float, class_mode: str) -> None:
+        super().__init__(folder, class_idle_s=class_idle_s)
+        self.class_mode = class_mode
+
+    def argv(self) -> list[str]:
+        return [*super().argv(), "--class-mode", self.class_mode]
+
+
 class Sessions:
-    def __init__(self, workdir: Path, site: str, backend: list[str], class_idle_s: float = 600) -> None:
+    def __init__(
+        self, workdir: Path, site: str, backend: list[str], class_idle_s: float = 600, class_mode: str = "process"
+    ) -> None:
         self.workdir = workdir
         self.site = site
-        self.server = MountServer(workdir, class_idle_s=class_idle_s)
+        self.class_mode = class_mode
+        self.server = ModeServer(workdir, class_idle_s, class_mode)
         self.secret = workdir / "secret"
         self.secret.write_text(SECRET)
         self.backend = backend

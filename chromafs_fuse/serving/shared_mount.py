@@ -1,0 +1,199 @@
+"""The shared mount's process (issue 30): ONE FUSE mount at `<class root>/shared` serving every
+reader class of every site the mount server hands it, each a directory `<site>/<view>` that a
+session binds read-only (`chromafs-mountd --class-mode shared`).
+
+It is told what to serve over `<class root>/shared.sock` (mode 0600; root or its own user only),
+one JSON object a line each way:
+  {"op": "add", "config": MountConfig.to_dict(), "class": {"authenticated": b, "groups": [...]}}
+      -> {"ok": true, "path": "<site directory>/<view name>"} or {"ok": false, "error": "..."}
+  {"op": "remove", "path": "<site directory>/<view name>"} -> {"ok": true|false}
+  {"op": "describe"} -> {"ok": true, "pid": ..., "views": {full path: status}}
+It outlives the mount server that started it (a restarted one reconnects through the socket) and
+ends by itself once no session's bind of it has stood for its idle time. No page is pushed into
+the kernel here: files are opened with keep_cache, so the kernel keeps what it read once for
+every view of the site.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import json
+import logging
+import os
+import socket
+import struct
+import time
+from typing import Any
+
+import pyfuse3
+import trio
+
+from chromafs_fuse.access import Principal
+from chromafs_fuse.config import MountConfig
+from chromafs_fuse.logs import setup_logging
+from chromafs_fuse.page_cache import PageCache
+from chromafs_fuse.serving.daemon import failure_text, report_failure
+from chromafs_fuse.serving.fuse_adapter import FuseAdapter, entry_attributes
+from chromafs_fuse.serving.handshake import READY
+from chromafs_fuse.serving.lifetime import end_when_unused, watch_signals
+from chromafs_fuse.serving.process import limit_malloc_arenas
+from chromafs_fuse.serving.shared_sites import SharedSites, ViewError
+from chromafs_fuse.serving.status import StatusFile, uptime_since
+from chromafs_fuse.shared_filesystem import SharedFilesystem
+
+log = logging.getLogger("chromafs.shared")
+MOUNT_NAME = "shared"
+SOCKET_NAME = "shared.sock"
+MAX_LINE_BYTES = 256 * 1024
+STATUS_EVERY_S = 2.0
+MOUNT_OPTIONS = {"fsname=chromafs:shared", "subtype=chromafs", "ro", "noatime", "allow_other"}
+
+
+def shared_paths(class_root: str) -> tuple[str, str]:
+    """(the shared mount's mountpoint, its control socket) in the mount server's class root."""
+    return os.path.join(class_root, MOUNT_NAME), os.path.join(class_root, SOCKET_NAME)
+
+
+def peer_uid(sock: Any) -> int:
+    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    return int(struct.unpack("3i", creds)[1])
+
+
+class SharedMount:
+    def __init__(self, class_root: str, cache_bytes: int, idle_exit_s: float) -> None:
+        self.mountpoint, self.socket_path = shared_paths(class_root)
+        self.idle_exit_s = idle_exit_s
+        self.fs = SharedFilesystem(entry_attributes, time.time_ns())
+        self.adapter = FuseAdapter(self.fs)  # type: ignore[arg-type]  # answers as a DocsFilesystem
+        self.cache = PageCache(cache_bytes)
+        self.sites = SharedSites(self.fs, self.cache)
+        self.started = time.time()
+        self.status = StatusFile(self.describe)
+
+    def run(self, ready_fd: int | None) -> None:
+        """Mount, serve until unmounted, signalled or unused, unmount."""
+        os.makedirs(self.mountpoint, mode=0o755, exist_ok=True)
+        pyfuse3.init(self.adapter, self.mountpoint, set(pyfuse3.default_options) | MOUNT_OPTIONS)
+        gc.collect()
+        gc.freeze()
+        try:
+            trio.run(self._serve, ready_fd)
+        finally:
+            pyfuse3.close(unmount=True)
+            self.status.remove()
+            with contextlib.suppress(OSError):
+                os.unlink(self.socket_path)
+            log.info("unmounted %s; requests served: %s", self.mountpoint, dict(self.adapter.requests))
+
+    async def _serve(self, ready_fd: int | None) -> None:
+        listener = await self._listen()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self.sites.run)
+            nursery.start_soon(trio.serve_listeners, self._answer_connection, [listener])
+            nursery.start_soon(watch_signals)
+            if self.idle_exit_s > 0:
+                nursery.start_soon(end_when_unused, self.mountpoint, self.idle_exit_s)
+            nursery.start_soon(self._announce_ready, ready_fd)
+            await pyfuse3.main()
+            nursery.cancel_scope.cancel()
+
+    async def _listen(self) -> trio.SocketListener:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.socket_path)
+        sock = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        old_mask = os.umask(0o177)  # 0600 from the start: no moment where others may connect
+        try:
+            await sock.bind(self.socket_path)
+        finally:
+            os.umask(old_mask)
+        sock.listen(64)
+        return trio.SocketListener(sock)
+
+    async def _announce_ready(self, ready_fd: int | None) -> None:
+        await trio.to_thread.run_sync(os.listdir, self.mountpoint)
+        log.info("mounted on %s, told on %s", self.mountpoint, self.socket_path)
+        if ready_fd is not None:
+            with contextlib.suppress(OSError):
+                os.write(ready_fd, READY)
+                os.close(ready_fd)
+        while True:
+            self.status.write()
+            await trio.sleep(STATUS_EVERY_S)
+
+    # -- the control socket ----------------------------------------------------------------
+
+    async def _answer_connection(self, stream: trio.SocketStream) -> None:
+        async with stream:
+            uid = peer_uid(stream.socket)
+            if uid not in (0, os.getuid()):
+                log.warning("refused a control connection from uid %d", uid)
+                return
+            buffer = b""
+            while len(buffer) <= MAX_LINE_BYTES:
+                chunk = await stream.receive_some(65536)
+                if not chunk:
+                    return
+                buffer += chunk
+                while b"\n" in buffer:
+                    line, _, buffer = buffer.partition(b"\n")
+                    reply = await self._answer(line)
+                    await stream.send_all(json.dumps(reply).encode() + b"\n")
+
+    async def _answer(self, line: bytes) -> dict[str, Any]:
+        try:
+            request = json.loads(line)
+            op = request.get("op")
+            if op == "add":
+                reader_class = request["class"]
+                reader = Principal(bool(reader_class["authenticated"]), frozenset(reader_class.get("groups") or ()))
+                path = await self.sites.add(MountConfig.from_dict(request["config"]), reader.reader_class())
+                return {"ok": True, "path": path}
+            if op == "remove":
+                return {"ok": self.sites.remove(str(request["path"]))}
+            if op == "describe":
+                return {"ok": True, **self.describe()}
+            return {"ok": False, "error": f"unknown op {op!r}"}
+        except (KeyError, TypeError, ValueError) as exc:
+            return {"ok": False, "error": f"bad request: {exc}"}
+        except Exception as exc:
+            if not isinstance(exc, ViewError):
+                log.exception("control request failed")
+            return {"ok": False, "error": failure_text(exc)}
+
+    def describe(self) -> dict[str, Any]:
+        cache = self.cache
+        return {
+            "pid": os.getpid(),
+            "site": "(shared)",
+            "mountpoint": self.mountpoint,
+            "reader": f"{len(self.fs.namespace.views())} views",
+            "started": self.started,
+            "uptime_s": uptime_since(self.started),
+            "sites": len(self.sites.sites),
+            "requests": dict(self.adapter.requests),
+            "pages_cached": len(cache),
+            "cached_bytes": cache.current_bytes,
+            "views": self.sites.describe(self.mountpoint),
+        }
+
+
+def run_shared_mount(
+    class_root: str,
+    cache_bytes: int,
+    idle_exit_s: float,
+    ready_fd: int | None,
+    log_file: str | None = None,
+    log_level: str = "info",
+) -> int:
+    """Serve the shared mount of `class_root`; the exit status."""
+    limit_malloc_arenas()
+    setup_logging(log_level, log_file, background=ready_fd is not None)
+    try:
+        SharedMount(class_root, cache_bytes, idle_exit_s).run(ready_fd)
+    except RuntimeError as exc:  # pyfuse3.init: permissions, no /dev/fuse
+        return report_failure(ready_fd, f"mounting the shared mount in {class_root} failed: {exc}")
+    except Exception as exc:
+        log.exception("the shared mount failed")
+        return report_failure(ready_fd, f"the shared mount failed: {exc.__class__.__name__}: {exc}")
+    return 0

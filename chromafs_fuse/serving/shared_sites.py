@@ -1,0 +1,266 @@
+"""The sites and views the shared mount serves (issue 30), on its trio loop.
+
+A *site* here is a site with one set of mount settings (serving/class_mounts.mount_settings):
+its tree, one page source (every site's pages in the process's one memory budget, one Redis
+client per URL) and one `TreeFollower`. A *view* is a reader class of a site: its tree pruned
+in the view's inode scope (shared_views.scope_for), on a `DocsFilesystem` of its own, served in
+the `SharedFilesystem` at `<site directory>/<view name>`. A view of a site already served is a
+prune and a table (in a worker thread); the first view of a site loads its tree first (Redis,
+else Chroma, within --backend-timeout). On a re-ingest every view of the site switches to the
+new tree (old versions that readers hold stay readable) and the kernel is told what to forget.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import trio
+
+from chromafs_fuse.access import Principal, visible_entries
+from chromafs_fuse.attributes import AttributeMaker
+from chromafs_fuse.config import MountConfig, RedisSettings
+from chromafs_fuse.filesystem import DocsFilesystem
+from chromafs_fuse.inodes import InodeScope, InodeTable
+from chromafs_fuse.page_cache import PageCache
+from chromafs_fuse.readahead import ReadScheduler
+from chromafs_fuse.serving.class_mounts import mount_settings
+from chromafs_fuse.serving.mount import tell_kernel
+from chromafs_fuse.shared_filesystem import SharedFilesystem
+from chromafs_fuse.shared_views import scope_for, site_dir_name, view_name
+from chromafs_fuse.site.follower import TreeFollower, follow_on_trio, new_trees
+from chromafs_fuse.site.loader import CHROMA_OPEN_GRACE_S, SiteLoader
+from chromafs_fuse.site.page_source import PageSource
+from chromafs_fuse.tree import SiteTree
+from chromafs_fuse.tree_diff import diff_tables
+
+log = logging.getLogger("chromafs.shared")
+
+
+class ViewError(Exception):
+    """A view cannot be served; the message goes back to the mount server."""
+
+
+def site_key(config: MountConfig) -> str:
+    """The site's name in the shared mount: its name and a digest of its mount settings (two
+    mount servers' views of a site with other settings are other sites)."""
+    settings = json.dumps(mount_settings(config), sort_keys=True, default=str)
+    return f"{config.site}.{hashlib.sha256(settings.encode()).hexdigest()[:8]}"
+
+
+def reader_key(reader: Principal) -> str:
+    return json.dumps([reader.authenticated, sorted(reader.groups) if reader.authenticated else []])
+
+
+def pruned(tree: SiteTree, reader: Principal, scope: InodeScope) -> InodeTable:
+    return InodeTable(visible_entries(tree.entries, reader), scope)
+
+
+@dataclass
+class SharedView:
+    name: str
+    reader: Principal  # the reader class (no subject, no expiry)
+    fs: DocsFilesystem[Any]
+    added: float = field(default_factory=time.time)
+
+
+class SharedSite:
+    def __init__(self, key: str, config: MountConfig, loader: SiteLoader, tree: SiteTree, pages: PageSource) -> None:
+        self.key = key
+        self.directory = site_dir_name(key)
+        self.config = config
+        self.tree = tree
+        self.pages = pages
+        self.attributes: AttributeMaker[Any] | None = None  # set by SharedSites (its conversion)
+        self.follower = TreeFollower(loader, pages.chroma, tree, config.refresh_interval_s)
+        self.views: dict[str, SharedView] = {}
+        self.cancel = trio.CancelScope()  # ends the site's tasks once its last view goes
+        self.switches = 0
+
+    def filesystem(self, table: InodeTable, replaced: dict | None = None) -> DocsFilesystem[Any]:
+        assert self.attributes is not None
+        scheduler = ReadScheduler(table, self.pages, self.config.readahead_pages)
+        return DocsFilesystem(table, self.pages, scheduler, False, self.attributes, replaced)
+
+
+class SharedSites:
+    """Every site and view of the shared mount; `run` holds the sites' tasks until cancelled."""
+
+    def __init__(self, fs: SharedFilesystem[Any], cache: PageCache) -> None:
+        self.fs = fs
+        self.cache = cache  # one memory budget for every site's pages
+        self.sites: dict[str, SharedSite] = {}
+        self._redis: dict[RedisSettings, Any] = {}  # one RedisCache per URL and settings
+        self._opening = trio.Lock()
+        self._nursery: trio.Nursery | None = None
+
+    async def run(self) -> None:
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            await trio.sleep_forever()
+
+    # -- views joining and leaving -----------------------------------------------------------
+
+    async def add(self, config: MountConfig, reader: Principal) -> str:
+        """Serve the reader class's view of the site (if not served yet); its path in the mount."""
+        if config.search_dir:
+            raise ViewError("--search-dir is not served by the shared mount")
+        site = await self._site(config)
+        name = view_name(site.key, reader_key(reader))
+        while name not in site.views:
+            tree = site.tree
+            table = await trio.to_thread.run_sync(pruned, tree, reader, scope_for(site.key, name))
+            if self.sites.get(site.key) is not site:
+                site = await self._site(config)  # its last view went meanwhile: opened again
+                continue
+            if site.tree is not tree:
+                continue  # a re-ingest came first: prune its tree
+            fs = site.filesystem(table)
+            self.fs.add(site.key, name, fs)
+            site.views[name] = SharedView(name, reader, fs)
+            log.info("view %s/%s: %s, %d files", site.directory, name, reader.describe(), table.file_count)
+        return f"{site.directory}/{name}"
+
+    def remove(self, path: str) -> bool:
+        directory, _, name = path.partition("/")
+        site = next((s for s in self.sites.values() if s.directory == directory), None)
+        if site is None or site.views.pop(name, None) is None:
+            return False
+        self.fs.remove(site.key, name)
+        log.info("view %s removed", path)
+        if not site.views:
+            site.cancel.cancel()
+            del self.sites[site.key]
+            log.info("site %s: no view left", site.key)
+        return True
+
+    # -- sites -------------------------------------------------------------------------------
+
+    async def _site(self, config: MountConfig) -> SharedSite:
+        key = site_key(config)
+        site = self.sites.get(key)
+        if site is not None:
+            return site
+        async with self._opening:
+            site = self.sites.get(key)
+            if site is None:
+                site = await self._open(key, config)
+                self.sites[key] = site
+                assert self._nursery is not None
+                self._nursery.start_soon(self._follow, site)
+        return site
+
+    async def _open(self, key: str, config: MountConfig) -> SharedSite:
+        timeout_s = config.session.backend_timeout_s + CHROMA_OPEN_GRACE_S
+        try:
+            with trio.fail_after(timeout_s):
+                return await trio.to_thread.run_sync(self._load, key, config, abandon_on_cancel=True)
+        except trio.TooSlowError:
+            raise ViewError(f"site {config.site}: no tree within {timeout_s:.0f}s") from None
+
+    def _load(self, key: str, config: MountConfig) -> SharedSite:
+        """In a worker thread: the site's tree (Redis, else Chroma) and its page source."""
+        from chromafs_fuse.backends.redis_cache import RedisCache
+
+        session = config.session
+        redis = None
+        if session.redis is not None:
+            redis = self._redis.get(session.redis)
+            if redis is None:
+                redis = self._redis[session.redis] = RedisCache.from_settings(session.redis)
+        loader = SiteLoader(session, redis)
+        tree = loader.tree_from_redis() if redis is not None else None
+        opened = None
+        if tree is None:
+            tree, opened = loader.tree_from_chroma()
+        pages = PageSource(
+            session.site,
+            loader.open_chroma,
+            self.cache,
+            tree.version,
+            session.chunk_joiner,
+            session.backend_timeout_s,
+            redis,
+            s3_endpoint_url=session.s3_endpoint_url,
+        )
+        if opened is not None:
+            pages.use_chroma(opened)
+        site = SharedSite(key, config, loader, tree, pages)
+        site.attributes = AttributeMaker(config.cache_timeout_s, time.time_ns(), self.fs.convert)
+        log.info("site %s: tree %s, %d files", key, tree.version, len(tree.entries))
+        return site
+
+    async def _follow(self, site: SharedSite) -> None:
+        """The site's tasks: its read-ahead batches and, with --refresh-interval, its re-ingests.
+        Nothing here may end the mount: a failure is logged and the site serves its tree."""
+        try:
+            await self._follow_until_cancelled(site)
+        except Exception:
+            log.exception("site %s: following its re-ingests stopped", site.key)
+
+    async def _follow_until_cancelled(self, site: SharedSite) -> None:
+        with site.cancel:
+            async with site.pages.running():
+                if site.follower.interval_s <= 0:
+                    await trio.sleep_forever()
+                with new_trees(site.follower) as trees:
+                    async with trio.open_nursery() as nursery:
+                        # a thread of its own: waiting for announcements must not take trio's default ones
+                        timeout_s, own = site.config.session.backend_timeout_s, trio.CapacityLimiter(1)
+                        nursery.start_soon(follow_on_trio, site.follower, timeout_s, own)
+                        async for tree in trees:
+                            try:
+                                await self._switch(site, tree)
+                            except Exception:
+                                log.exception("site %s: switching to tree %s failed", site.key, tree.version)
+                                site.follower.hand_out_again()
+
+    async def _switch(self, site: SharedSite, tree: SiteTree) -> None:
+        """Every view of the site to `tree`: pruned, on a new filesystem carrying the old versions
+        readers hold, and the kernel told what to forget (off the loop: it may wait on the loop)."""
+        if tree.version == site.tree.version:
+            return
+        started = time.perf_counter()
+        site.tree = tree
+        for name, view in list(site.views.items()):
+            old = view.fs
+            table = await trio.to_thread.run_sync(pruned, tree, view.reader, old.table.scope)
+            change = await trio.to_thread.run_sync(diff_tables, old.table, table)
+            if site.views.get(name) is not view:
+                continue  # removed meanwhile
+            replaced, dropped = old.carry_replaced(change.replaced, table)
+            change.stale_inodes += dropped
+            view.fs = site.filesystem(table, replaced)
+            self.fs.add(site.key, name, view.fs, extra_inodes=replaced)
+            await trio.to_thread.run_sync(tell_kernel, None, change)
+        site.pages.switch(tree.version)
+        site.switches += 1
+        log.info(
+            "site %s: tree %s for %d views in %.3fs",
+            site.key,
+            tree.version,
+            len(site.views),
+            time.perf_counter() - started,
+        )
+
+    # -- status --------------------------------------------------------------------------------
+
+    def describe(self, mountpoint: str) -> dict[str, dict[str, object]]:
+        """Per view, by its full path: what the mount server's metrics show per class."""
+        requests = self.fs.requests_by_view()
+        views: dict[str, dict[str, object]] = {}
+        for site in self.sites.values():
+            for name, view in site.views.items():
+                views[f"{mountpoint}/{site.directory}/{name}"] = {
+                    "site": site.config.site,
+                    "reader": view.reader.describe(),
+                    "visible_files": view.fs.table.file_count,
+                    "tree_version": site.tree.version,
+                    "requests": {"all": requests.get((site.directory, name), 0)},
+                    "tree_switches": site.switches,
+                }
+        return views

@@ -1,0 +1,139 @@
+"""The shared mount's filesystem in-process (issue 30): many views answering as one mount, against
+a fake page source. Real mounts of it are in test_shared_mount.py."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+from typing import Any
+
+import pytest
+import trio
+from test_filesystem import PAGES, TREE, FakePages
+
+from chromafs_fuse.access import Principal, visible_entries
+from chromafs_fuse.attributes import DIR_MODE, FILE_MODE, AttributeMaker, Attributes, keep_record
+from chromafs_fuse.filesystem import DocsFilesystem, FsError
+from chromafs_fuse.inodes import ROOT_INODE, InodeTable
+from chromafs_fuse.readahead import ReadScheduler
+from chromafs_fuse.shared_filesystem import SHARED_STATS, SharedFilesystem
+from chromafs_fuse.shared_views import scope_for, view_name
+from chromafs_fuse.tree import parse_tree
+from chromafs_fuse.tree_diff import diff_tables
+
+ANON = Principal.anonymous()
+STAFF = Principal.of(["staff"])
+MAKER = AttributeMaker(60, 1_600_000_000_000_000_000, keep_record)  # one per site
+
+
+def view_fs(site: str, reader: Principal, tree: dict[str, Any] = TREE) -> tuple[str, DocsFilesystem[Attributes]]:
+    name = view_name(site, repr(reader.reader_class()))
+    entries = visible_entries(parse_tree(json.dumps(tree)).entries, reader)
+    table = InodeTable(entries, scope_for(site, name))
+    pages = FakePages()
+    return name, DocsFilesystem(table, pages, ReadScheduler(table, pages, 32), False, MAKER)
+
+
+def shared(*views: tuple[str, Principal]) -> tuple[SharedFilesystem[Attributes], dict[str, str]]:
+    fs: SharedFilesystem[Attributes] = SharedFilesystem(keep_record, 1)
+    names = {}
+    for site, reader in views:
+        name, view = view_fs(site, reader)
+        fs.add(site, name, view)
+        names[f"{site}:{reader.describe()}"] = name
+    return fs, names
+
+
+def call(fn: Any, *args: Any) -> Any:
+    async def run() -> Any:
+        return await fn(*args)
+
+    return trio.run(run)
+
+
+def resolve(fs: SharedFilesystem[Attributes], path: str) -> Attributes:
+    attributes = fs.getattr(ROOT_INODE)
+    for part in path.split("/"):
+        attributes = call(fs.lookup, attributes.inode, part.encode())
+        if attributes.inode == 0:
+            raise FsError(errno.ENOENT)
+    return attributes
+
+
+def test_the_top_levels_list_sites_and_views_and_are_never_timed() -> None:
+    fs, names = shared(("docs", ANON), ("docs", STAFF), ("other", ANON))
+    root = fs.getattr(ROOT_INODE)
+    assert root.mode == DIR_MODE and root.nlink == 4 and root.entry_timeout == 0
+    assert [name for name, _, _ in fs.listing(ROOT_INODE, 0)] == [b"docs", b"other"]
+    docs = resolve(fs, "docs")
+    listed = {name.decode(): attrs for name, attrs, _ in fs.listing(docs.inode, 0)}
+    assert set(listed) == {names["docs:anonymous"], names["docs:user=? groups=staff"]}
+    assert all(a.mode == DIR_MODE and a.entry_timeout == 0 for a in listed.values())
+    absent = call(fs.lookup, docs.inode, b"nope")
+    assert absent.inode == 0 and absent.entry_timeout == 0  # a view may come under that name
+    with pytest.raises(FsError) as info:
+        fs.open_file(docs.inode, os.O_RDONLY)
+    assert info.value.errno == errno.EISDIR
+    assert fs.stats() == SHARED_STATS and not fs.may_access(ROOT_INODE, os.W_OK)
+
+
+def test_a_page_of_two_views_is_one_inode_and_hidden_pages_are_missing() -> None:
+    fs, names = shared(("docs", ANON), ("docs", STAFF))
+    anon, staff = f"docs/{names['docs:anonymous']}", f"docs/{names['docs:user=? groups=staff']}"
+    intro_anon, intro_staff = resolve(fs, f"{anon}/guides/intro.md"), resolve(fs, f"{staff}/guides/intro.md")
+    assert intro_anon == intro_staff and intro_anon.mode == FILE_MODE and intro_anon.nlink == 1
+    assert resolve(fs, f"{anon}/guides") != resolve(fs, f"{staff}/guides")  # directories: one each
+    assert call(fs.read, intro_anon.inode, 0, 100) == PAGES["guides/intro.md"]
+    assert resolve(fs, f"{staff}/guides/secret.md").size == 9
+    guides = resolve(fs, f"{anon}/guides")
+    assert call(fs.lookup, guides.inode, b"secret.md") == call(fs.lookup, guides.inode, b"missing.md")
+    assert [n for n, _, _ in fs.listing(guides.inode, 0)] == [b"deep", b"intro.md"]
+
+
+def test_nothing_a_view_shows_depends_on_the_others() -> None:
+    alone, names = shared(("docs", ANON))
+    crowded, _ = shared(("docs", ANON), ("docs", STAFF), ("other", ANON), ("other", STAFF))
+    view = f"docs/{names['docs:anonymous']}"
+
+    def seen(fs: SharedFilesystem[Attributes]) -> list[object]:
+        root = resolve(fs, view)
+        out: list[object] = [fs.getattr(root.inode), fs.stats()]
+        for directory in [root.inode, resolve(fs, f"{view}/guides").inode]:
+            out += [(n, a) for n, a, _ in fs.listing(directory, 0)]
+        return out
+
+    assert seen(alone) == seen(crowded)
+
+
+def test_a_view_that_goes_leaves_the_pages_others_show() -> None:
+    fs, names = shared(("docs", ANON), ("docs", STAFF))
+    anon = f"docs/{names['docs:anonymous']}"
+    page, guides = resolve(fs, f"{anon}/index.md"), resolve(fs, f"{anon}/guides")
+    fs.remove("docs", names["docs:anonymous"])
+    assert call(fs.read, page.inode, 0, 100) == PAGES["index.md"]  # the staff view shows it too
+    with pytest.raises(FsError) as info:
+        fs.getattr(guides.inode)
+    assert info.value.errno == errno.ENOENT
+    assert [n for n, _, _ in fs.listing(resolve(fs, "docs").inode, 0)] == [names["docs:user=? groups=staff"].encode()]
+
+
+def test_an_old_version_held_by_two_views_is_forgotten_by_both() -> None:
+    fs, names = shared(("docs", ANON), ("docs", STAFF))
+    changed = {**TREE, "index.md": {"isPublic": True, "size": 7, "sha256": "ab" * 32}}
+    old_inode = resolve(fs, f"docs/{names['docs:anonymous']}/index.md").inode
+    for name in names.values():
+        view = fs.view("docs", name)
+        assert view is not None
+        old = view.fs
+        reader = ANON if name == names["docs:anonymous"] else STAFF
+        _, new = view_fs("docs", reader, changed)
+        change = diff_tables(old.table, new.table)
+        new.replaced, _ = old.carry_replaced(change.replaced, new.table)
+        fs.add("docs", name, new, extra_inodes=new.replaced)
+    assert old_inode in fs.namespace.route(old_inode).fs.replaced  # type: ignore[union-attr]
+    assert call(fs.read, old_inode, 0, 100) == PAGES["index.md"]
+    fs.forget([old_inode])
+    assert all(old_inode not in entry.fs.replaced for _, _, entry in fs.namespace.views())
+    with pytest.raises(FsError):
+        fs.getattr(old_inode)

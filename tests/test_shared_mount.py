@@ -1,0 +1,319 @@
+"""The shared class mode (chromafs-mountd --class-mode shared, issue 30): every reader class of
+every site is a directory of ONE mount served by ONE process, and a session is a read-only bind
+of its class's directory. Each session sees exactly its class's tree, and nothing it can observe
+depends on the other classes or sites."""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import json
+import mmap
+import os
+import shutil
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from test_probes import HIDDEN_FOR_ANON, _errno, _probes, _variants
+
+from infra import (
+    SAMPLE_SITE,
+    MountServer,
+    copy_subset,
+    expected_visible,
+    free_port,
+    ingest,
+    mounts_under,
+    run,
+    tree_listing,
+    try_mount,
+    unmount,
+)
+
+IDLE_S = 1.0
+
+
+class SharedServer(MountServer):
+    """chromafs-mountd with --class-mode shared."""
+
+    def argv(self) -> list[str]:
+        return [*super().argv(), "--class-mode", "shared"]
+
+    @property
+    def shared(self) -> Path:
+        return self.class_root / "shared"
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[SharedServer]:
+    server = SharedServer(tmp_path / "server", class_idle_s=IDLE_S)
+    (tmp_path / "server").mkdir()
+    try:
+        with server:
+            yield server
+    finally:
+        for path in mounts_under(tmp_path):
+            if path != server.shared:
+                unmount(path)
+        unmount(server.shared)
+
+
+def session_args(chroma: Path, server: MountServer, token: Path | None, secret_file: Path, site: str = "acme") -> list:
+    args = ["--site", site, "--chroma-path", str(chroma), "--mountd", str(server.socket), "--refresh-interval", "0"]
+    return [*args, "--token-file", str(token), "--jwt-secret-file", str(secret_file)] if token else args
+
+
+def open_session(mountpoint: Path, args: list[str]) -> float:
+    """Opens the session; the seconds it took."""
+    mountpoint.mkdir(exist_ok=True)
+    started = time.perf_counter()
+    done = try_mount(mountpoint, *args)
+    assert done.returncode == 0, done.stderr
+    return time.perf_counter() - started
+
+
+def find_list(root: Path) -> list[str]:
+    out = run(["find", str(root), "-printf", "%P %y %n %s\n"])
+    assert out.returncode == 0, out.stderr
+    return sorted(out.stdout.splitlines())
+
+
+def shared_processes(server: SharedServer) -> list[int]:
+    out = subprocess.run(["pgrep", "-f", f"chromafs-shared {server.class_root}$"], capture_output=True, text=True)
+    return [int(pid) for pid in out.stdout.split()]
+
+
+def control(server: SharedServer, request: dict) -> dict:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(10)
+        sock.connect(str(server.class_root / "shared.sock"))
+        sock.sendall(json.dumps(request).encode() + b"\n")
+        answer = b""
+        while not answer.endswith(b"\n"):
+            answer += sock.recv(65536)
+    return json.loads(answer)
+
+
+def test_two_classes_of_one_site_are_views_of_one_mount(
+    server: SharedServer,
+    sample_chroma: Callable[[str], Path],
+    token_file: Callable[..., Path],
+    secret_file: Path,
+    tmp_path: Path,
+) -> None:
+    chroma = sample_chroma("public")
+    anon, billing = tmp_path / "anon", tmp_path / "billing"
+    open_session(anon, session_args(chroma, server, None, secret_file))
+    before = {"anon": find_list(anon), "stat": os.stat(anon / "quickstart.mdx"), "statfs": os.statvfs(anon)}
+    open_session(billing, session_args(chroma, server, token_file(["billing"]), secret_file))
+    for mountpoint, groups in ((anon, None), (billing, {"billing"})):
+        visible = expected_visible(SAMPLE_SITE, "public", groups)
+        copy = copy_subset(SAMPLE_SITE, visible, tmp_path / f"expected-{mountpoint.name}")
+        diff = run(["diff", "-r", str(copy), str(mountpoint)])
+        assert diff.returncode == 0, f"{mountpoint.name}: {diff.stdout[:1000]}"
+    assert len(shared_processes(server)) == 1
+    assert mounts_under(server.class_root) == [server.shared]  # one mount, whatever the classes
+    assert os.stat(anon).st_dev == os.stat(billing).st_dev
+    page_a, page_b = os.stat(anon / "quickstart.mdx"), os.stat(billing / "quickstart.mdx")
+    assert page_a.st_ino == page_b.st_ino and page_a.st_nlink == page_b.st_nlink == 1
+    # nothing the first session sees changed when the second class came
+    assert find_list(anon) == before["anon"]
+    assert os.stat(anon / "quickstart.mdx") == before["stat"] and os.statvfs(anon) == before["statfs"]
+    billing_only = expected_visible(SAMPLE_SITE, "public", {"billing"}) - expected_visible(SAMPLE_SITE, "public", None)
+    hidden = sorted(billing_only)
+    assert hidden, "the sample site hides nothing from anonymous readers"
+    for key in hidden:
+        with pytest.raises(OSError) as info:
+            os.stat(anon / key)
+        assert info.value.errno == errno.ENOENT
+    with pytest.raises(OSError) as info:
+        (anon / "new.md").write_text("x")
+    assert info.value.errno == errno.EROFS
+
+
+def resident_pages(path: Path) -> tuple[int, int]:
+    """(pages of the file in the kernel's page cache, pages of the file): mincore(2) on a mapping of
+    it, which faults nothing in."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    size = path.stat().st_size
+    pages = (size + mmap.PAGESIZE - 1) // mmap.PAGESIZE
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        address = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+        assert address not in (None, ctypes.c_void_p(-1).value), os.strerror(ctypes.get_errno())
+        try:
+            vector = ctypes.create_string_buffer(pages)
+            assert libc.mincore(address, size, vector) == 0, os.strerror(ctypes.get_errno())
+            return sum(byte & 1 for byte in vector.raw[:pages]), pages
+        finally:
+            libc.munmap(address, size)
+    finally:
+        os.close(fd)
+
+
+def test_a_second_site_and_the_page_cache_are_shared_without_leaking(
+    server: SharedServer,
+    sample_chroma: Callable[[str], Path],
+    token_file: Callable[..., Path],
+    secret_file: Path,
+    tmp_path: Path,
+) -> None:
+    """Two classes of one site and a class of another site: one process, one mount; a page read
+    through one class is in the kernel's page cache for the other (one inode); the other site's
+    copy of the page is another inode; `..` at a session's root is the session's parent."""
+    chroma = sample_chroma("public")
+    other_chroma = tmp_path / "other-chroma"
+    ingest(SAMPLE_SITE, "--site", "other", "--chroma-path", str(other_chroma), "--quiet")
+    anon, admin, other = tmp_path / "anon", tmp_path / "admin", tmp_path / "other"
+    open_session(anon, session_args(chroma, server, None, secret_file))
+    seen = (find_list(anon), os.statvfs(anon), [os.stat(anon / p) for p in ("", "quickstart.mdx")])
+    open_session(admin, session_args(chroma, server, token_file(["admin", "billing"]), secret_file))
+    open_session(other, session_args(other_chroma, server, None, secret_file, site="other"))
+    assert (find_list(anon), os.statvfs(anon), [os.stat(anon / p) for p in ("", "quickstart.mdx")]) == seen
+    assert len(shared_processes(server)) == 1 and mounts_under(server.class_root) == [server.shared]
+    assert os.stat(other / "quickstart.mdx").st_ino != os.stat(anon / "quickstart.mdx").st_ino
+    assert find_list(other) == find_list(anon)  # the same pages, public alike
+    page = max(anon.rglob("*.md*"), key=lambda p: p.stat().st_size).relative_to(anon)
+    assert resident_pages(admin / page)[0] == 0  # nobody read it yet
+    data = (anon / page).read_bytes()
+    resident, pages = resident_pages(admin / page)
+    assert resident == pages, f"{page}: {resident} of {pages} pages in the kernel for the other class"
+    assert (admin / page).read_bytes() == data
+    assert sorted(os.listdir(anon / "..")) == sorted(os.listdir(tmp_path))
+    assert os.stat(anon / "..").st_ino == os.stat(tmp_path).st_ino
+
+
+def test_a_reingest_is_seen_by_every_class_of_the_site(
+    server: SharedServer, token_file: Callable[..., Path], secret_file: Path, tmp_path: Path
+) -> None:
+    site, chroma = tmp_path / "site", tmp_path / "chroma"
+    shutil.copytree(SAMPLE_SITE, site)
+    ingest(site, "--site", "acme", "--chroma-path", str(chroma), "--quiet")
+    anon, billing = tmp_path / "anon", tmp_path / "billing"
+    refresh = ["--refresh-interval", "0.5"]
+    open_session(anon, [*session_args(chroma, server, None, secret_file), *refresh])
+    open_session(billing, [*session_args(chroma, server, token_file(["billing"]), secret_file), *refresh])
+    old = (anon / "quickstart.mdx").read_bytes()
+    assert (billing / "quickstart.mdx").read_bytes() == old
+    changed = old + b"\nA line the re-ingest added.\n"
+    (site / "quickstart.mdx").write_bytes(changed)
+    (site / "new-page.md").write_bytes(b"# New\n")
+    ingest(site, "--site", "acme", "--chroma-path", str(chroma), "--quiet")
+    deadline = time.monotonic() + 30
+    while not all((m / "new-page.md").exists() for m in (anon, billing)):
+        assert time.monotonic() < deadline, (server.class_root / "shared.log").read_text()[-2000:]
+        time.sleep(0.2)
+    for mountpoint in (anon, billing):
+        assert (mountpoint / "quickstart.mdx").read_bytes() == changed
+        assert (mountpoint / "new-page.md").read_bytes() == b"# New\n"
+    assert os.stat(anon / "quickstart.mdx").st_ino == os.stat(billing / "quickstart.mdx").st_ino
+
+
+def test_the_process_outlives_a_server_restart_and_ends_once_unused(
+    server: SharedServer, sample_chroma: Callable[[str], Path], token_file: Callable[..., Path], secret_file: Path,
+    tmp_path: Path,
+) -> None:  # fmt: skip
+    chroma = sample_chroma("public")
+    anon, billing = tmp_path / "anon", tmp_path / "billing"
+    open_session(anon, session_args(chroma, server, None, secret_file))
+    [pid] = shared_processes(server)
+    server.kill()
+    assert (anon / "quickstart.mdx").read_bytes() == (SAMPLE_SITE / "quickstart.mdx").read_bytes()
+    server.start()
+    open_session(billing, session_args(chroma, server, token_file(["billing"]), secret_file))
+    assert shared_processes(server) == [pid]  # the restarted server found it
+    views = control(server, {"op": "describe"})["views"]
+    assert sorted(v["reader"] for v in views.values()) == ["anonymous", "user=? groups=billing"]
+    server.stop()
+    unmount(anon)
+    unmount(billing)
+    deadline = time.monotonic() + IDLE_S + 5.0 + 30.0  # --class-idle, the grace, a loaded machine
+    while shared_processes(server) or server.shared in mounts_under(server.class_root):
+        assert time.monotonic() < deadline, "the shared process outlived its last session"
+        time.sleep(0.2)
+
+
+def test_the_leak_probes_find_nothing_through_a_shared_session(
+    server: SharedServer,
+    sample_chroma: Callable[[str], Path],
+    token_file: Callable[..., Path],
+    secret_file: Path,
+    tmp_path: Path,
+) -> None:
+    """test_probes.py's probes on an anonymous session while an admin class of the site is served
+    by the same mount: a hidden page answers every call exactly as a missing one; listings,
+    counts and xattrs reveal nothing; statfs is the same for both classes."""
+    chroma = sample_chroma("public")
+    anon, admin = tmp_path / "anon", tmp_path / "admin"
+    open_session(admin, session_args(chroma, server, token_file(["admin", "billing"]), secret_file))
+    open_session(anon, session_args(chroma, server, None, secret_file))
+    for rel in HIDDEN_FOR_ANON:
+        assert (admin / rel).read_bytes() == (SAMPLE_SITE / rel).read_bytes()
+    cwd = os.getcwd()
+    try:
+        for rel in HIDDEN_FOR_ANON:
+            missing = rel.rsplit("/", 1)[0] + "/no-such-page-" + str(len(rel)) + ".mdx"
+            for variant in _variants(rel):
+                for name, probe in _probes(anon / variant).items():
+                    hidden_errno, missing_errno = _errno(probe), _errno(_probes(anon / missing)[name])
+                    assert hidden_errno == missing_errno != 0, (variant, name, hidden_errno, missing_errno)
+    finally:
+        os.chdir(cwd)
+    visible = expected_visible(SAMPLE_SITE, "public", None)
+    listing = tree_listing(anon)
+    assert not set(HIDDEN_FOR_ANON) & set(listing) and "internal/secret-project" not in listing
+    for directory in {r.rsplit("/", 1)[0] for r in visible if "/" in r} | {"."}:
+        names = os.listdir(anon / directory)
+        subdirs = sum(1 for n in names if (anon / directory / n).is_dir())
+        st = os.stat(anon / directory)
+        assert st.st_nlink == 2 + subdirs and st.st_size == 0
+    for rel in visible:
+        with pytest.raises(OSError) as no_xattrs:
+            os.listxattr(anon / rel)
+        assert no_xattrs.value.errno == errno.EOPNOTSUPP
+    assert os.statvfs(anon) == os.statvfs(admin)
+
+
+def test_the_server_reports_each_class_of_the_shared_mount(
+    sample_chroma: Callable[[str], Path], token_file: Callable[..., Path], secret_file: Path, tmp_path: Path
+) -> None:
+    from test_sessions import _scrape
+
+    port = free_port()
+    (tmp_path / "server").mkdir()
+    server = SharedServer(tmp_path / "server", class_idle_s=IDLE_S, metrics_port=port)
+    chroma = sample_chroma("public")
+    try:
+        with server:
+            anon, billing = tmp_path / "anon", tmp_path / "billing"
+            open_session(anon, session_args(chroma, server, None, secret_file))
+            open_session(billing, session_args(chroma, server, token_file(["billing"]), secret_file))
+            assert run(["grep", "-rl", "token", str(anon)]).returncode == 0
+            assert run(["ls", str(billing)]).returncode == 0
+            time.sleep(2.5)  # the shared process writes its status every 2 s
+            metrics = _scrape(port)
+            assert metrics[("chromafs_mountd_classes", ())] == 2
+            readers = {dict(labels)["class"]: dict(labels)["reader"] for (name, labels) in metrics
+                       if name == "chromafs_class_sessions"}  # fmt: skip
+            files = {readers[dict(labels)["class"]]: value for (name, labels), value in metrics.items()
+                     if name == "chromafs_class_visible_files"}  # fmt: skip
+            assert files == {
+                "anonymous": len(expected_visible(SAMPLE_SITE, "public", None)),
+                "user=? groups=billing": len(expected_visible(SAMPLE_SITE, "public", {"billing"})),
+            }
+            served = {readers[dict(labels)["class"]]: value for (name, labels), value in metrics.items()
+                      if name == "chromafs_class_requests_total"}  # fmt: skip
+            assert served["anonymous"] > served["user=? groups=billing"] > 0
+    finally:
+        for path in mounts_under(tmp_path):
+            if path != server.shared:
+                unmount(path)
+        unmount(server.shared)
