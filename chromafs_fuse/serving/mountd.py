@@ -275,14 +275,7 @@ def serve_forever(
     from chromafs_fuse.serving.class_mounts import ClassHost, ProcessHost, SessionError, SessionKeeper
     from chromafs_fuse.serving.handshake import wait_for_ready
 
-    os.makedirs(os.path.dirname(socket_path) or ".", mode=0o755, exist_ok=True)
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(socket_path)
-    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    server.bind(socket_path)
-    os.chmod(socket_path, 0o600)
-    server.listen(128)
-    server.settimeout(HOUSEKEEPING_S)
+    server = _listening_socket(socket_path)
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # children are reaped by the kernel
     cache = TreeCache()
     stopping = False
@@ -343,37 +336,7 @@ def serve_forever(
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
     log.info("listening on %s%s", socket_path, f"; class mounts in {class_root}" if class_root else "")
-    try:
-        while not stopping:
-            conn = None
-            try:
-                readable, _, _ = select.select(listeners, [], [], HOUSEKEEPING_S)
-                if metrics is not None and metrics in readable:
-                    metrics.answer()
-                if server in readable:
-                    conn, _ = server.accept()
-            except TimeoutError:
-                conn = None
-            except (OSError, ValueError):  # ValueError: select on the socket that stop() closed
-                if stopping:
-                    break
-                raise
-            if conn is not None:
-                with conn:
-                    _handle(conn, listeners, cache, keeper, parse_argv)
-            if keeper is not None:
-                try:
-                    keeper.housekeep()
-                except Exception:
-                    log.exception("housekeeping failed")
-    finally:
-        if metrics is not None:
-            metrics.close()
-        with contextlib.suppress(OSError):
-            server.close()
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(socket_path)
-        log.info("stopped")
+    _serve_requests(server, socket_path, metrics, listeners, lambda: stopping, cache, keeper, parse_argv)
 
 
 def _handle(
@@ -438,3 +401,59 @@ def _handle(
 
 def _problem(error: Exception) -> str:
     return str(error) or error.__class__.__name__
+
+
+def _listening_socket(socket_path: str) -> socket.socket:
+    os.makedirs(os.path.dirname(socket_path) or ".", mode=0o755, exist_ok=True)
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(socket_path)
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(socket_path)
+    os.chmod(socket_path, 0o600)
+    server.listen(128)
+    server.settimeout(HOUSEKEEPING_S)
+    return server
+
+
+def _serve_requests(
+    server: socket.socket,
+    socket_path: str,
+    metrics: MetricsEndpoint | None,
+    listeners: list[socket.socket | MetricsEndpoint],
+    is_stopping: Callable[[], bool],
+    cache: TreeCache,
+    keeper: SessionKeeper | None,
+    parse_argv: ParseArgv,
+) -> None:
+    """Answer requests and keep house every HOUSEKEEPING_S until stopped; then clean up."""
+    try:
+        while not is_stopping():
+            conn = None
+            try:
+                readable, _, _ = select.select(listeners, [], [], HOUSEKEEPING_S)
+                if metrics is not None and metrics in readable:
+                    metrics.answer()
+                if server in readable:
+                    conn, _ = server.accept()
+            except TimeoutError:
+                conn = None
+            except (OSError, ValueError):  # ValueError: select on the socket that stop() closed
+                if is_stopping():
+                    break
+                raise
+            if conn is not None:
+                with conn:
+                    _handle(conn, listeners, cache, keeper, parse_argv)
+            if keeper is not None:
+                try:
+                    keeper.housekeep()
+                except Exception:
+                    log.exception("housekeeping failed")
+    finally:
+        if metrics is not None:
+            metrics.close()
+        with contextlib.suppress(OSError):
+            server.close()
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(socket_path)
+        log.info("stopped")
