@@ -190,6 +190,20 @@ class RedisCache:
         self.misses += sum(1 for v in out if v is None)
         return out
 
+    def get_each(self, keys: Sequence[str]) -> list[bytes | None] | None:
+        """Many small values across sites (a cluster's slots: one pipeline per node, not atomic);
+        None when Redis is down, where `get_many` would report misses."""
+        if not keys or not self._usable():
+            return None if keys else []
+        try:
+            read = self.client.mget_nonatomic if self.clustered else self.client.mget
+            values = read(list(keys))
+        except REDIS_ERRORS as exc:
+            self._failed(exc)
+            return None
+        self._succeeded()
+        return [None if v is None else bytes(v) for v in values]
+
     def set(self, key: str, value: bytes, ttl_s: int | None = None) -> None:
         self.set_many({key: value}, ttl_s)
 
@@ -262,6 +276,71 @@ class TreeAnnouncements:
 
     def close(self) -> None:
         pubsub, self._pubsub = self._pubsub, None
+        if pubsub is not None:
+            with contextlib.suppress(*REDIS_ERRORS):
+                pubsub.close()
+
+
+class ManyTreeAnnouncements:
+    """New tree versions of many sites announced on their channels, through ONE subscription and
+    one waiting thread (a process serving a thousand sites must not hold a connection and a
+    thread per site). The loop says which channels it wants (`want`, any thread); the waiting
+    thread applies that at its next `wait`, so a channel added meanwhile is heard from then on
+    (the caller's poll of the version keys covers the moment between). Not for a cluster: its
+    announcements are sharded per slot (the caller polls there)."""
+
+    def __init__(self, client_of: Callable[[], Any]) -> None:
+        self.client_of = client_of
+        self._wanted: set[str] = set()
+        self._subscribed: set[str] = set()
+        self._lock = threading.Lock()
+        self._pubsub: Any = None
+
+    def want(self, channels: set[str]) -> None:
+        with self._lock:
+            self._wanted = set(channels)
+
+    def _apply(self) -> Any:
+        with self._lock:
+            wanted = set(self._wanted)
+        if self._pubsub is None:
+            if not wanted:
+                return None
+            self._pubsub = self.client_of().pubsub(ignore_subscribe_messages=True)
+            self._subscribed = set()
+        if wanted - self._subscribed:
+            self._pubsub.subscribe(*sorted(wanted - self._subscribed))
+        if self._subscribed - wanted:
+            self._pubsub.unsubscribe(*sorted(self._subscribed - wanted))
+        self._subscribed = wanted
+        return self._pubsub if wanted else None
+
+    def wait(self, timeout_s: float) -> set[str]:
+        """Blocking, one thread at a time: the channels announced, as soon as one is (with any
+        that came with it), or an empty set after `timeout_s` (also while Redis is down)."""
+        deadline = time.monotonic() + timeout_s
+        heard: set[str] = set()
+        while not heard and (left := deadline - time.monotonic()) > 0:
+            try:
+                pubsub = self._apply()
+                if pubsub is None:
+                    time.sleep(left)
+                    break
+                message = pubsub.get_message(timeout=left)
+                while message is not None:
+                    if message.get("type") == "message":
+                        channel = message.get("channel")
+                        heard.add(channel.decode() if isinstance(channel, bytes) else str(channel))
+                    message = pubsub.get_message(timeout=0)
+            except REDIS_ERRORS as exc:  # lost (a failover): subscribe again, to the new master
+                log.debug("tree announcements unavailable: %s", exc)
+                self.close()
+                time.sleep(min(RESUBSCRIBE_AFTER_S, max(0.0, deadline - time.monotonic())))
+        return heard & self._subscribed
+
+    def close(self) -> None:
+        pubsub, self._pubsub = self._pubsub, None
+        self._subscribed = set()
         if pubsub is not None:
             with contextlib.suppress(*REDIS_ERRORS):
                 pubsub.close()

@@ -32,9 +32,10 @@ from chromafs_fuse.serving.class_mounts import mount_settings
 from chromafs_fuse.serving.mount import tell_kernel
 from chromafs_fuse.shared_filesystem import SharedFilesystem
 from chromafs_fuse.shared_views import scope_for, site_dir_name, view_name
-from chromafs_fuse.site.follower import TreeFollower, follow_on_trio, new_trees
+from chromafs_fuse.site.follower import TreeFollower, new_trees
 from chromafs_fuse.site.loader import CHROMA_OPEN_GRACE_S, SiteLoader
 from chromafs_fuse.site.page_source import PageSource
+from chromafs_fuse.site.watch import SiteWatch
 from chromafs_fuse.tree import SiteTree
 from chromafs_fuse.tree_diff import diff_tables
 
@@ -75,6 +76,7 @@ class SharedSite:
         self.config = config
         self.tree = tree
         self.pages = pages
+        self.loader = loader
         self.attributes: AttributeMaker[Any] | None = None  # set by SharedSites (its conversion)
         self.follower = TreeFollower(loader, pages.chroma, tree, config.refresh_interval_s)
         self.views: dict[str, SharedView] = {}
@@ -97,10 +99,12 @@ class SharedSites:
         self._redis: dict[RedisSettings, Any] = {}  # one RedisCache per URL and settings
         self._opening = trio.Lock()
         self._nursery: trio.Nursery | None = None
+        self.watch = SiteWatch()  # every site's re-ingests: one subscription, one poll per Redis
 
     async def run(self) -> None:
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
+            nursery.start_soon(self.watch.run)
             await trio.sleep_forever()
 
     # -- views joining and leaving -----------------------------------------------------------
@@ -208,16 +212,16 @@ class SharedSites:
                 if site.follower.interval_s <= 0:
                     await trio.sleep_forever()
                 with new_trees(site.follower) as trees:
-                    async with trio.open_nursery() as nursery:
-                        # a thread of its own: waiting for announcements must not take trio's default ones
-                        timeout_s, own = site.config.session.backend_timeout_s, trio.CapacityLimiter(1)
-                        nursery.start_soon(follow_on_trio, site.follower, timeout_s, own)
+                    self.watch.add(site.key, site.follower, site.loader.redis, site.config.session.backend_timeout_s)
+                    try:
                         async for tree in trees:
                             try:
                                 await self._switch(site, tree)
                             except Exception:
                                 log.exception("site %s: switching to tree %s failed", site.key, tree.version)
                                 site.follower.hand_out_again()
+                    finally:
+                        self.watch.remove(site.key)
 
     async def _switch(self, site: SharedSite, tree: SiteTree) -> None:
         """Every view of the site to `tree`: pruned, on a new filesystem carrying the old versions

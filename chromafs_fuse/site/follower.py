@@ -42,6 +42,8 @@ class PublishedTrees(Protocol):
 
     def announcements(self) -> TreeAnnouncements | None: ...
 
+    def version_key_and_channel(self) -> tuple[str, str] | None: ...
+
 
 class TreeFollower:
     """One site's published tree, followed. `chroma` opens the site's Chroma client; without it

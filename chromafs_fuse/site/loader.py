@@ -146,6 +146,13 @@ class SiteLoader:
             return None
         return self.redis.listen_for_trees(self.config.site, self.config.chroma.collection)
 
+    def version_key_and_channel(self) -> tuple[str, str] | None:
+        """Where Redis holds the published version and announces new ones (None without Redis)."""
+        if self.redis is None:
+            return None
+        site, collection = self.config.site, self.config.chroma.collection
+        return self.redis.tree_version_key(site, collection), self.redis.tree_channel(site, collection)
+
     def reload_tree(self, chroma: Callable[[], ChromaPages]) -> SiteTree:
         """The tree published now, through an already open Chroma client. Blocking."""
         return self.tree_from_redis() or self._tree_in(chroma())
