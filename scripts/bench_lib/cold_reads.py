@@ -1,12 +1,12 @@
 """Cold reads per second through chromafs-mountd class mounts, 16 readers at once (issue 30).
 
-Today each class of each site is its own process, so "one serving process, 16 readers of
-different sites" cannot be set up. Measured instead, on sites copied for this figure and read
-by no one before (nothing in Redis, the daemon's memory or the kernel's page cache):
-- one class daemon, 16 concurrent readers of different files of its site: what one serving
-  process sustains;
-- 16 class daemons of 16 sites, one reader each, the same 16 file lists: what the current
-  design does for 16 readers of different sites.
+Measured on sites copied for this figure and read by no one before (nothing in Redis, the
+daemon's memory or the kernel's page cache), side by side in one run:
+- one class daemon (`--class-mode process`), 16 concurrent readers of different files of its
+  site: what one serving process sustains on one site;
+- 16 class daemons of 16 sites, one reader each, the same 16 file lists;
+- the shared mount (`--class-mode shared`): ONE process serving 16 sites, one reader each, the
+  same 16 file lists: what one serving process sustains for readers of different sites.
 A read is open + read to the end + close of one file. The class mounts are made with
 `--warm-max-bytes 1 --preload off` (sessions of their own class): no warm-up or preload reads
 the pages ahead of the readers; read-ahead stays as it is by default.
@@ -58,7 +58,7 @@ def concurrent_reads(jobs: list[tuple[Path, list[str]]]) -> dict[str, Any]:
 
 def measure(workdir: Path, copier: SiteCopier, base: str, backend: list[str], keys: list[str]) -> dict[str, Any]:
     workdir.mkdir()
-    sites = [f"{base}-cold{i}" for i in range(READERS + 1)]
+    sites = [f"{base}-cold{i}" for i in range(2 * READERS + 1)]
     for site in sites:
         copier.copy(site)
     lists = [sorted(keys)[i::READERS] for i in range(READERS)]
@@ -68,10 +68,19 @@ def measure(workdir: Path, copier: SiteCopier, base: str, backend: list[str], ke
         sessions.server.start()
         one, _ = sessions.open(site=sites[0], flags=COLD_FLAGS)
         out["one_daemon"] = concurrent_reads([(one, files) for files in lists])
-        roots = [sessions.open(site=site, flags=COLD_FLAGS)[0] for site in sites[1:]]
+        roots = [sessions.open(site=site, flags=COLD_FLAGS)[0] for site in sites[1 : READERS + 1]]
         out["sixteen_daemons"] = concurrent_reads(list(zip(roots, lists, strict=True)))
     finally:
         sessions.close()
+    (workdir / "shared").mkdir()
+    shared = Sessions(workdir / "shared", base, backend, class_mode="shared")
+    try:
+        shared.server.start()
+        roots = [shared.open(site=site, flags=COLD_FLAGS)[0] for site in sites[READERS + 1 :]]
+        out["one_shared_process"] = concurrent_reads(list(zip(roots, lists, strict=True)))
+        out["one_shared_process"]["serving_processes"] = len(shared.serving_pids()) - 1  # less the mount server
+    finally:
+        shared.close()
     return out
 
 
@@ -81,4 +90,9 @@ def text_line(result: dict[str, Any]) -> str:
         f"cold reads, {result['readers']} concurrent readers ({one['files']} files, {one['bytes'] / 1e6:.1f} MB): "
         f"one class daemon {one['reads_per_s']:.0f} reads/s ({one['mb_per_s']:.1f} MB/s); "
         f"16 class daemons of 16 sites {many['reads_per_s']:.0f} reads/s ({many['mb_per_s']:.1f} MB/s)"
+        + (
+            f"; one shared process, 16 sites {shared['reads_per_s']:.0f} reads/s ({shared['mb_per_s']:.1f} MB/s)"
+            if (shared := result.get("one_shared_process"))
+            else ""
+        )
     )
