@@ -175,7 +175,7 @@ class SiteWatch:
         for group in by_redis.values():
             redis = group[0].redis
             assert redis is not None
-            keys = [w.version_key for w in group if w.version_key is not None]
+            keys = [str(w.version_key) for w in group]  # grouped above: each has one
             try:
                 with trio.fail_after(max(w.timeout_s for w in group)):
                     versions = await trio.to_thread.run_sync(redis.get_each, keys, abandon_on_cancel=True)
