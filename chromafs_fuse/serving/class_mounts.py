@@ -5,7 +5,7 @@ Where a class is served is its `ClassHost`'s business: `ProcessHost` starts a da
 view to the one shared mount (`--class-mode shared`, issue 30). `SessionKeeper` opens a session
 by binding its class's directory (the class started first if it has none) on the caller's
 mountpoint, and its `housekeep`, called every half second by the
-server, ends sessions whose token expired (the bind is detached), notices sessions their
+server (never on a request's path), ends sessions whose token expired (the bind is detached), notices sessions their
 users unmounted, drops class mounts whose daemon died (detaching their binds) and stops
 class mounts idle for `idle_s`. Everything is saved in a state file in the root-only class
 directory, so a restarted server finds its class mounts and sessions and carries on.
@@ -21,6 +21,7 @@ import os
 import signal
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from chromafs_fuse.access import Principal
@@ -52,6 +53,29 @@ def mount_settings(config: MountConfig) -> dict[str, object]:
     return settings
 
 
+@dataclass
+class HostSnapshot:
+    """What one pass of the server reads about the host: the mount table once, and each serving
+    process's start time once however many classes it serves (a thousand views of one shared
+    mount are one /proc read, not a thousand)."""
+
+    devices: dict[str, str]
+    _starts: dict[int, int | None] = field(default_factory=dict)
+
+    @classmethod
+    def take(cls) -> HostSnapshot:
+        return cls(mounted_devices())
+
+    def started(self, pid: int) -> int | None:
+        """`process_start(pid)`, read once per snapshot."""
+        if pid not in self._starts:
+            self._starts[pid] = process_start(pid)
+        return self._starts[pid]
+
+    def runs(self, pid: int, pid_start: int | None) -> bool:
+        return self.started(pid) == pid_start
+
+
 def _device(path: str) -> str:
     dev = os.stat(path).st_dev
     return f"{os.major(dev)}:{os.minor(dev)}"
@@ -72,8 +96,8 @@ class ClassHost(Protocol):
         """An idle class: stop serving it."""
         ...
 
-    def alive(self, mount: ClassMount, devices: dict[str, str]) -> bool:
-        """Whether the class is still served (`devices`: mounted_devices())."""
+    def alive(self, mount: ClassMount, host: HostSnapshot) -> bool:
+        """Whether the class is still served."""
         ...
 
     def drop(self, mount: ClassMount) -> None:
@@ -109,8 +133,8 @@ class ProcessHost:
         else:
             detach(mount.path)
 
-    def alive(self, mount: ClassMount, devices: dict[str, str]) -> bool:
-        return process_start(mount.pid) == mount.pid_start and devices.get(mount.path) == mount.device
+    def alive(self, mount: ClassMount, host: HostSnapshot) -> bool:
+        return host.runs(mount.pid, mount.pid_start) and host.devices.get(mount.path) == mount.device
 
     def drop(self, mount: ClassMount) -> None:
         detach(mount.path)
@@ -136,12 +160,16 @@ class SessionKeeper:
         """Bind the reader's class mount on the session's mountpoint (blocking: the first
         session of a class waits for its mount to be ready)."""
         mountpoint = config.mountpoint
-        devices = mounted_devices()
-        if mountpoint in devices:
+        host = HostSnapshot.take()
+        if mountpoint in host.devices:
             raise SessionError(f"{mountpoint} is already mounted")
+        stale = self.table.sessions.get(mountpoint)
+        if stale is not None:  # unmounted by its user since the last housekeeping pass
+            self._end(stale, time.time())
+            self.table.ended += 1
         key = class_key(mount_settings(config), principal)
         mount = self.table.classes.get(key)
-        if mount is None or not self.host.alive(mount, devices):
+        if mount is None or not self.host.alive(mount, host):
             if mount is not None:
                 self._drop_class(mount, "its daemon is gone")
             mount = self._start(key, config, principal)
@@ -183,14 +211,14 @@ class SessionKeeper:
             self.table.expiries += 1
             log.warning("session on %s expired (%s): detached", session.mountpoint, session.reader)
             changed = True
-        devices = mounted_devices()
+        host = HostSnapshot.take()
         for mount in list(self.table.classes.values()):
-            if not self.host.alive(mount, devices):
+            if not self.host.alive(mount, host):
                 self._drop_class(mount, "its daemon is gone")
                 changed = True
         for session in list(self.table.sessions.values()):
             mount = self.table.classes[session.class_key]
-            if devices.get(session.mountpoint) != mount.device:
+            if host.devices.get(session.mountpoint) != mount.device:
                 self._end(session, now)
                 self.table.ended += 1
                 log.info("session on %s ended: unmounted", session.mountpoint)
@@ -207,9 +235,10 @@ class SessionKeeper:
         """After a restart: keep what still stands, drop the rest, and let class mounts no
         state names drain (detached once no bind uses them)."""
         now = time.time()
-        devices = mounted_devices()
+        host = HostSnapshot.take()
+        devices = host.devices
         for mount in list(self.table.classes.values()):
-            if not self.host.alive(mount, devices):
+            if not self.host.alive(mount, host):
                 self._drop_class(mount, "gone while the server was down")
         for session in list(self.table.sessions.values()):
             if devices.get(session.mountpoint) != self.table.classes[session.class_key].device:

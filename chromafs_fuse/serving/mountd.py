@@ -425,12 +425,16 @@ def _serve_requests(
     keeper: SessionKeeper | None,
     parse_argv: ParseArgv,
 ) -> None:
-    """Answer requests and keep house every HOUSEKEEPING_S until stopped; then clean up."""
+    """Answer requests and keep house every HOUSEKEEPING_S until stopped; then clean up. A pass
+    costs O(classes + sessions), so it runs on its clock, never after each request: a burst of
+    sessions does not wait behind it."""
+    next_pass = time.monotonic()
     try:
         while not is_stopping():
             conn = None
             try:
-                readable, _, _ = select.select(listeners, [], [], HOUSEKEEPING_S)
+                wait_s = max(0.0, next_pass - time.monotonic()) if keeper is not None else HOUSEKEEPING_S
+                readable, _, _ = select.select(listeners, [], [], wait_s)
                 if metrics is not None and metrics in readable:
                     metrics.answer()
                 if server in readable:
@@ -444,11 +448,12 @@ def _serve_requests(
             if conn is not None:
                 with conn:
                     _handle(conn, listeners, cache, keeper, parse_argv)
-            if keeper is not None:
+            if keeper is not None and time.monotonic() >= next_pass:
                 try:
                     keeper.housekeep()
                 except Exception:
                     log.exception("housekeeping failed")
+                next_pass = time.monotonic() + HOUSEKEEPING_S
     finally:
         if metrics is not None:
             metrics.close()

@@ -13,7 +13,7 @@ import contextlib
 import hashlib
 import json
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 from chromafs_fuse.access import Principal, visibility_key
 from chromafs_fuse.serving.status import write_private_json
@@ -96,9 +96,9 @@ class SessionTable:
     # -- persistence ------------------------------------------------------------------
 
     def save(self, path: str) -> None:
-        data = {
-            "classes": [asdict(c) for c in self.classes.values()],
-            "sessions": [asdict(s) for s in self.sessions.values()],
+        data = {  # vars(), not asdict(): the fields are flat, and asdict deep-copies each
+            "classes": [vars(c) for c in self.classes.values()],
+            "sessions": [vars(s) for s in self.sessions.values()],
         }
         write_private_json(path, data)
 

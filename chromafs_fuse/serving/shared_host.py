@@ -21,7 +21,7 @@ from typing import Any
 from chromafs_fuse.access import Principal
 from chromafs_fuse.config import MountConfig
 from chromafs_fuse.serving.binds import detach, mounted_devices
-from chromafs_fuse.serving.class_mounts import SessionError
+from chromafs_fuse.serving.class_mounts import HostSnapshot, SessionError
 from chromafs_fuse.serving.process import process_start
 from chromafs_fuse.serving.sessions import ClassMount
 from chromafs_fuse.serving.shared_mount import shared_paths
@@ -118,8 +118,8 @@ class SharedHost:
         except (OSError, ValueError) as exc:
             log.warning("removing the view %s: %s", mount.path, exc)
 
-    def alive(self, mount: ClassMount, devices: dict[str, str]) -> bool:
-        return process_start(mount.pid) == mount.pid_start and devices.get(self.mountpoint) == mount.device
+    def alive(self, mount: ClassMount, host: HostSnapshot) -> bool:
+        return host.runs(mount.pid, mount.pid_start) and host.devices.get(self.mountpoint) == mount.device
 
     def drop(self, mount: ClassMount) -> None:
         """Nothing of a view outlives its process (its sessions' binds are detached already)."""
