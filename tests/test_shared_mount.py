@@ -35,6 +35,7 @@ from infra import (
 )
 
 IDLE_S = 1.0
+NO_WARM = ["--warm-max-bytes", "1"]  # every site is over it: no view is warmed (shared_warm.py)
 
 
 class SharedServer(MountServer):
@@ -173,10 +174,10 @@ def test_a_second_site_and_the_page_cache_are_shared_without_leaking(
     other_chroma = tmp_path / "other-chroma"
     ingest(SAMPLE_SITE, "--site", "other", "--chroma-path", str(other_chroma), "--quiet")
     anon, admin, other = tmp_path / "anon", tmp_path / "admin", tmp_path / "other"
-    open_session(anon, session_args(chroma, server, None, secret_file))
+    open_session(anon, [*session_args(chroma, server, None, secret_file), *NO_WARM])
     seen = (find_list(anon), os.statvfs(anon), [os.stat(anon / p) for p in ("", "quickstart.mdx")])
-    open_session(admin, session_args(chroma, server, token_file(["admin", "billing"]), secret_file))
-    open_session(other, session_args(other_chroma, server, None, secret_file, site="other"))
+    open_session(admin, [*session_args(chroma, server, token_file(["admin", "billing"]), secret_file), *NO_WARM])
+    open_session(other, [*session_args(other_chroma, server, None, secret_file, site="other"), *NO_WARM])
     assert (find_list(anon), os.statvfs(anon), [os.stat(anon / p) for p in ("", "quickstart.mdx")]) == seen
     assert len(shared_processes(server)) == 1 and mounts_under(server.class_root) == [server.shared]
     assert os.stat(other / "quickstart.mdx").st_ino != os.stat(anon / "quickstart.mdx").st_ino
@@ -189,6 +190,48 @@ def test_a_second_site_and_the_page_cache_are_shared_without_leaking(
     assert (admin / page).read_bytes() == data
     assert sorted(os.listdir(anon / "..")) == sorted(os.listdir(tmp_path))
     assert os.stat(anon / "..").st_ino == os.stat(tmp_path).st_ino
+
+
+def warm_lines(server: SharedServer, count: int) -> list[str]:
+    """The shared process's log lines of its first `count` warmed views, once there are as many."""
+    log_file = server.class_root / "shared.log"
+    deadline = time.monotonic() + 30
+    while True:
+        lines = [line for line in log_file.read_text().splitlines() if " warm " in line and " read" in line]
+        if len(lines) >= count:
+            return lines
+        assert time.monotonic() < deadline, log_file.read_text()[-2000:]
+        time.sleep(0.1)
+
+
+def test_a_class_is_read_into_the_kernel_once_in_the_background(
+    server: SharedServer,
+    sample_chroma: Callable[[str], Path],
+    token_file: Callable[..., Path],
+    secret_file: Path,
+    tmp_path: Path,
+) -> None:
+    """A new class's pages are read through the mount after its first session is handed out:
+    its first `grep -r` then makes no read request. A second class of the site reads only the
+    pages the first one does not show (they are the same inodes)."""
+    chroma = sample_chroma("public")
+    anon, billing = tmp_path / "anon", tmp_path / "billing"
+    open_session(anon, session_args(chroma, server, None, secret_file))
+    warm_lines(server, 1)
+    reads = control(server, {"op": "describe"})["requests"].get("read", 0)
+    grep = run(["grep", "-r", "--count", "an-absent-word-7f3a", str(anon)])
+    visible = expected_visible(SAMPLE_SITE, "public", None)
+    assert grep.returncode == 1 and len(grep.stdout.splitlines()) == len(visible), grep.stderr
+    assert control(server, {"op": "describe"})["requests"].get("read", 0) == reads, "grep read through FUSE"
+    for rel in visible:
+        resident, pages = resident_pages(anon / rel)
+        assert resident == pages, f"{rel}: {resident} of {pages} pages in the kernel"
+    open_session(billing, session_args(chroma, server, token_file(["billing"]), secret_file))
+    second = warm_lines(server, 2)[1]
+    billing_only = expected_visible(SAMPLE_SITE, "public", {"billing"}) - visible
+    assert f" {len(billing_only)} files (" in second, second
+    for rel in sorted(billing_only):
+        assert (billing / rel).read_bytes() == (SAMPLE_SITE / rel).read_bytes()
 
 
 def test_a_reingest_is_seen_by_every_class_of_the_site(
@@ -294,8 +337,9 @@ def test_the_server_reports_each_class_of_the_shared_mount(
     try:
         with server:
             anon, billing = tmp_path / "anon", tmp_path / "billing"
-            open_session(anon, session_args(chroma, server, None, secret_file))
-            open_session(billing, session_args(chroma, server, token_file(["billing"]), secret_file))
+            # not warmed: the warm-up's reads count as requests of its view
+            open_session(anon, [*session_args(chroma, server, None, secret_file), *NO_WARM])
+            open_session(billing, [*session_args(chroma, server, token_file(["billing"]), secret_file), *NO_WARM])
             assert run(["grep", "-rl", "token", str(anon)]).returncode == 0
             assert run(["ls", str(billing)]).returncode == 0
             time.sleep(2.5)  # the shared process writes its status every 2 s

@@ -10,6 +10,7 @@ with the views its state names.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -97,7 +98,8 @@ class SharedHost:
         device = self._ensure_running()
         request = {
             "op": "add",
-            "config": config.to_dict(),
+            # as a class daemon: its pages read into the kernel once, in the background
+            "config": dataclasses.replace(config, warm_kernel=True).to_dict(),
             "class": {"authenticated": reader.authenticated, "groups": sorted(reader.groups)},
         }
         try:

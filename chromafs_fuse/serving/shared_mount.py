@@ -11,7 +11,7 @@ one JSON object a line each way:
 It outlives the mount server that started it (a restarted one reconnects through the socket) and
 ends by itself once no session's bind of it has stood for its idle time. No page is pushed into
 the kernel here: files are opened with keep_cache, so the kernel keeps what it read once for
-every view of the site.
+every view of the site, and a new view is warmed by reading it (serving/shared_warm.py).
 """
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ class SharedMount:
         self.fs = SharedFilesystem(entry_attributes, time.time_ns())
         self.adapter = FuseAdapter(self.fs)  # type: ignore[arg-type]  # answers as a DocsFilesystem
         self.cache = PageCache(cache_bytes)
-        self.sites = SharedSites(self.fs, self.cache)
+        self.sites = SharedSites(self.fs, self.cache, self.mountpoint)
         self.started = time.time()
         self.status = StatusFile(self.describe)
 
@@ -171,6 +171,7 @@ class SharedMount:
             "started": self.started,
             "uptime_s": uptime_since(self.started),
             "sites": len(self.sites.sites),
+            "views_warmed": self.sites.warmer.warmed_views,
             "requests": dict(self.adapter.requests),
             "pages_cached": len(cache),
             "cached_bytes": cache.current_bytes,

@@ -30,6 +30,8 @@ from chromafs_fuse.page_cache import PageCache
 from chromafs_fuse.readahead import ReadScheduler
 from chromafs_fuse.serving.class_mounts import mount_settings
 from chromafs_fuse.serving.mount import tell_kernel
+from chromafs_fuse.serving.shared_warm import SharedWarmer, WarmJob
+from chromafs_fuse.serving.warm_up import visible_bytes, warm_budget
 from chromafs_fuse.shared_filesystem import SharedFilesystem
 from chromafs_fuse.shared_views import scope_for, site_dir_name, view_name
 from chromafs_fuse.site.follower import TreeFollower, new_trees
@@ -80,6 +82,7 @@ class SharedSite:
         self.attributes: AttributeMaker[Any] | None = None  # set by SharedSites (its conversion)
         self.follower = TreeFollower(loader, pages.chroma, tree, config.refresh_interval_s)
         self.views: dict[str, SharedView] = {}
+        self.warmed: set[int] = set()  # inodes read through a view already (serving/shared_warm.py)
         self.cancel = trio.CancelScope()  # ends the site's tasks once its last view goes
         self.switches = 0
 
@@ -92,19 +95,22 @@ class SharedSite:
 class SharedSites:
     """Every site and view of the shared mount; `run` holds the sites' tasks until cancelled."""
 
-    def __init__(self, fs: SharedFilesystem[Any], cache: PageCache) -> None:
+    def __init__(self, fs: SharedFilesystem[Any], cache: PageCache, mountpoint: str) -> None:
         self.fs = fs
+        self.mountpoint = mountpoint
         self.cache = cache  # one memory budget for every site's pages
         self.sites: dict[str, SharedSite] = {}
         self._redis: dict[RedisSettings, Any] = {}  # one RedisCache per URL and settings
         self._opening = trio.Lock()
         self._nursery: trio.Nursery | None = None
         self.watch = SiteWatch()  # every site's re-ingests: one subscription, one poll per Redis
+        self.warmer = SharedWarmer()
 
     async def run(self) -> None:
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             nursery.start_soon(self.watch.run)
+            nursery.start_soon(self.warmer.run)
             await trio.sleep_forever()
 
     # -- views joining and leaving -----------------------------------------------------------
@@ -127,7 +133,25 @@ class SharedSites:
             self.fs.add(site.key, name, fs)
             site.views[name] = SharedView(name, reader, fs)
             log.info("view %s/%s: %s, %d files", site.directory, name, reader.describe(), table.file_count)
+            self._warm(site, name)
         return f"{site.directory}/{name}"
+
+    def _warm(self, site: SharedSite, name: str) -> None:
+        """With --warm-kernel (a mount server's classes), the view's pages read in the background."""
+        if not site.config.warm_kernel:
+            return
+        view = site.views[name]
+        fs = view.fs
+        total, budget = visible_bytes(fs.table), warm_budget(site.config)
+        if total > budget:
+            log.info("not warming %s/%s: %d visible bytes, over --warm-max-bytes %d", site.key, name, total, budget)
+            return
+
+        def current() -> bool:
+            return site.views.get(name) is view and view.fs is fs
+
+        path = f"{self.mountpoint}/{site.directory}/{name}"
+        self.warmer.offer(WarmJob(path, site.warmed, current))
 
     def remove(self, path: str) -> bool:
         directory, _, name = path.partition("/")
@@ -243,6 +267,9 @@ class SharedSites:
             await trio.to_thread.run_sync(tell_kernel, None, change)
         site.pages.switch(tree.version)
         site.switches += 1
+        site.warmed = set()  # the kernel forgot the changed pages: read the views again
+        for name in site.views:
+            self._warm(site, name)
         log.info(
             "site %s: tree %s for %d views in %.3fs",
             site.key,

@@ -1,0 +1,102 @@
+"""Warming the shared mount's views (issue 30): a new reader class's pages are read through the
+mount once, in the background, so that the class's first `grep -r` finds them in the kernel's
+page cache instead of paying a request per file.
+
+The shared mount opens files with keep_cache, and a page that several views of a site show is
+one inode, so a page read once through any view is held for every view of its site: a site's
+second class lists its directories and reads only the pages the first one did not show. Views
+are warmed one at a time, by one thread reading as a user would (no page is pushed: a read, unlike
+a kernel store, cannot leave a thread waiting in the kernel on a killed process). Views of up to
+`--warm-max-bytes` visible bytes are warmed (default: a sixteenth of the machine's memory); the
+kernel evicts what it needs. A view removed or switched to a new tree meanwhile stops its warm-up.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import trio
+
+log = logging.getLogger("chromafs.shared")
+READ_BYTES = 1 << 20
+QUEUE_VIEWS = 100_000  # views waiting for their warm-up (a few hundred bytes each)
+
+
+@dataclass(frozen=True)
+class WarmJob:
+    path: str  # the view's directory in the shared mount
+    warmed: set[int]  # inode numbers of the site read already (one set per site, shared by its views)
+    current: Callable[[], bool]  # False once the view is removed or switched to another tree
+
+
+@dataclass
+class WarmResult:
+    directories: int = 0
+    files_read: int = 0
+    bytes_read: int = 0
+    stopped: str = ""  # why it stopped early ("" when it walked everything)
+
+
+def warm_view(job: WarmJob) -> WarmResult:
+    """In a worker thread: list every directory of the view and read every file not read yet
+    through another view of its site, in name order (the order the read-ahead batches)."""
+    result = WarmResult()
+    for directory, dirs, files in os.walk(job.path):
+        dirs.sort()
+        result.directories += 1
+        for name in sorted(files):
+            if not job.current():
+                result.stopped = "the view was removed or switched to another tree"
+                return result
+            path = os.path.join(directory, name)
+            try:
+                inode = os.lstat(path).st_ino
+                if inode in job.warmed:
+                    continue
+                with open(path, "rb", buffering=0) as f:
+                    while chunk := f.read(READ_BYTES):
+                        result.bytes_read += len(chunk)
+            except OSError as exc:  # a page whose backend fails now: its reader sees the error
+                log.debug("warming %s: %s", path, exc)
+                continue
+            job.warmed.add(inode)
+            result.files_read += 1
+    return result
+
+
+class SharedWarmer:
+    """Warms the views it is given, one after another, on its own worker thread."""
+
+    def __init__(self) -> None:
+        self._send, self._receive = trio.open_memory_channel[WarmJob](QUEUE_VIEWS)
+        self.warmed_views = 0
+
+    def offer(self, job: WarmJob) -> None:
+        """On the loop: warm this view once the ones before it are warm (dropped when too many wait)."""
+        try:
+            self._send.send_nowait(job)
+        except trio.WouldBlock:
+            log.warning("not warming %s: %d views wait for their warm-up", job.path, QUEUE_VIEWS)
+
+    async def run(self) -> None:
+        async for job in self._receive:
+            started = time.monotonic()
+            try:
+                result = await trio.to_thread.run_sync(warm_view, job, abandon_on_cancel=True)
+            except Exception:
+                log.exception("warming %s failed", job.path)
+                continue
+            self.warmed_views += 1
+            log.info(
+                "warm %s in %.2fs: %d directories listed, %d files (%d bytes) read%s",
+                job.path,
+                time.monotonic() - started,
+                result.directories,
+                result.files_read,
+                result.bytes_read,
+                f"; stopped: {result.stopped}" if result.stopped else "",
+            )
