@@ -299,7 +299,8 @@ MOUNTD_OPTIONS = (
     Option(
         "--class-warm-wait",
         "a new class mount lists every directory and hands its pages to the kernel's page cache; its first "
-        "session waits for that up to S seconds (default: %(default)s; 0: it is warmed in the background)",
+        "session waits for that up to S seconds (default: %(default)s; 0: it is warmed in the background; "
+        "--class-mode shared always warms in the background)",
         type=float,
         default=1.0,
         metavar="S",
