@@ -234,3 +234,32 @@ def test_a_mount_request_from_another_user_is_refused(sample_backend: Callable[.
         served = try_mount(mnt, *argv[1:], "--mountd", str(server.socket))
         assert served.returncode == 0, served.stderr
         assert (mnt / "quickstart.mdx").read_bytes() == (SAMPLE_SITE / "quickstart.mdx").read_bytes()
+
+
+@pytest.mark.parametrize("variable", ["CHROMAFS_TOKEN", "CHROMAFS_TOKEN_FILE"])
+def test_a_request_without_a_token_never_reads_as_the_server(
+    variable: str,
+    sample_backend: Callable[..., Backend],
+    token_file: Callable[..., Path],
+    secret_file: Path,
+    tmp_path: Path,
+) -> None:
+    """The server's environment is not the caller's: a request that carries no token is read as
+    an anonymous reader, even by a server that runs with an admin's token in its environment (the
+    client reads the caller's CHROMAFS_TOKEN itself and sends it)."""
+    folder, mnt = tmp_path / "server", tmp_path / "mnt"
+    folder.mkdir()
+    mnt.mkdir()
+    admin = token_file(["admin", "billing"])
+    server = MountServer(folder, isolated=True)
+    server.extra_env = {variable: str(admin) if variable.endswith("_FILE") else admin.read_text()}
+    with server:
+        try:
+            key = ["--jwt-secret-file", str(secret_file)]  # a key, as a deployment passes: a token would verify
+            done = try_mount(mnt, *sample_backend().args, "--mountd", str(server.socket), *key)
+            assert done.returncode == 0, done.stderr
+            copy = copy_subset(SAMPLE_SITE, expected_visible(SAMPLE_SITE, "public", None), tmp_path / "expected")
+            diff = run(["diff", "-r", str(copy), str(mnt)])
+            assert diff.returncode == 0, f"not the anonymous reader's pages: {diff.stdout[:1000]}"
+        finally:
+            unmount(mnt)

@@ -174,7 +174,6 @@ def _serve_in_child(
 ) -> int:
     """In the forked child: become the mount's daemon."""
     from chromafs_fuse.serving.daemon import run_daemon
-    from chromafs_fuse.token_source import token_of
 
     _become_daemon(cwd, f"chromafs-mount {config.mountpoint} --site {config.site}")
     conn.setblocking(True)
@@ -184,7 +183,9 @@ def _serve_in_child(
         background=True,
         preloaded=prepared,
         principal=principal,
-        read_token=partial(token_of, token, None),
+        # exactly the caller's token (its client read the caller's environment): never the
+        # server's own CHROMAFS_TOKEN or CHROMAFS_TOKEN_FILE
+        read_token=lambda: token,
     )
 
 
