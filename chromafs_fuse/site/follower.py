@@ -12,6 +12,7 @@ handed to every holder of a view of the site.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import math
 import threading
@@ -61,13 +62,18 @@ class TreeFollower:
         self.chroma = chroma
         self.tree = tree  # the tree handed out last
         self.interval_s = interval_s
-        self.announcements = trees.announcements()  # subscribed at the first wait only
         self._listeners: list[TreeListener] = []
         self._checking = threading.Lock()  # one check at a time
         self._handing_out = threading.Lock()  # each tree handed out once
         self.failures = 0  # checks that failed (a backend down): the tree held stays
         self.announced = 0  # checks made because Redis announced a version
         self.handed_out = 0  # new trees handed out
+
+    @functools.cached_property
+    def announcements(self) -> TreeAnnouncements | None:
+        """Redis's announcements of new versions, made at first use and subscribed at the first
+        wait (a follower that a SiteWatch drives never uses them)."""
+        return self.trees.announcements()
 
     def describe(self) -> dict[str, object]:
         return {
