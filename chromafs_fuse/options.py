@@ -319,8 +319,17 @@ MOUNTD_OPTIONS = (
         default="process",
     ),
     Option(
+        "--shared-processes",
+        "with --class-mode shared: how many shared processes serve the sites, each site in one of them "
+        "(the one serving the fewest sites when it comes; one per core spreads the work over the cores; "
+        "default: %(default)s)",
+        type=int,
+        default=1,
+        metavar="N",
+    ),
+    Option(
         "--shared-cache-bytes",
-        "with --class-mode shared: the page memory of every site together (default: %(default)s)",
+        "with --class-mode shared: the page memory of each shared process (default: %(default)s)",
         type=int,
         default=256 * MIB,
     ),

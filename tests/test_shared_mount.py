@@ -386,6 +386,51 @@ def test_the_leak_probes_find_nothing_through_a_shared_session(
     assert os.statvfs(anon) == os.statvfs(admin)
 
 
+class PooledServer(SharedServer):
+    """chromafs-mountd --class-mode shared --shared-processes 2."""
+
+    def argv(self) -> list[str]:
+        return [*super().argv(), "--shared-processes", "2"]
+
+
+def test_sites_are_spread_over_a_pool_and_a_site_stays_in_its_process(
+    sample_chroma: Callable[[str], Path], token_file: Callable[..., Path], secret_file: Path, tmp_path: Path
+) -> None:
+    """With --shared-processes 2: the first two sites go to different processes (each its own
+    mount), every class of a site to its site's process (one inode per page), also for a class
+    that comes after the server restarted."""
+    (tmp_path / "server").mkdir()
+    server = PooledServer(tmp_path / "server", class_idle_s=IDLE_S)
+    chroma = sample_chroma("public")
+    other_chroma = tmp_path / "other-chroma"
+    ingest(SAMPLE_SITE, "--site", "other", "--chroma-path", str(other_chroma), "--quiet")
+    first, second = server.class_root / "shared", server.class_root / "shared-1"
+    try:
+        with server:
+            other, anon = tmp_path / "other", tmp_path / "anon"
+            open_session(other, [*session_args(other_chroma, server, None, secret_file, site="other"), *NO_WARM])
+            open_session(anon, [*session_args(chroma, server, None, secret_file), *NO_WARM])
+            assert mounts_under(server.class_root) == [first, second]
+            assert (os.stat(other).st_dev, os.stat(anon).st_dev) == (os.stat(first).st_dev, os.stat(second).st_dev)
+            for pattern in (f"chromafs-shared {server.class_root}$", f"chromafs-shared {server.class_root} 1$"):
+                assert len(run(["pgrep", "-f", pattern]).stdout.split()) == 1, pattern
+            server.kill()
+            server.start()
+            billing = tmp_path / "billing"
+            open_session(billing, [*session_args(chroma, server, token_file(["billing"]), secret_file), *NO_WARM])
+            assert os.stat(billing).st_dev == os.stat(second).st_dev, "a class left its site's process"
+            page_a, page_b = os.stat(anon / "quickstart.mdx"), os.stat(billing / "quickstart.mdx")
+            assert page_a.st_ino == page_b.st_ino
+            for mountpoint in (anon, other, billing):
+                assert (mountpoint / "quickstart.mdx").read_bytes() == (SAMPLE_SITE / "quickstart.mdx").read_bytes()
+    finally:
+        for path in mounts_under(tmp_path):
+            if path not in (first, second):
+                unmount(path)
+        unmount(first)
+        unmount(second)
+
+
 def test_the_server_reports_each_class_of_the_shared_mount(
     sample_chroma: Callable[[str], Path], token_file: Callable[..., Path], secret_file: Path, tmp_path: Path
 ) -> None:

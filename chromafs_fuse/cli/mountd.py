@@ -15,6 +15,7 @@ from chromafs_fuse.logs import setup_logging
 from chromafs_fuse.options import MOUNTD_OPTIONS
 from chromafs_fuse.serving.mountd import serve_forever
 from chromafs_fuse.serving.process import limit_malloc_arenas
+from chromafs_fuse.serving.shared_host import MAX_SHARED_PROCESSES
 
 
 def parse_request_argv(argv: list[str]) -> argparse.Namespace:
@@ -33,7 +34,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     limit_malloc_arenas()  # inherited by every forked mount
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not 1 <= args.shared_processes <= MAX_SHARED_PROCESSES:
+        parser.error(f"--shared-processes wants a number from 1 to {MAX_SHARED_PROCESSES}")
     setup_logging(args.log_level, args.log_file)
     # Imported once here, not in every child: the whole serving stack (the argument parser of each
     # request is imported above), and the codec a socket's host name goes through (Redis, Chroma).
@@ -53,6 +57,7 @@ def main(argv: list[str] | None = None) -> int:
         args.metrics_addr,
         args.class_mode,
         args.shared_cache_bytes,
+        args.shared_processes,
     )
     return 0
 

@@ -92,6 +92,10 @@ class ClassHost(Protocol):
         """Serve the reader class `reader` of the session's site; SessionError when it cannot be."""
         ...
 
+    def adopt(self, mount: ClassMount) -> None:
+        """A class a previous server started that still stands (after a restart)."""
+        ...
+
     def stop(self, mount: ClassMount) -> None:
         """An idle class: stop serving it."""
         ...
@@ -125,6 +129,9 @@ class ProcessHost:
         return ClassMount(
             key, path, pid, process_start(pid), config.site, reader.describe(), _device(path), time.time()
         )
+
+    def adopt(self, mount: ClassMount) -> None:
+        pass  # a daemon of its own: nothing to place
 
     def stop(self, mount: ClassMount) -> None:
         if process_start(mount.pid) == mount.pid_start:
@@ -245,6 +252,7 @@ class SessionKeeper:
                 self.table.remove(session.mountpoint, now)
                 self._remove_status(session)
         for mount in self.table.classes.values():
+            self.host.adopt(mount)
             if not self.table.sessions_of(mount.key) and mount.idle_since is None:
                 mount.idle_since = now
         known = {m.path for m in self.table.classes.values()}

@@ -189,14 +189,16 @@ def _serve_in_child(
     )
 
 
-def _serve_shared_in_child(conn: socket.socket, class_root: str, cache_bytes: int, idle_exit_s: float) -> int:
-    """In the forked child: become the shared mount's process (class mode shared)."""
-    from chromafs_fuse.serving.shared_mount import run_shared_mount
+def _serve_shared_in_child(
+    conn: socket.socket, class_root: str, index: int, cache_bytes: int, idle_exit_s: float
+) -> int:
+    """In the forked child: become the `index`-th shared mount's process (class mode shared)."""
+    from chromafs_fuse.serving.shared_mount import run_shared_mount, shared_paths
 
-    _become_daemon("/", f"chromafs-shared {class_root}")
+    _become_daemon("/", f"chromafs-shared {class_root}" + (f" {index}" if index else ""))
     conn.setblocking(True)
-    log_file = os.path.join(class_root, "shared.log")
-    return run_shared_mount(class_root, cache_bytes, idle_exit_s, conn.detach(), log_file)
+    log_file = f"{shared_paths(class_root, index)[0]}.log"
+    return run_shared_mount(class_root, cache_bytes, idle_exit_s, conn.detach(), log_file, index=index)
 
 
 @dataclasses.dataclass
@@ -267,12 +269,13 @@ def serve_forever(
     metrics_addr: str | None = None,
     class_mode: str = "process",
     shared_cache_bytes: int = DEFAULT_SHARED_CACHE_BYTES,
+    shared_processes: int = 1,
 ) -> None:
     """Serve mount requests until SIGTERM, each request's argv parsed by `parse_argv`. With
     `class_root` (root only), sessions are binds of shared class mounts kept there, each handed
     out once warm or after `class_warm_wait_s`; without it, or for `--isolated`, each session
     gets a daemon. `class_mode` "shared": every class is a view of one shared mount (issue 30),
-    its pages in one memory budget of `shared_cache_bytes`."""
+    its pages in one memory budget of `shared_cache_bytes`, its sites spread over `shared_processes`."""
     from chromafs_fuse.serving.class_mounts import ClassHost, ProcessHost, SessionError, SessionKeeper
     from chromafs_fuse.serving.handshake import wait_for_ready
 
@@ -305,12 +308,12 @@ def serve_forever(
             raise SessionError(reason or "the class mount's daemon exited")
         return pid
 
-    def start_shared() -> int:
+    def start_shared(index: int) -> int:
         assert class_root is not None
         ours, theirs = socket.socketpair()
         with ours:
             idle_exit_s = class_idle_s + ORPHAN_GRACE_S  # ends by itself, with no server to stop it
-            serve = partial(_serve_shared_in_child, theirs, class_root, shared_cache_bytes, idle_exit_s)
+            serve = partial(_serve_shared_in_child, theirs, class_root, index, shared_cache_bytes, idle_exit_s)
             pid = _fork_daemon(listeners, serve)
             theirs.close()
             ok, reason = wait_for_ready(ours.fileno(), 60)
@@ -324,7 +327,7 @@ def serve_forever(
         if class_mode == "shared":
             from chromafs_fuse.serving.shared_host import SharedHost
 
-            host = SharedHost(class_root, start_shared)
+            host = SharedHost(class_root, start_shared, shared_processes)
         keeper = SessionKeeper(class_root, class_idle_s, host)
     metrics = MetricsEndpoint(metrics_addr, lambda: keeper.table if keeper else None) if metrics_addr else None
     listeners: list[socket.socket | MetricsEndpoint] = [server, *([metrics] if metrics else [])]

@@ -1,10 +1,12 @@
 """The mount server's side of the shared mount (`--class-mode shared`, issue 30): `SharedHost`
-serves each class as a view of the one shared mount (serving/shared_mount.py), asked over its
-control socket, and starts that process when none answers.
+serves each class as a view of a shared mount (serving/shared_mount.py), asked over its control
+socket, and starts that process when none answers. With `--shared-processes N` it keeps N of them
+and places each new site in the one serving the fewest sites; every class of a site goes where
+the site is.
 
 A class is alive while the shared process that added its view runs and its mount stands. The
-process outlives the mount server: a restarted server finds it through the socket and carries on
-with the views its state names.
+processes outlive the mount server: a restarted server finds them through their sockets and
+carries on with the views its state names (their sites stay where they are).
 """
 
 from __future__ import annotations
@@ -26,12 +28,15 @@ from chromafs_fuse.serving.class_mounts import HostSnapshot, SessionError
 from chromafs_fuse.serving.process import process_start
 from chromafs_fuse.serving.sessions import ClassMount
 from chromafs_fuse.serving.shared_mount import shared_paths
+from chromafs_fuse.serving.shared_sites import site_key
+from chromafs_fuse.shared_views import site_dir_name
 
 log = logging.getLogger("chromafs.mountd")
 CONTROL_TIMEOUT_S = 5.0  # a request that does not load a site answers in milliseconds
 
-# starts the shared mount's process and waits until it serves; its pid (SessionError if it cannot)
-StartShared = Callable[[], int]
+# starts the i-th shared mount's process and waits until it serves; its pid (SessionError if it cannot)
+StartShared = Callable[[int], int]
+MAX_SHARED_PROCESSES = 256
 
 
 class SharedControl:
@@ -58,21 +63,24 @@ class SharedControl:
         return reply
 
 
-class SharedHost:
-    """Every class a view of the shared mount at `<root>/shared`."""
+class SharedProcess:
+    """One shared mount's process, as the mount server knows it: started when a site first needs
+    it, found again through its socket after a restart of the server."""
 
-    def __init__(self, root: str, start_shared: StartShared) -> None:
-        self.mountpoint, socket_path = shared_paths(root)
+    def __init__(self, root: str, index: int, start: StartShared) -> None:
+        self.index = index
+        self.mountpoint, socket_path = shared_paths(root, index)
         self.control = SharedControl(socket_path)
-        self.start_shared = start_shared
+        self._start = start
         self.pid: int | None = None
         self.pid_start: int | None = None
+        self.sites: set[str] = set()  # site directories placed here (by this server or one before it)
 
     def _serving(self, devices: dict[str, str]) -> bool:
         return self.pid is not None and process_start(self.pid) == self.pid_start and self.mountpoint in devices
 
-    def _ensure_running(self) -> str:
-        """The shared process's mount device, the process started first if none answers."""
+    def ensure_running(self) -> str:
+        """The process's mount device, the process started first if none answers."""
         devices = mounted_devices()
         if not self._serving(devices):
             self.pid = None
@@ -83,8 +91,9 @@ class SharedHost:
             if self.pid is None:
                 if self.mountpoint in devices:
                     detach(self.mountpoint)  # left by a process that is gone
+                self.sites.clear()  # a new process serves nothing yet
                 started = time.perf_counter()
-                self.pid = self.start_shared()
+                self.pid = self._start(self.index)
                 self.pid_start = process_start(self.pid)
                 took = time.perf_counter() - started
                 log.info("shared mount %s (pid %d) ready in %.3fs", self.mountpoint, self.pid, took)
@@ -94,37 +103,75 @@ class SharedHost:
             raise SessionError("the shared mount is not mounted")
         return device
 
+
+class SharedHost:
+    """Every class a view of a shared mount at `<root>/shared` (`shared-<i>` for the i-th of
+    `processes`). Every class of a site is in the same process (a page the classes share is one
+    inode); a new site goes to the process serving the fewest."""
+
+    def __init__(self, root: str, start_shared: StartShared, processes: int = 1) -> None:
+        self.processes = [SharedProcess(root, index, start_shared) for index in range(processes)]
+
+    def _process_of(self, path: str) -> SharedProcess | None:
+        return next((p for p in self.processes if os.path.dirname(os.path.dirname(path)) == p.mountpoint), None)
+
+    def _place(self, config: MountConfig) -> SharedProcess:
+        """`config` as the process is sent it: the site's directory there is named by its settings."""
+        directory = site_dir_name(site_key(config))
+        placed = next((p for p in self.processes if directory in p.sites), None)
+        return placed or min(self.processes, key=lambda p: (len(p.sites), p.index))
+
     def start(self, key: str, config: MountConfig, reader: Principal) -> ClassMount:
-        device = self._ensure_running()
+        served = dataclasses.replace(config, warm_kernel=True)  # as a class daemon: read into the kernel once
+        process = self._place(served)
+        device = process.ensure_running()
         request = {
             "op": "add",
-            # as a class daemon: its pages read into the kernel once, in the background
-            "config": dataclasses.replace(config, warm_kernel=True).to_dict(),
+            "config": served.to_dict(),
             "class": {"authenticated": reader.authenticated, "groups": sorted(reader.groups)},
         }
         try:
-            reply = self.control.ask(request, config.session.backend_timeout_s * 3 + 60)
+            reply = process.control.ask(request, config.session.backend_timeout_s * 3 + 60)
         except (OSError, ValueError) as exc:
             raise SessionError(f"the shared mount did not answer: {exc}") from exc
         if not reply.get("ok"):
             raise SessionError(str(reply.get("error") or "the shared mount refused the class"))
-        assert self.pid is not None
-        path = os.path.join(self.mountpoint, str(reply["path"]))
-        return ClassMount(key, path, self.pid, self.pid_start, config.site, reader.describe(), device, time.time())
+        assert process.pid is not None
+        view = str(reply["path"])
+        process.sites.add(view.split("/", 1)[0])
+        path = os.path.join(process.mountpoint, view)
+        return ClassMount(
+            key, path, process.pid, process.pid_start, config.site, reader.describe(), device, time.time()
+        )
+
+    def adopt(self, mount: ClassMount) -> None:
+        """A class a previous server left standing: its site stays in its process."""
+        process = self._process_of(mount.path)
+        if process is not None:
+            process.sites.add(os.path.basename(os.path.dirname(mount.path)))
 
     def stop(self, mount: ClassMount) -> None:
-        if process_start(mount.pid) != mount.pid_start:
+        process = self._process_of(mount.path)
+        if process is None or process_start(mount.pid) != mount.pid_start:
             return  # that process is gone, and its views with it
         try:
-            self.control.ask({"op": "remove", "path": os.path.relpath(mount.path, self.mountpoint)})
+            reply = process.control.ask({"op": "remove", "path": os.path.relpath(mount.path, process.mountpoint)})
         except (OSError, ValueError) as exc:
             log.warning("removing the view %s: %s", mount.path, exc)
+            return
+        if reply.get("site_gone"):
+            process.sites.discard(os.path.basename(os.path.dirname(mount.path)))
 
     def alive(self, mount: ClassMount, host: HostSnapshot) -> bool:
-        return host.runs(mount.pid, mount.pid_start) and host.devices.get(self.mountpoint) == mount.device
+        process = self._process_of(mount.path)
+        return (
+            process is not None
+            and host.runs(mount.pid, mount.pid_start)
+            and host.devices.get(process.mountpoint) == mount.device
+        )
 
     def drop(self, mount: ClassMount) -> None:
         """Nothing of a view outlives its process (its sessions' binds are detached already)."""
 
     def owns(self, path: str) -> bool:
-        return path == self.mountpoint
+        return any(path == p.mountpoint for p in self.processes)

@@ -1,12 +1,13 @@
 """The shared mount's process (issue 30): ONE FUSE mount at `<class root>/shared` serving every
 reader class of every site the mount server hands it, each a directory `<site>/<view>` that a
-session binds read-only (`chromafs-mountd --class-mode shared`).
+session binds read-only (`chromafs-mountd --class-mode shared`). With `--shared-processes N` the
+sites are spread over N such processes, the i-th (from 0) at `shared-<i>` for i > 0.
 
 It is told what to serve over `<class root>/shared.sock` (mode 0600; root or its own user only),
 one JSON object a line each way:
   {"op": "add", "config": MountConfig.to_dict(), "class": {"authenticated": b, "groups": [...]}}
       -> {"ok": true, "path": "<site directory>/<view name>"} or {"ok": false, "error": "..."}
-  {"op": "remove", "path": "<site directory>/<view name>"} -> {"ok": true|false}
+  {"op": "remove", "path": "<site directory>/<view name>"} -> {"ok": true|false, "site_gone": b}
   {"op": "describe"} -> {"ok": true, "pid": ..., "views": {full path: status}}
 It outlives the mount server that started it (a restarted one reconnects through the socket) and
 ends by itself once no session's bind of it has stood for its idle time. No page is pushed into
@@ -50,9 +51,10 @@ STATUS_EVERY_S = 2.0
 MOUNT_OPTIONS = {"fsname=chromafs:shared", "subtype=chromafs", "ro", "noatime", "allow_other"}
 
 
-def shared_paths(class_root: str) -> tuple[str, str]:
-    """(the shared mount's mountpoint, its control socket) in the mount server's class root."""
-    return os.path.join(class_root, MOUNT_NAME), os.path.join(class_root, SOCKET_NAME)
+def shared_paths(class_root: str, index: int = 0) -> tuple[str, str]:
+    """(the `index`-th shared mount's mountpoint, its control socket) in the mount server's class root."""
+    name = MOUNT_NAME if index == 0 else f"{MOUNT_NAME}-{index}"
+    return os.path.join(class_root, name), os.path.join(class_root, f"{name}.sock")
 
 
 def peer_uid(sock: Any) -> int:
@@ -61,8 +63,8 @@ def peer_uid(sock: Any) -> int:
 
 
 class SharedMount:
-    def __init__(self, class_root: str, cache_bytes: int, idle_exit_s: float) -> None:
-        self.mountpoint, self.socket_path = shared_paths(class_root)
+    def __init__(self, class_root: str, cache_bytes: int, idle_exit_s: float, index: int = 0) -> None:
+        self.mountpoint, self.socket_path = shared_paths(class_root, index)
         self.idle_exit_s = idle_exit_s
         self.fs = SharedFilesystem(entry_attributes, time.time_ns())
         self.adapter = FuseAdapter(self.fs)  # type: ignore[arg-type]  # answers as a DocsFilesystem
@@ -150,7 +152,9 @@ class SharedMount:
                 path = await self.sites.add(MountConfig.from_dict(request["config"]), reader.reader_class())
                 return {"ok": True, "path": path}
             if op == "remove":
-                return {"ok": self.sites.remove(str(request["path"]))}
+                path = str(request["path"])
+                removed = self.sites.remove(path)
+                return {"ok": removed, "site_gone": not self.sites.serves(path.split("/", 1)[0])}
             if op == "describe":
                 return {"ok": True, **self.describe()}
             return {"ok": False, "error": f"unknown op {op!r}"}
@@ -186,12 +190,13 @@ def run_shared_mount(
     ready_fd: int | None,
     log_file: str | None = None,
     log_level: str = "info",
+    index: int = 0,
 ) -> int:
-    """Serve the shared mount of `class_root`; the exit status."""
+    """Serve the `index`-th shared mount of `class_root`; the exit status."""
     limit_malloc_arenas()
     setup_logging(log_level, log_file, background=ready_fd is not None)
     try:
-        SharedMount(class_root, cache_bytes, idle_exit_s).run(ready_fd)
+        SharedMount(class_root, cache_bytes, idle_exit_s, index).run(ready_fd)
     except RuntimeError as exc:  # pyfuse3.init: permissions, no /dev/fuse
         return report_failure(ready_fd, f"mounting the shared mount in {class_root} failed: {exc}")
     except Exception as exc:

@@ -153,6 +153,10 @@ class SharedSites:
         path = f"{self.mountpoint}/{site.directory}/{name}"
         self.warmer.offer(WarmJob(path, site.warmed, current))
 
+    def serves(self, directory: str) -> bool:
+        """Whether a site of this directory name has a view here."""
+        return any(site.directory == directory for site in self.sites.values())
+
     def remove(self, path: str) -> bool:
         directory, _, name = path.partition("/")
         site = next((s for s in self.sites.values() if s.directory == directory), None)
