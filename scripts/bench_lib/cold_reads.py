@@ -6,7 +6,8 @@ daemon's memory or the kernel's page cache), side by side in one run:
   site: what one serving process sustains on one site;
 - 16 class daemons of 16 sites, one reader each, the same 16 file lists;
 - the shared mount (`--class-mode shared`): ONE process serving 16 sites, one reader each, the
-  same 16 file lists: what one serving process sustains for readers of different sites.
+  same 16 file lists: what one serving process sustains for readers of different sites;
+- `--shared-processes 2`: two shared processes serving 16 other sites (8 each), the same lists.
 A read is open + read to the end + close of one file. The class mounts are made with
 `--warm-max-bytes 1 --preload off` (sessions of their own class): no warm-up or preload reads
 the pages ahead of the readers; read-ahead stays as it is by default.
@@ -58,7 +59,7 @@ def concurrent_reads(jobs: list[tuple[Path, list[str]]]) -> dict[str, Any]:
 
 def measure(workdir: Path, copier: SiteCopier, base: str, backend: list[str], keys: list[str]) -> dict[str, Any]:
     workdir.mkdir()
-    sites = [f"{base}-cold{i}" for i in range(2 * READERS + 1)]
+    sites = [f"{base}-cold{i}" for i in range(3 * READERS + 1)]
     for site in sites:
         copier.copy(site)
     lists = [sorted(keys)[i::READERS] for i in range(READERS)]
@@ -72,15 +73,17 @@ def measure(workdir: Path, copier: SiteCopier, base: str, backend: list[str], ke
         out["sixteen_daemons"] = concurrent_reads(list(zip(roots, lists, strict=True)))
     finally:
         sessions.close()
-    (workdir / "shared").mkdir()
-    shared = Sessions(workdir / "shared", base, backend, class_mode="shared")
-    try:
-        shared.server.start()
-        roots = [shared.open(site=site, flags=COLD_FLAGS)[0] for site in sites[READERS + 1 :]]
-        out["one_shared_process"] = concurrent_reads(list(zip(roots, lists, strict=True)))
-        out["one_shared_process"]["serving_processes"] = len(shared.serving_pids()) - 1  # less the mount server
-    finally:
-        shared.close()
+    pools = (("one_shared_process", 1, READERS + 1), ("two_shared_processes", 2, 2 * READERS + 1))
+    for name, processes, first in pools:
+        (workdir / name).mkdir()
+        shared = Sessions(workdir / name, base, backend, class_mode="shared", shared_processes=processes)
+        try:
+            shared.server.start()
+            roots = [shared.open(site=site, flags=COLD_FLAGS)[0] for site in sites[first : first + READERS]]
+            out[name] = concurrent_reads(list(zip(roots, lists, strict=True)))
+            out[name]["serving_processes"] = len(shared.serving_pids()) - 1  # less the mount server
+        finally:
+            shared.close()
     return out
 
 
@@ -93,6 +96,11 @@ def text_line(result: dict[str, Any]) -> str:
         + (
             f"; one shared process, 16 sites {shared['reads_per_s']:.0f} reads/s ({shared['mb_per_s']:.1f} MB/s)"
             if (shared := result.get("one_shared_process"))
+            else ""
+        )
+        + (
+            f"; two shared processes (--shared-processes 2), 16 sites {pool['reads_per_s']:.0f} reads/s"
+            if (pool := result.get("two_shared_processes"))
             else ""
         )
     )

@@ -45,22 +45,30 @@ def _token(site: str, groups: list[str] | None, exp: float) -> str:
 class ModeServer(MountServer):
     """chromafs-mountd with --class-mode `class_mode`."""
 
-    def __init__(self, folder: Path, class_idle_s: float, class_mode: str) -> None:
+    def __init__(self, folder: Path, class_idle_s: float, class_mode: str, shared_processes: int = 1) -> None:
         super().__init__(folder, class_idle_s=class_idle_s)
         self.class_mode = class_mode
+        self.shared_processes = shared_processes
 
     def argv(self) -> list[str]:
-        return [*super().argv(), "--class-mode", self.class_mode]
+        pool = ["--shared-processes", str(self.shared_processes)] if self.shared_processes != 1 else []
+        return [*super().argv(), "--class-mode", self.class_mode, *pool]
 
 
 class Sessions:
     def __init__(
-        self, workdir: Path, site: str, backend: list[str], class_idle_s: float = 600, class_mode: str = "process"
+        self,
+        workdir: Path,
+        site: str,
+        backend: list[str],
+        class_idle_s: float = 600,
+        class_mode: str = "process",
+        shared_processes: int = 1,
     ) -> None:
         self.workdir = workdir
         self.site = site
         self.class_mode = class_mode
-        self.server = ModeServer(workdir, class_idle_s, class_mode)
+        self.server = ModeServer(workdir, class_idle_s, class_mode, shared_processes)
         self.secret = workdir / "secret"
         self.secret.write_text(SECRET)
         self.backend = backend
