@@ -52,6 +52,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help="the density figure's chromafs-mountd --class-mode (default: %(default)s)",
     )
     p.add_argument(
+        "--shared-processes",
+        type=int,
+        default=1,
+        help="the density figure's chromafs-mountd --shared-processes, with --class-mode shared (default: %(default)s)",
+    )
+    p.add_argument(
         "--baseline",
         metavar="REF",
         help="also measure the code at git REF (a temporary worktree), alternating with the current code, "

@@ -106,7 +106,12 @@ class Density:
         (self.workdir / "classes").mkdir()
         self.class_mode = run.args.class_mode
         self.sessions = Sessions(
-            self.workdir / "classes", corpus.site, backend, class_idle_s=TOKEN_LIFE_S, class_mode=self.class_mode
+            self.workdir / "classes",
+            corpus.site,
+            backend,
+            class_idle_s=TOKEN_LIFE_S,
+            class_mode=self.class_mode,
+            shared_processes=run.args.shared_processes,
         )
         self.visible = {name: sorted(keys) for name, keys in _visible_sets(chroma_dir, corpus.site).items()}
         self.sites: list[str] = []
@@ -208,6 +213,7 @@ def measure_density(run: Any, corpus: corpora.Corpus, backend: list[str], chroma
     facts = corpus.facts
     out: dict[str, Any] = {
         "class_mode": run.args.class_mode,
+        "shared_processes": run.args.shared_processes,
         "site_shape": {
             "tree_record_bytes": facts.get("tree_record_bytes"),
             "tree_files": facts.get("tree_files"),
