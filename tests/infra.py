@@ -320,6 +320,36 @@ def running_mount_server(
                 unmount(path)
 
 
+class SharedServer(MountServer):
+    """chromafs-mountd with --class-mode shared: every reader class a view of ONE mount, `shared`."""
+
+    def argv(self) -> list[str]:
+        return [*super().argv(), "--class-mode", "shared"]
+
+    @property
+    def shared(self) -> Path:
+        return self.class_root / "shared"
+
+
+@contextlib.contextmanager
+def running_shared_server(
+    folder: Path, *also: Path, class_idle_s: float = 300.0, metrics_port: int | None = None
+) -> Iterator[SharedServer]:
+    """A SharedServer in `folder` (made if missing); afterwards every mount under `also` and `folder` is
+    unmounted, the sessions (binds of the shared mount) before the shared mount itself."""
+    folder.mkdir(parents=True, exist_ok=True)
+    server = SharedServer(folder, class_idle_s=class_idle_s, metrics_port=metrics_port)
+    try:
+        with server:
+            yield server
+    finally:
+        for root in (*also, folder):
+            for path in mounts_under(root):
+                if path != server.shared:
+                    unmount(path)
+        unmount(server.shared)
+
+
 def mounts_under(root: Path) -> list[Path]:
     prefix = os.path.realpath(root) + "/"
     return [Path(entry.target) for entry in mounts() if entry.target.startswith(prefix)]

@@ -26,12 +26,14 @@ from infra import (
     SAMPLE_SITE,
     ChromaServer,
     MountServer,
+    SharedServer,
     copy_subset,
     expected_visible,
     free_port,
     ingest,
     mounts_under,
     run,
+    running_shared_server,
     tree_listing,
     try_mount,
     unmount,
@@ -41,29 +43,10 @@ IDLE_S = 1.0
 NO_WARM = ["--warm-max-bytes", "1"]  # every site is over it: no view is warmed (shared_warm.py)
 
 
-class SharedServer(MountServer):
-    """chromafs-mountd with --class-mode shared."""
-
-    def argv(self) -> list[str]:
-        return [*super().argv(), "--class-mode", "shared"]
-
-    @property
-    def shared(self) -> Path:
-        return self.class_root / "shared"
-
-
 @pytest.fixture
 def server(tmp_path: Path) -> Iterator[SharedServer]:
-    server = SharedServer(tmp_path / "server", class_idle_s=IDLE_S)
-    (tmp_path / "server").mkdir()
-    try:
-        with server:
-            yield server
-    finally:
-        for path in mounts_under(tmp_path):
-            if path != server.shared:
-                unmount(path)
-        unmount(server.shared)
+    with running_shared_server(tmp_path / "server", tmp_path, class_idle_s=IDLE_S) as server:
+        yield server
 
 
 def session_args(chroma: Path, server: MountServer, token: Path | None, secret_file: Path, site: str = "acme") -> list:
@@ -437,33 +420,25 @@ def test_the_server_reports_each_class_of_the_shared_mount(
     from test_sessions import _scrape
 
     port = free_port()
-    (tmp_path / "server").mkdir()
-    server = SharedServer(tmp_path / "server", class_idle_s=IDLE_S, metrics_port=port)
     chroma = sample_chroma("public")
-    try:
-        with server:
-            anon, billing = tmp_path / "anon", tmp_path / "billing"
-            # not warmed: the warm-up's reads count as requests of its view
-            open_session(anon, [*session_args(chroma, server, None, secret_file), *NO_WARM])
-            open_session(billing, [*session_args(chroma, server, token_file(["billing"]), secret_file), *NO_WARM])
-            assert run(["grep", "-rl", "token", str(anon)]).returncode == 0
-            assert run(["ls", str(billing)]).returncode == 0
-            time.sleep(2.5)  # the shared process writes its status every 2 s
-            metrics = _scrape(port)
-            assert metrics[("chromafs_mountd_classes", ())] == 2
-            readers = {dict(labels)["class"]: dict(labels)["reader"] for (name, labels) in metrics
-                       if name == "chromafs_class_sessions"}  # fmt: skip
-            files = {readers[dict(labels)["class"]]: value for (name, labels), value in metrics.items()
-                     if name == "chromafs_class_visible_files"}  # fmt: skip
-            assert files == {
-                "anonymous": len(expected_visible(SAMPLE_SITE, "public", None)),
-                "user=? groups=billing": len(expected_visible(SAMPLE_SITE, "public", {"billing"})),
-            }
-            served = {readers[dict(labels)["class"]]: value for (name, labels), value in metrics.items()
-                      if name == "chromafs_class_requests_total"}  # fmt: skip
-            assert served["anonymous"] > served["user=? groups=billing"] > 0
-    finally:
-        for path in mounts_under(tmp_path):
-            if path != server.shared:
-                unmount(path)
-        unmount(server.shared)
+    with running_shared_server(tmp_path / "server", tmp_path, class_idle_s=IDLE_S, metrics_port=port) as server:
+        anon, billing = tmp_path / "anon", tmp_path / "billing"
+        # not warmed: the warm-up's reads count as requests of its view
+        open_session(anon, [*session_args(chroma, server, None, secret_file), *NO_WARM])
+        open_session(billing, [*session_args(chroma, server, token_file(["billing"]), secret_file), *NO_WARM])
+        assert run(["grep", "-rl", "token", str(anon)]).returncode == 0
+        assert run(["ls", str(billing)]).returncode == 0
+        time.sleep(2.5)  # the shared process writes its status every 2 s
+        metrics = _scrape(port)
+        assert metrics[("chromafs_mountd_classes", ())] == 2
+        readers = {dict(labels)["class"]: dict(labels)["reader"] for (name, labels) in metrics
+                   if name == "chromafs_class_sessions"}  # fmt: skip
+        files = {readers[dict(labels)["class"]]: value for (name, labels), value in metrics.items()
+                 if name == "chromafs_class_visible_files"}  # fmt: skip
+        assert files == {
+            "anonymous": len(expected_visible(SAMPLE_SITE, "public", None)),
+            "user=? groups=billing": len(expected_visible(SAMPLE_SITE, "public", {"billing"})),
+        }
+        served = {readers[dict(labels)["class"]]: value for (name, labels), value in metrics.items()
+                  if name == "chromafs_class_requests_total"}  # fmt: skip
+        assert served["anonymous"] > served["user=? groups=billing"] > 0
