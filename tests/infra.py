@@ -343,11 +343,13 @@ def running_shared_server(
         with server:
             yield server
     finally:
+        shared = [p for p in mounts_under(server.class_root) if p.parent == server.class_root]  # shared, shared-1..
         for root in (*also, folder):
             for path in mounts_under(root):
-                if path != server.shared:
+                if path not in shared:
                     unmount(path)
-        unmount(server.shared)
+        for path in [server.shared, *shared]:
+            unmount(path)
 
 
 def mounts_under(root: Path) -> list[Path]:
