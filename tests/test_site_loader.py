@@ -68,3 +68,30 @@ def test_a_version_key_that_does_not_match_its_document_is_not_trusted(
     site = loader.load(Principal.anonymous())  # from Chroma, and published again, consistent
     assert redis_server.cli("GET", redis.tree_version_key(SITE, SITE)) == site.tree.version
     assert loader.tree_from_redis() is not None
+
+
+def test_an_expired_version_key_is_put_back_from_chroma_and_never_over_a_newer_one(
+    sample_chroma: Callable[[str], Path], redis_server: RedisServer
+) -> None:
+    """Once the published version key expires (--tree-ttl), one follower's check of Chroma puts the
+    marker back for --tree-ttl: the next checks of every follower read Redis again, not Chroma. A
+    key that is there already (a newer publish) is never overwritten."""
+    loader = SiteLoader(session(sample_chroma("public"), redis_server.url))
+    site = loader.load(Principal.anonymous())
+    redis = loader.redis
+    assert redis is not None
+    version_key = redis.tree_version_key(SITE, SITE)
+    redis_server.cli("DEL", version_key)  # as if its --tree-ttl had passed
+    opened: list[object] = []
+
+    def chroma() -> object:
+        opened.append(1)
+        return loader.open_chroma()
+
+    assert loader.current_version(chroma) == site.tree.version and len(opened) == 1
+    assert redis_server.cli("GET", version_key) == site.tree.version
+    assert 0 < int(redis_server.cli("TTL", version_key)) <= 120
+    assert loader.current_version(chroma) == site.tree.version and len(opened) == 1  # Redis only
+    redis_server.cli("SET", version_key, "newer")
+    redis.set_if_absent(version_key, site.tree.version.encode(), 120)
+    assert redis_server.cli("GET", version_key) == "newer"

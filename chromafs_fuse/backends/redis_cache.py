@@ -207,6 +207,17 @@ class RedisCache:
     def set(self, key: str, value: bytes, ttl_s: int | None = None) -> None:
         self.set_many({key: value}, ttl_s)
 
+    def set_if_absent(self, key: str, value: bytes, ttl_s: int) -> None:
+        """SET NX: never over what another writer put there first (Redis down: nothing)."""
+        if not self._usable():
+            return
+        try:
+            self.client.set(key, value, ex=ttl_s, nx=True)
+        except REDIS_ERRORS as exc:
+            self._failed(exc)
+            return
+        self._succeeded()
+
     def set_many(self, items: dict[str, bytes], ttl_s: int | None = None) -> None:
         if not items or not self._usable():
             return

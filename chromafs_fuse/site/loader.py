@@ -126,19 +126,31 @@ class SiteLoader:
         tree = parse_tree(document)
         self._log_skipped(tree)
         if self.redis is not None:
-            ttl_s = self.config.redis.tree_ttl_s if self.config.redis else self.redis.tree_ttl_s
             site, collection = self.config.site, self.config.chroma.collection
-            publish_tree(self.redis, site, collection, document.encode("utf-8"), tree.version, ttl_s)
+            publish_tree(self.redis, site, collection, document.encode("utf-8"), tree.version, self._tree_ttl_s())
         return tree
+
+    def _tree_ttl_s(self) -> int:
+        assert self.redis is not None
+        return self.config.redis.tree_ttl_s if self.config.redis else self.redis.tree_ttl_s
 
     def current_version(self, chroma: Callable[[], ChromaPages]) -> str:
         """The version of the tree published now: Redis's version key (a few bytes), else the
-        marker on Chroma's tree record. Blocking: run it off the loop."""
-        if self.redis is not None:
-            version = self.redis.get(self.redis.tree_version_key(self.config.site, self.config.chroma.collection))
-            if version is not None:
-                return version.decode()
-        return chroma().tree_marker()
+        marker on Chroma's tree record. Blocking: run it off the loop.
+
+        A marker read from Chroma is put back in Redis for --tree-ttl when the key has expired
+        (never over a newer one a publish put there), as the ingest's publish does: else every
+        follower of every site would ask Chroma every few seconds from the moment the key
+        expires, until the next re-ingest."""
+        if self.redis is None:
+            return chroma().tree_marker()
+        key = self.redis.tree_version_key(self.config.site, self.config.chroma.collection)
+        version = self.redis.get(key)
+        if version is not None:
+            return version.decode()
+        marker = chroma().tree_marker()
+        self.redis.set_if_absent(key, marker.encode(), self._tree_ttl_s())
+        return marker
 
     def announcements(self) -> TreeAnnouncements | None:
         """New versions announced through Redis (None without it): a refresher waits on them."""
