@@ -88,8 +88,9 @@ StartClass = Callable[[MountConfig, Principal, str], int]
 class ClassHost(Protocol):
     """Where classes are served. Every call blocks (the server's loop is synchronous)."""
 
-    def start(self, key: str, config: MountConfig, reader: Principal) -> ClassMount:
-        """Serve the reader class `reader` of the session's site; SessionError when it cannot be."""
+    def start(self, key: str, config: MountConfig, reader: Principal, host: HostSnapshot) -> ClassMount:
+        """Serve the reader class `reader` of the session's site (`host`: read just before);
+        SessionError when it cannot be."""
         ...
 
     def adopt(self, mount: ClassMount) -> None:
@@ -120,9 +121,9 @@ class ProcessHost:
         self.root = root
         self.start_class = start_class
 
-    def start(self, key: str, config: MountConfig, reader: Principal) -> ClassMount:
+    def start(self, key: str, config: MountConfig, reader: Principal, host: HostSnapshot) -> ClassMount:
         path = os.path.join(self.root, key)
-        if path in mounted_devices():
+        if path in host.devices:
             detach(path)  # a class mount no state names (the state was lost): it drains
         os.makedirs(path, mode=0o755, exist_ok=True)
         pid = self.start_class(config, reader, path)
@@ -179,7 +180,7 @@ class SessionKeeper:
         if mount is None or not self.host.alive(mount, host):
             if mount is not None:
                 self._drop_class(mount, "its daemon is gone")
-            mount = self._start(key, config, principal)
+            mount = self._start(key, config, principal, host)
         try:
             bind_read_only(mount.path, mountpoint)
         except OSError as exc:
@@ -194,9 +195,9 @@ class SessionKeeper:
         )
         return session
 
-    def _start(self, key: str, config: MountConfig, principal: Principal) -> ClassMount:
+    def _start(self, key: str, config: MountConfig, principal: Principal, host: HostSnapshot) -> ClassMount:
         started = time.perf_counter()
-        mount = self.host.start(key, config, principal.reader_class())
+        mount = self.host.start(key, config, principal.reader_class(), host)
         self.table.classes[key] = mount
         log.info(
             "class mount %s for %s (%s) ready in %.3fs",

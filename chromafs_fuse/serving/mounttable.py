@@ -17,6 +17,8 @@ _ESCAPED = {"\\": "\\134", " ": "\\040", "\t": "\\011", "\n": "\\012"}
 
 def unescape(field: bytes) -> str:
     """A path field of the mount table as the path it names."""
+    if b"\\" not in field:  # nearly every path: the table is read on every session request
+        return os.fsdecode(field)
     return os.fsdecode(_OCTAL.sub(lambda m: bytes([int(m.group(1), 8)]), field))
 
 

@@ -76,13 +76,13 @@ class SharedProcess:
         self.pid_start: int | None = None
         self.sites: set[str] = set()  # site directories placed here (by this server or one before it)
 
-    def _serving(self, devices: dict[str, str]) -> bool:
-        return self.pid is not None and process_start(self.pid) == self.pid_start and self.mountpoint in devices
+    def _serving(self, host: HostSnapshot) -> bool:
+        return self.pid is not None and host.runs(self.pid, self.pid_start) and self.mountpoint in host.devices
 
-    def ensure_running(self) -> str:
+    def ensure_running(self, host: HostSnapshot) -> str:
         """The process's mount device, the process started first if none answers."""
-        devices = mounted_devices()
-        if not self._serving(devices):
+        devices = host.devices
+        if not self._serving(host):
             self.pid = None
             with contextlib.suppress(OSError, ValueError):
                 pid = int(self.control.ask({"op": "describe"})["pid"])
@@ -121,10 +121,10 @@ class SharedHost:
         placed = next((p for p in self.processes if directory in p.sites), None)
         return placed or min(self.processes, key=lambda p: (len(p.sites), p.index))
 
-    def start(self, key: str, config: MountConfig, reader: Principal) -> ClassMount:
+    def start(self, key: str, config: MountConfig, reader: Principal, host: HostSnapshot) -> ClassMount:
         served = dataclasses.replace(config, warm_kernel=True)  # as a class daemon: read into the kernel once
         process = self._place(served)
-        device = process.ensure_running()
+        device = process.ensure_running(host)
         request = {
             "op": "add",
             "config": served.to_dict(),

@@ -120,7 +120,9 @@ class SharedMount:
                 os.write(ready_fd, READY)
                 os.close(ready_fd)
         while True:
-            self.status.write()
+            # described on the loop (one moment), encoded and written off it: with a thousand
+            # views that is tens of milliseconds every time
+            await trio.to_thread.run_sync(self.status.write_described, self.describe())
             await trio.sleep(STATUS_EVERY_S)
 
     # -- the control socket ----------------------------------------------------------------

@@ -54,10 +54,16 @@ class StatusFile:
         self.pid_start = process_start(os.getpid())
 
     def write(self) -> None:
+        if self.path:
+            self.write_described(self.describe())
+
+    def write_described(self, status: dict[str, Any]) -> None:
+        """Write a status already described (blocking: a process serving many views encodes and
+        writes it off its loop)."""
         if not self.path:
             return
         try:
-            write_private_json(self.path, {**self.describe(), "pid_start": self.pid_start})
+            write_private_json(self.path, {**status, "pid_start": self.pid_start})
         except OSError as exc:
             log.debug("cannot write status file %s: %s", self.path, exc)
 
