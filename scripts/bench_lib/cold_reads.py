@@ -1,6 +1,6 @@
 """Cold reads per second through chromafs-mountd class mounts, 16 readers at once (issue 30).
 
-Measured on sites copied for this figure and read by no one before (nothing in Redis, the
+Measured on sites copied for this figure and read by no one before (no page in Redis, the
 daemon's memory or the kernel's page cache), side by side in one run:
 - one class daemon (`--class-mode process`), 16 concurrent readers of different files of its
   site: what one serving process sustains on one site;

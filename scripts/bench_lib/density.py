@@ -102,7 +102,7 @@ class Density:
         self.corpus = corpus
         self.workdir = run.tmp / f"{corpus.site}-density"
         self.workdir.mkdir()
-        self.copier = SiteCopier(run.chroma.url, corpus.site)
+        self.copier = SiteCopier(run.chroma.url, corpus.site, run.redis.url)
         (self.workdir / "classes").mkdir()
         self.class_mode = run.args.class_mode
         self.sessions = Sessions(
