@@ -7,7 +7,8 @@ S sites in turn (--density-sites), each new site gets one session per reader cla
 signed in), and a `grep -rl` in it. After each step: the processes serving mounts and their total
 PSS (chromafs-mountd, class daemons, their watchdogs; /proc/PID/smaps_rollup), the PSS per class
 view, the CPU those processes use while idle, p50/p90 of a class's first session (its class
-mount started) and of later sessions of served classes. Once, for the first site: how many
+mount started) and of later sessions of served classes, and of the `grep -rl` in each: a class's
+first (right after its first session, racing its warm-up) and a later session's. Once, for the first site: how many
 copies of a page the kernel's page cache holds when both classes read it (fincore on the files
 through each class's session; and how much `Cached` - `Shmem` in /proc/meminfo grew while the
 second class opened, grepped and warmed, which other work on the machine blurs). Before all
@@ -96,6 +97,18 @@ def wait_warm(class_root: Path, timeout_s: float = 120.0) -> bool:
     return False
 
 
+def wait_shared_warm(class_root: Path, views: int, timeout_s: float = 300.0) -> bool:
+    """Until the shared processes' logs name `views` warmed views (or views not warmed)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        logs = [p.read_text(errors="replace") for p in class_root.glob("shared*.log")]
+        done = sum(t.count(" warm /") + t.count("not warming ") for t in logs)
+        if done >= views:
+            return True
+        time.sleep(0.5)
+    return False
+
+
 class Density:
     def __init__(self, run: Any, corpus: corpora.Corpus, backend: list[str], chroma_dir: Path) -> None:
         self.run = run
@@ -163,13 +176,15 @@ class Density:
             "second_class_growth_to_bytes": second_growth_kb * 1024 / second if second else None,
         }
 
-    def later_sessions(self) -> list[float]:
-        times = []
+    def later_sessions(self) -> tuple[list[float], list[float]]:
+        """(seconds each session took, seconds its first `grep -rl` took)."""
+        times, greps = [], []
         for site, reader in self.rng.sample(self.served, min(LATER_SESSIONS, len(self.served))):
             root, took = self.open(site, reader)
             times.append(took)
+            greps.append(measure.run_tool(measure.command_of("grep -rl"), root)[0])
             unmount(root)
-        return times
+        return times, greps
 
     def step(self, target: int, baseline_pss_kb: int, previous: dict[str, Any] | None) -> dict[str, Any]:
         firsts: list[float] = []
@@ -197,9 +212,17 @@ class Density:
         out["pss_per_class_kb"] = (total - baseline_pss_kb) / classes if classes else None
         if previous is not None and classes > previous["classes"]:
             out["marginal_pss_per_class_kb"] = (total - previous["pss_total_kb"]) / (classes - previous["classes"])
+        if self.class_mode == "shared":  # idle: once the new classes' background warm-ups are done
+            out["warm_ups_done"] = wait_shared_warm(self.sessions.server.class_root, classes)
         out["idle_cpu_percent_of_a_core"] = idle_cpu_percent(pids)
-        later = self.later_sessions()
-        for name, values in (("first_session", firsts), ("later_session", later), ("class_first_grep", greps)):
+        later, later_greps = self.later_sessions()
+        figures = (
+            ("first_session", firsts),
+            ("later_session", later),
+            ("class_first_grep", greps),
+            ("later_session_grep", later_greps),
+        )
+        for name, values in figures:
             if values:
                 out[f"{name}_n"] = len(values)
                 out[f"{name}_p50_s"] = measure.percentile(values, 50)
@@ -263,6 +286,7 @@ def step_line(step: dict[str, Any]) -> str:
         f"{step['pss_total_kb'] / 1024:>9.0f} MiB {(step['pss_per_class_kb'] or 0) / 1024:>7.1f} MiB "
         f"{'-' if marginal is None else f'{marginal / 1024:.1f} MiB':>10} "
         f"{_ms(step, 'first_session'):>16} {_ms(step, 'later_session'):>16} {_ms(step, 'class_first_grep'):>16} "
+        f"{_ms(step, 'later_session_grep'):>16} "
         f"{step['idle_cpu_percent_of_a_core']:>6.0f}% {step['mem_available_gib']:>6.1f} GiB"
     )
 
@@ -276,7 +300,7 @@ def text_lines(result: dict[str, Any]) -> list[str]:
         f"tree record {shape['tree_record_bytes']} bytes; 2 reader classes per site; "
         f"chromafs-mountd --class-mode {result.get('class_mode', 'process')}",
         "  sites classes processes  PSS total  PSS/class   marginal  first session p50/p90  "
-        "later p50/p90  1st grep p50/p90  idle CPU  MemAvail",
+        "later p50/p90  1st grep p50/p90  later grep p50/p90  idle CPU  MemAvail",
     ]
     lines += [f"  {step_line(step)}" for step in result["steps"]]
     first = next((s["page_cache"] for s in result["steps"] if "page_cache" in s), None)
