@@ -37,6 +37,7 @@ from infra import (
     tree_listing,
     try_mount,
     unmount,
+    wait_until,
 )
 
 IDLE_S = 1.0
@@ -181,13 +182,12 @@ def test_a_second_site_and_the_page_cache_are_shared_without_leaking(
 def warm_lines(server: SharedServer, count: int) -> list[str]:
     """The shared process's log lines of its first `count` warmed views, once there are as many."""
     log_file = server.class_root / "shared.log"
-    deadline = time.monotonic() + 30
-    while True:
+
+    def warmed() -> list[str]:
         lines = [line for line in log_file.read_text().splitlines() if " warm " in line and " read" in line]
-        if len(lines) >= count:
-            return lines
-        assert time.monotonic() < deadline, log_file.read_text()[-2000:]
-        time.sleep(0.1)
+        return lines if len(lines) >= count else []
+
+    return wait_until(warmed, 30, f"{count} views warmed")
 
 
 def test_a_class_is_read_into_the_kernel_once_in_the_background(
@@ -266,14 +266,8 @@ def test_a_frozen_site_fails_its_reads_in_time_and_stalls_no_other_site(
         assert len(outcomes) == 4 and all(code == errno.EIO and took < timeout + 1.0 for _, code, took in outcomes), (
             outcomes
         )
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                assert (slow / pages[-1]).read_bytes() == (SAMPLE_SITE / pages[-1]).read_bytes()
-                break
-            except OSError:
-                assert time.monotonic() < deadline, "the frozen site did not recover"
-                time.sleep(0.5)
+        recovered = wait_until((slow / pages[-1]).read_bytes, 30, "the frozen site's recovery", 0.5, (OSError,))
+        assert recovered == (SAMPLE_SITE / pages[-1]).read_bytes()
     finally:
         chroma.stop()
 
