@@ -31,7 +31,7 @@ from chromafs_fuse.readahead import ReadScheduler
 from chromafs_fuse.serving.class_mounts import mount_settings
 from chromafs_fuse.serving.mount import tell_kernel
 from chromafs_fuse.serving.shared_warm import SharedWarmer, WarmJob
-from chromafs_fuse.serving.warm_up import visible_bytes, warm_budget
+from chromafs_fuse.serving.warm_up import should_warm_kernel
 from chromafs_fuse.shared_filesystem import SharedFilesystem
 from chromafs_fuse.shared_views import scope_for, site_dir_name, view_name
 from chromafs_fuse.site.follower import TreeFollower, new_trees
@@ -138,13 +138,9 @@ class SharedSites:
 
     def _warm(self, site: SharedSite, name: str) -> None:
         """With --warm-kernel (a mount server's classes), the view's pages read in the background."""
-        if not site.config.warm_kernel:
-            return
         view = site.views[name]
         fs = view.fs
-        total, budget = visible_bytes(fs.table), warm_budget(site.config)
-        if total > budget:
-            log.info("not warming %s/%s: %d visible bytes, over --warm-max-bytes %d", site.key, name, total, budget)
+        if not should_warm_kernel(site.config, True, fs.table):  # reads need no watchdog: "pushing" holds
             return
 
         def current() -> bool:

@@ -102,7 +102,7 @@ def wait_shared_warm(class_root: Path, views: int, timeout_s: float = 300.0) -> 
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         logs = [p.read_text(errors="replace") for p in class_root.glob("shared*.log")]
-        done = sum(t.count(" warm /") + t.count("not warming ") for t in logs)
+        done = sum(t.count(" warm /") + t.count("not warming") for t in logs)
         if done >= views:
             return True
         time.sleep(0.5)
