@@ -95,8 +95,9 @@ class DocsFilesystem(Generic[A]):
         # may still see are kept (see carry_replaced): a removed or hidden page is gone.
         self.replaced: dict[int, PathEntry] = dict(replaced or {})
         self.search_dir = search_dir
-        # In no-open mode the kernel keeps pages across opens: only when every size is known.
-        self.no_open = no_open and table.unknown_sizes == 0
+        # In no-open mode the kernel keeps pages across opens and clamps every read to the size
+        # it holds: a file of unknown size is read when the kernel asks its attributes (`stat`).
+        self.no_open = no_open
 
     # -- names, attributes and directories ----------------------------------------------
 
@@ -124,6 +125,23 @@ class DocsFilesystem(Generic[A]):
         if SearchDir.owns(inode):
             return self._search_attributes(inode)
         raise FsError(errno.ENOENT)
+
+    async def stat(self, inode: int) -> A:
+        """The attributes as the kernel asks for them (getattr). In no-open mode the kernel
+        clamps reads to the size it holds, and asks again before reading past it: a file whose
+        size the tree does not give is read now to learn it (EIO when it cannot be read, never
+        an empty file). In open mode such a file is opened direct_io instead."""
+        attributes = self.getattr(inode)
+        if not self.no_open:
+            return attributes
+        index = self.table.index_of(inode)
+        if index < 0 or self._built[index] is not None or self.table.is_dir_at(index):
+            return attributes
+        entry = self.table.node(index).entry
+        assert entry is not None
+        if self.pages.size_of(entry) is None:
+            await self._read_entry(entry, 0, 0)
+        return self.getattr(inode)
 
     def _node_attributes(self, index: int) -> A:
         size = self.file_size(index)

@@ -10,8 +10,11 @@ shared mount sits in the mount server's root-only directory, a session is a bind
 
 Nothing a session sees depends on the other views: a view's directories and files are its own
 table's, `statfs` gives fixed numbers, and the top levels are never timed in the kernel (views
-come and go). The kernel opens files in open mode (keep_cache) for every view alike, since its
-open mode is set per connection.
+come and go). The kernel's open mode is set per connection, so it is one for every view: with
+chromafs's pyfuse3 build the mount runs in no-open mode (the kernel sends no open, release,
+opendir or releasedir, and keeps pages and listings), and a file whose size its tree does not give
+is read when the kernel asks its attributes (DocsFilesystem.stat). The top directories' mtime is
+the time a view last came or went, so the kernel lists them again after a change.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import errno
 import os
+import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Generic, TypeVar
@@ -48,14 +52,14 @@ class ViewEntry(Generic[A]):
 
 
 class SharedFilesystem(Generic[A]):
-    no_open = False  # every view in open mode: the kernel's open mode is one per mount
-
-    def __init__(self, convert: Callable[[Attributes], A], time_ns: int) -> None:
+    def __init__(self, convert: Callable[[Attributes], A], time_ns: int, no_open: bool = False) -> None:
         """`convert` turns an attribute record into what the mount answers with (as
-        AttributeMaker's); `time_ns` is the time the top directories show."""
+        AttributeMaker's); `time_ns` is the time the top directories show until a view comes or
+        goes; `no_open`: the kernel's open mode (every view's DocsFilesystem is built with it)."""
         self.namespace: SharedNamespace[ViewEntry[A]] = SharedNamespace()
         self.convert = convert
         self.time_ns = time_ns
+        self.no_open = no_open
         self.absent = convert(Attributes(0, 0, 0, 0, 0, 0.0, 0.0, 0, 0))  # never cached: views come
 
     # -- views joining and leaving ---------------------------------------------------------
@@ -66,10 +70,21 @@ class SharedFilesystem(Generic[A]):
         InodeClash when its inodes clash with another view's."""
         old = self.namespace.view(site, name)
         self.namespace.add(site, name, ViewEntry(fs, old.requests if old else 0), extra_inodes)
+        if old is None:
+            self._changed()
 
     def remove(self, site: str, name: str) -> DocsFilesystem[A] | None:
         entry = self.namespace.remove(site, name)
-        return entry.fs if entry is not None else None
+        if entry is None:
+            return None
+        self._changed()
+        return entry.fs
+
+    def _changed(self) -> None:
+        """A view came or went. In no-open mode the kernel caches the top directories' listings
+        too, and takes one again when the directory's mtime moves (it asks their attributes
+        before every listing: they are never cached, and libfuse turns on auto_inval_data)."""
+        self.time_ns = max(time.time_ns(), self.time_ns + 1)
 
     def view(self, site: str, name: str) -> ViewEntry[A] | None:
         return self.namespace.view(site, name)
@@ -112,9 +127,16 @@ class SharedFilesystem(Generic[A]):
             return self._top(inode)
         return self._fs(inode).getattr(inode)
 
+    async def stat(self, inode: int) -> A:
+        if self.namespace.is_top(inode):
+            return self._top(inode)
+        return await self._fs(inode).stat(inode)
+
     def open_dir(self, inode: int) -> None:
         if not self.namespace.is_top(inode):
             self._fs(inode).open_dir(inode)
+        elif self.no_open:
+            raise FsError(errno.ENOSYS)  # as every view's: one open mode per connection
 
     def listing(self, inode: int, start: int) -> Iterator[tuple[bytes, A, int]]:
         namespace = self.namespace

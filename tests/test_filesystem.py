@@ -186,13 +186,28 @@ def test_errnos_of_misuse() -> None:
     assert call(ops.access, intro, os.W_OK, None) is False
 
 
-def test_no_open_mode_answers_enosys_once_every_size_is_known() -> None:
-    unsized, _ = build(Principal.anonymous(), no_open=True)
-    assert not unsized.fs.no_open  # a size unknown: the kernel must not keep pages across opens
+def test_no_open_mode_answers_enosys_to_open_and_opendir() -> None:
     ops, _ = build(Principal.anonymous(), no_open=True, sized=True)
     assert ops.fs.no_open
     assert errno_of(ops.open, inode(ops, "index.md"), os.O_RDONLY, None) == errno.ENOSYS
     assert errno_of(ops.opendir, inode(ops, "guides"), None) == errno.ENOSYS
+
+
+def test_in_no_open_mode_getattr_reads_a_file_of_unknown_size_to_give_its_size() -> None:
+    """The kernel clamps reads to the size it holds and asks getattr before reading past it:
+    an unknown size is learned then, never answered as an empty file."""
+    ops, pages = build(Principal.anonymous(), no_open=True)
+    nested = inode(ops, "guides/deep/nested.md")
+    pages.failing["guides/deep/nested.md"] = PageUnavailable("guides/deep/nested.md")
+    assert errno_of(ops.getattr, nested, None) == errno.EIO  # the backend fails: stat fails
+    del pages.failing["guides/deep/nested.md"]
+    attributes = call(ops.getattr, nested, None)
+    assert attributes.st_size == len(PAGES["guides/deep/nested.md"]) and attributes.attr_timeout == 60
+    assert call(ops.read, nested, 0, 4096) == PAGES["guides/deep/nested.md"]
+    reads = len(pages.reads)
+    call(ops.getattr, nested, None)
+    call(ops.getattr, inode(ops, "guides/intro.md"), None)  # a size the tree gives: nothing read
+    assert len(pages.reads) == reads
 
 
 def test_an_unavailable_page_is_eio_and_the_next_read_tries_again() -> None:

@@ -78,6 +78,25 @@ def test_the_top_levels_list_sites_and_views_and_are_never_timed() -> None:
     assert fs.stats() == SHARED_STATS and not fs.may_access(ROOT_INODE, os.W_OK)
 
 
+def test_the_top_levels_mtime_moves_as_views_come_and_go() -> None:
+    """In no-open mode the kernel caches listings, the top ones too: it lists again when the
+    directory's mtime moved. Opening a top directory answers ENOSYS, as a view's would."""
+    fs, names = shared(("docs", ANON))
+    fs.no_open = True
+    with pytest.raises(FsError) as info:
+        fs.open_dir(ROOT_INODE)
+    assert info.value.errno == errno.ENOSYS
+    times = [fs.getattr(ROOT_INODE).time_ns]
+    name, view = view_fs("docs", STAFF)
+    fs.add("docs", name, view)
+    times.append(fs.getattr(ROOT_INODE).time_ns)
+    fs.add("docs", name, view)  # a view switched to a new tree: no listing changed
+    times.append(resolve(fs, "docs").time_ns)
+    fs.remove("docs", name)
+    times.append(resolve(fs, "docs").time_ns)
+    assert times[0] < times[1] == times[2] < times[3]
+
+
 def test_a_page_of_two_views_is_one_inode_and_hidden_pages_are_missing() -> None:
     fs, names = shared(("docs", ANON), ("docs", STAFF))
     anon, staff = f"docs/{names['docs:anonymous']}", f"docs/{names['docs:user=? groups=staff']}"

@@ -198,17 +198,22 @@ def test_a_class_is_read_into_the_kernel_once_in_the_background(
     tmp_path: Path,
 ) -> None:
     """A new class's pages are read through the mount after its first session is handed out:
-    its first `grep -r` then makes no read request. A second class of the site reads only the
-    pages the first one does not show (they are the same inodes)."""
+    its first `grep -r` then makes no request at all (no-open mode: no open, release or listing
+    either). A second class of the site reads only the pages the first one does not show (they
+    are the same inodes)."""
     chroma = sample_chroma("public")
     anon, billing = tmp_path / "anon", tmp_path / "billing"
     open_session(anon, session_args(chroma, server, None, secret_file))
     warm_lines(server, 1)
-    reads = control(server, {"op": "describe"})["requests"].get("read", 0)
+
+    def requests() -> dict[str, int]:  # grep's statfs (a fixed answer) aside
+        return {op: n for op, n in control(server, {"op": "describe"})["requests"].items() if op != "statfs"}
+
+    before = requests()
     grep = run(["grep", "-r", "--count", "an-absent-word-7f3a", str(anon)])
     visible = expected_visible(SAMPLE_SITE, "public", None)
     assert grep.returncode == 1 and len(grep.stdout.splitlines()) == len(visible), grep.stderr
-    assert control(server, {"op": "describe"})["requests"].get("read", 0) == reads, "grep read through FUSE"
+    assert requests() == before, "grep reached the shared process"
     for rel in visible:
         resident, pages = resident_pages(anon / rel)
         assert resident == pages, f"{rel}: {resident} of {pages} pages in the kernel"
@@ -436,3 +441,59 @@ def test_the_server_reports_each_class_of_the_shared_mount(
         served = {readers[dict(labels)["class"]]: value for (name, labels), value in metrics.items()
                   if name == "chromafs_class_requests_total"}  # fmt: skip
         assert served["anonymous"] > served["user=? groups=billing"] > 0
+
+
+def test_a_tree_without_sizes_reads_whole_and_a_broken_page_fails_with_eio(
+    server: SharedServer, secret_file: Path, tmp_path: Path
+) -> None:
+    """A collection written by another tool: its tree gives no sizes. The shared mount runs in
+    no-open mode, where the kernel clamps reads to the size it holds, so a size is learned when
+    the kernel asks for it: every page reads whole, `stat` gives its real size, and a page that
+    cannot be put together fails with EIO (stat and read), never as an empty file."""
+    from test_backends import PAGES, _minimal_collection
+
+    tree = {key: {"isPublic": not key.startswith("secret"), "groups": []} for key in PAGES}
+    tree["broken.md"] = {"isPublic": True, "groups": []}
+    records = [(key, i, text) for key, chunks in PAGES.items() for i, text in enumerate(chunks)]
+    records += [("broken.md", 0, "first"), ("broken.md", 2, "third")]  # chunk 1 is missing
+    _minimal_collection(tmp_path / "chroma", "minimal", json.dumps(tree), records)
+    session = tmp_path / "session"
+    open_session(session, [*session_args(tmp_path / "chroma", server, None, secret_file, site="minimal"), *NO_WARM])
+    assert control(server, {"op": "describe"})["kernel_open"] == "skipped"  # chromafs's pyfuse3 build
+    grep = run(["grep", "-rn", "Verify", str(session)])  # a page nobody read yet: every byte
+    assert f"{session}/guide/setup.mdx:7:## Verify" in grep.stdout, grep.stdout + grep.stderr
+    for key, chunks in PAGES.items():
+        if key.startswith("secret"):
+            assert not (session / key).exists()
+            continue
+        expected = "\n".join(chunks).encode()
+        assert os.stat(session / key).st_size == len(expected), key
+        assert (session / key).read_bytes() == expected
+        assert run(["cat", str(session / key)]).stdout.encode() == expected
+    for attempt in (os.stat, Path.read_bytes):
+        with pytest.raises(OSError) as info:
+            attempt(session / "broken.md")  # type: ignore[operator]
+        assert info.value.errno == errno.EIO
+    assert (session / "intro.md").read_bytes().startswith(b"# Intro")  # the mount is still fine
+
+
+def test_the_shared_mounts_top_listings_follow_classes_coming_and_going(
+    server: SharedServer,
+    sample_chroma: Callable[[str], Path],
+    token_file: Callable[..., Path],
+    secret_file: Path,
+    tmp_path: Path,
+) -> None:
+    """In no-open mode the kernel caches every listing, the top two levels of the shared mount
+    (root only) included: they are dropped as classes come and go."""
+    chroma = sample_chroma("public")
+    anon, billing = tmp_path / "anon", tmp_path / "billing"
+    open_session(anon, [*session_args(chroma, server, None, secret_file), *NO_WARM])
+    [site] = os.listdir(server.shared)
+    assert len(os.listdir(server.shared / site)) == 1
+    open_session(billing, [*session_args(chroma, server, token_file(["billing"]), secret_file), *NO_WARM])
+    assert os.listdir(server.shared) == [site] and len(os.listdir(server.shared / site)) == 2
+    unmount(billing)
+    wait_until(lambda: len(os.listdir(server.shared / site)) == 1, 30, "the class's view removed from the listing")
+    unmount(anon)
+    wait_until(lambda: not os.path.exists(server.shared) or not os.listdir(server.shared), 30, "an empty root")

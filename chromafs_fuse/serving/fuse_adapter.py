@@ -118,7 +118,7 @@ class FuseAdapter(pyfuse3.Operations):
 
     @_request("getattr")
     async def getattr(self, inode: int, ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
-        return self.fs.getattr(inode)
+        return await self.fs.stat(inode)
 
     @_request("forget")
     async def forget(self, inode_list: list[tuple[int, int]]) -> None:

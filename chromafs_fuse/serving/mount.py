@@ -106,8 +106,11 @@ class Mount:
         time_ns, built = preloaded.attributes if preloaded is not None else (time.time_ns(), None)
         self.attributes = attribute_maker(config.cache_timeout_s, time_ns)
         self.search_dir = SearchDir(config.search_dir, self._search) if config.search_dir else None
+        # The kernel's open mode is set for the mount's life. A mount opens its own files when
+        # its first tree leaves a size unknown (direct_io, then keep_cache once read); a later
+        # tree without sizes is served in the mode the mount has (DocsFilesystem.stat).
+        self.no_open = pyfuse3_passes_inode() and site.table.unknown_sizes == 0
         self.adapter = FuseAdapter(self._filesystem(site.table, {}, built))
-        self.no_open = self.fs.no_open  # the kernel's open mode is set for the mount's life
         # Pushing pages needs the kernel to keep them across opens (no-open mode only), the
         # batched store of chromafs's pyfuse3 build (scripts/build_pyfuse3.py), and a watchdog
         # (started once mounted: only pushed pages can leave a thread waiting in the kernel on a
@@ -138,8 +141,9 @@ class Mount:
         built: list[pyfuse3.EntryAttributes | None] | None = None,
     ) -> Filesystem:
         scheduler = ReadScheduler(table, self.pages, self.config.readahead_pages)
-        no_open = pyfuse3_passes_inode()  # and every size known (DocsFilesystem checks)
-        return DocsFilesystem(table, self.pages, scheduler, no_open, self.attributes, replaced, self.search_dir, built)
+        return DocsFilesystem(
+            table, self.pages, scheduler, self.no_open, self.attributes, replaced, self.search_dir, built
+        )
 
     async def _search(self, query: str) -> bytes:
         """A file of the search directory: the query's hits in the pages the mount shows now."""
@@ -171,10 +175,6 @@ class Mount:
         replaced, dropped = old.carry_replaced(change.replaced, table)
         change.stale_inodes += dropped
         new = self._filesystem(table, replaced)
-        if new.no_open != self.no_open:
-            # a tree that gives no sizes after one that did is served as well as it can be
-            log.warning("the new tree %s sizes for every file", "gives" if new.no_open else "does not give")
-            new.no_open = self.no_open
         self.adapter.switch(new)
         self.pages.switch(tree.version)
         self.tree = tree

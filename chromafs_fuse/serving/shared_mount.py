@@ -11,8 +11,8 @@ one JSON object a line each way:
   {"op": "describe"} -> {"ok": true, "pid": ..., "views": {full path: status}}
 It outlives the mount server that started it (a restarted one reconnects through the socket) and
 ends by itself once no session's bind of it has stood for its idle time. No page is pushed into
-the kernel here: files are opened with keep_cache, so the kernel keeps what it read once for
-every view of the site, and a new view is warmed by reading it (serving/shared_warm.py).
+the kernel here: the kernel keeps what it read once (no-open mode, or keep_cache with a stock
+pyfuse3) for every view of the site, and a new view is warmed by reading it (serving/shared_warm.py).
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from chromafs_fuse.config import MountConfig
 from chromafs_fuse.logs import setup_logging
 from chromafs_fuse.page_cache import PageCache
 from chromafs_fuse.serving.daemon import failure_text, report_failure
-from chromafs_fuse.serving.fuse_adapter import FuseAdapter, entry_attributes
+from chromafs_fuse.serving.fuse_adapter import FuseAdapter, entry_attributes, pyfuse3_passes_inode
 from chromafs_fuse.serving.handshake import READY
 from chromafs_fuse.serving.lifetime import end_when_unused, watch_signals
 from chromafs_fuse.serving.process import limit_malloc_arenas
@@ -66,7 +66,7 @@ class SharedMount:
     def __init__(self, class_root: str, cache_bytes: int, idle_exit_s: float, index: int = 0) -> None:
         self.mountpoint, self.socket_path = shared_paths(class_root, index)
         self.idle_exit_s = idle_exit_s
-        self.fs = SharedFilesystem(entry_attributes, time.time_ns())
+        self.fs = SharedFilesystem(entry_attributes, time.time_ns(), no_open=pyfuse3_passes_inode())
         self.adapter = FuseAdapter(self.fs)  # type: ignore[arg-type]  # answers as a DocsFilesystem
         self.cache = PageCache(cache_bytes)
         self.sites = SharedSites(self.fs, self.cache, self.mountpoint)
@@ -178,6 +178,7 @@ class SharedMount:
             "uptime_s": uptime_since(self.started),
             "sites": len(self.sites.sites),
             "views_warmed": self.sites.warmer.warmed_views,
+            "kernel_open": "skipped" if self.fs.no_open else "per open",
             "requests": dict(self.adapter.requests),
             "pages_cached": len(cache),
             "cached_bytes": cache.current_bytes,

@@ -80,6 +80,7 @@ class SharedSite:
         self.pages = pages
         self.loader = loader
         self.attributes: AttributeMaker[Any] | None = None  # set by SharedSites (its conversion)
+        self.no_open = False  # set by SharedSites: the shared mount's open mode
         self.follower = TreeFollower(loader, pages.chroma, tree, config.refresh_interval_s)
         self.views: dict[str, SharedView] = {}
         self.warmed: set[int] = set()  # inodes read through a view already (serving/shared_warm.py)
@@ -89,7 +90,7 @@ class SharedSite:
     def filesystem(self, table: InodeTable, replaced: dict | None = None) -> DocsFilesystem[Any]:
         assert self.attributes is not None
         scheduler = ReadScheduler(table, self.pages, self.config.readahead_pages)
-        return DocsFilesystem(table, self.pages, scheduler, False, self.attributes, replaced)
+        return DocsFilesystem(table, self.pages, scheduler, self.no_open, self.attributes, replaced)
 
 
 class SharedSites:
@@ -219,6 +220,7 @@ class SharedSites:
             pages.use_chroma(opened)
         site = SharedSite(key, config, loader, tree, pages)
         site.attributes = AttributeMaker(config.cache_timeout_s, time.time_ns(), self.fs.convert)
+        site.no_open = self.fs.no_open
         log.info("site %s: tree %s, %d files", key, tree.version, len(tree.entries))
         return site
 

@@ -2,13 +2,14 @@
 mount once, in the background, so that the class's first `grep -r` finds them in the kernel's
 page cache instead of paying a request per file.
 
-The shared mount opens files with keep_cache, and a page that several views of a site show is
-one inode, so a page read once through any view is held for every view of its site: a site's
-second class lists its directories and reads only the pages the first one did not show. Views
-are warmed one at a time, by one thread reading as a user would (no page is pushed: a read, unlike
-a kernel store, cannot leave a thread waiting in the kernel on a killed process). Views of up to
-`--warm-max-bytes` visible bytes are warmed (default: a sixteenth of the machine's memory); the
-kernel evicts what it needs. A view removed or switched to a new tree meanwhile stops its warm-up.
+The kernel keeps what the shared mount's files read (no-open mode, or keep_cache), and a page that
+several views of a site show is one inode, so a page read once through any view is held for every
+view of its site: a site's second class lists its directories and reads only the pages the first
+one did not show. Views are warmed one at a time, by one thread reading as a user would (no page
+is pushed: a read, unlike a kernel store, cannot leave a thread waiting in the kernel on a killed
+process). Views of up to `--warm-max-bytes` visible bytes are warmed (default: a sixteenth of the
+machine's memory); the kernel evicts what it needs. A view removed or switched to a new tree
+meanwhile stops its warm-up.
 """
 
 from __future__ import annotations
