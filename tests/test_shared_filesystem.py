@@ -81,7 +81,7 @@ def test_the_top_levels_list_sites_and_views_and_are_never_timed() -> None:
 def test_the_top_levels_mtime_moves_as_views_come_and_go() -> None:
     """In no-open mode the kernel caches listings, the top ones too: it lists again when the
     directory's mtime moved. Opening a top directory answers ENOSYS, as a view's would."""
-    fs, names = shared(("docs", ANON))
+    fs, _ = shared(("docs", ANON))
     fs.no_open = True
     with pytest.raises(FsError) as info:
         fs.open_dir(ROOT_INODE)

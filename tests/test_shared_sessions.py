@@ -135,6 +135,32 @@ def test_an_isolated_session_gets_a_daemon_of_its_own(
     assert same_as_source(anon) and len(shared_processes(server)) == 1
 
 
+def test_a_search_dir_class_gets_a_daemon_of_its_own_and_ends_when_idle(
+    server: SharedServer,
+    opener: Callable[..., Path],
+    sample_chroma: Callable[[str], Path],
+    secret_file: Path,
+    tmp_path: Path,
+) -> None:
+    """`--search-dir` is not served by the shared mount (its query inodes are per mount): such a
+    class is a daemon and a mount of its own, as in process mode, beside the shared classes."""
+    from test_search_dir import chromafs_search
+
+    anon = opener("anon")
+    searcher = opener("searcher", None, "--search-dir", ".search")
+    assert os.stat(searcher).st_dev not in (os.stat(server.shared).st_dev, os.stat(anon).st_dev)
+    [class_mount] = [m for m in mounts_under(server.class_root) if m != server.shared]
+    assert len(control(server, {"op": "describe"})["views"]) == 1  # the anonymous class only
+    query = "Authorization header"
+    args = ["--site", "acme", "--chroma-path", str(sample_chroma("public")), "--jwt-secret-file", str(secret_file)]
+    answer = (searcher / ".search" / query).read_text()
+    assert answer and answer == chromafs_search(args, query)
+    assert same_as_source(searcher) and ".search" not in os.listdir(searcher)
+    unmount(searcher)
+    wait_until(lambda: class_mount not in mounts_under(server.class_root), 30, "the idle search class unmounted")
+    assert same_as_source(anon) and len(shared_processes(server)) == 1
+
+
 SCRIPT = "cd /docs && stat -c %d . && ls -R && cat {page} && grep -rl --exclude=*.png Authorization . | sort"
 
 

@@ -327,7 +327,7 @@ def serve_forever(
         if class_mode == "shared":
             from chromafs_fuse.serving.shared_host import SharedHost
 
-            host = SharedHost(class_root, start_shared, shared_processes)
+            host = SharedHost(class_root, start_shared, shared_processes, own_daemons=host)
         keeper = SessionKeeper(class_root, class_idle_s, host)
     metrics = MetricsEndpoint(metrics_addr, lambda: keeper.table if keeper else None) if metrics_addr else None
     listeners: list[socket.socket | MetricsEndpoint] = [server, *([metrics] if metrics else [])]

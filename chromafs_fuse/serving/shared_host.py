@@ -6,7 +6,9 @@ the site is.
 
 A class is alive while the shared process that added its view runs and its mount stands. The
 processes outlive the mount server: a restarted server finds them through their sockets and
-carries on with the views its state names (their sites stay where they are).
+carries on with the views its state names (their sites stay where they are). A class the shared
+mount does not serve (`--search-dir`: its query inodes are per mount) gets a daemon of its own,
+as in process mode.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from typing import Any
 from chromafs_fuse.access import Principal
 from chromafs_fuse.config import MountConfig
 from chromafs_fuse.serving.binds import detach, mounted_devices
-from chromafs_fuse.serving.class_mounts import HostSnapshot, SessionError
+from chromafs_fuse.serving.class_mounts import ClassHost, HostSnapshot, SessionError
 from chromafs_fuse.serving.process import process_start
 from chromafs_fuse.serving.sessions import ClassMount
 from chromafs_fuse.serving.shared_mount import shared_paths
@@ -109,8 +111,17 @@ class SharedHost:
     `processes`). Every class of a site is in the same process (a page the classes share is one
     inode); a new site goes to the process serving the fewest."""
 
-    def __init__(self, root: str, start_shared: StartShared, processes: int = 1) -> None:
+    def __init__(
+        self, root: str, start_shared: StartShared, processes: int = 1, own_daemons: ClassHost | None = None
+    ) -> None:
+        """`own_daemons`: where a class the shared mount does not serve goes (a ProcessHost)."""
+        self.root = root
         self.processes = [SharedProcess(root, index, start_shared) for index in range(processes)]
+        self.own_daemons = own_daemons
+
+    def _daemon_host(self, mount: ClassMount) -> ClassHost | None:
+        """The host of a class served by a daemon of its own (mounted at `<root>/<class key>`)."""
+        return self.own_daemons if os.path.dirname(mount.path) == os.path.normpath(self.root) else None
 
     def _process_of(self, path: str) -> SharedProcess | None:
         return next((p for p in self.processes if os.path.dirname(os.path.dirname(path)) == p.mountpoint), None)
@@ -122,6 +133,8 @@ class SharedHost:
         return placed or min(self.processes, key=lambda p: (len(p.sites), p.index))
 
     def start(self, key: str, config: MountConfig, reader: Principal, host: HostSnapshot) -> ClassMount:
+        if config.search_dir and self.own_daemons is not None:
+            return self.own_daemons.start(key, config, reader, host)
         served = dataclasses.replace(config, warm_kernel=True)  # as a class daemon: read into the kernel once
         process = self._place(served)
         device = process.ensure_running(host)
@@ -146,11 +159,15 @@ class SharedHost:
 
     def adopt(self, mount: ClassMount) -> None:
         """A class a previous server left standing: its site stays in its process."""
+        if (daemons := self._daemon_host(mount)) is not None:
+            return daemons.adopt(mount)
         process = self._process_of(mount.path)
         if process is not None:
             process.sites.add(os.path.basename(os.path.dirname(mount.path)))
 
     def stop(self, mount: ClassMount) -> None:
+        if (daemons := self._daemon_host(mount)) is not None:
+            return daemons.stop(mount)
         process = self._process_of(mount.path)
         if process is None or process_start(mount.pid) != mount.pid_start:
             return  # that process is gone, and its views with it
@@ -163,6 +180,8 @@ class SharedHost:
             process.sites.discard(os.path.basename(os.path.dirname(mount.path)))
 
     def alive(self, mount: ClassMount, host: HostSnapshot) -> bool:
+        if (daemons := self._daemon_host(mount)) is not None:
+            return daemons.alive(mount, host)
         process = self._process_of(mount.path)
         return (
             process is not None
@@ -172,6 +191,8 @@ class SharedHost:
 
     def drop(self, mount: ClassMount) -> None:
         """Nothing of a view outlives its process (its sessions' binds are detached already)."""
+        if (daemons := self._daemon_host(mount)) is not None:
+            daemons.drop(mount)
 
     def owns(self, path: str) -> bool:
         return any(path == p.mountpoint for p in self.processes)
