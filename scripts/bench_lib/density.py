@@ -18,8 +18,11 @@ MemAvailable falls under 4 GiB; the output says where it stopped and why.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import random
+import socket
 import time
 from pathlib import Path
 from typing import Any
@@ -34,7 +37,7 @@ from infra import unmount
 
 MIN_AVAILABLE_KB = 4 * 1024 * 1024
 CLASSES: dict[str, list[str] | None] = {"anonymous": None, "signed-in": []}
-LATER_SESSIONS = 10  # per step, each of a served class picked with the run's seed
+LATER_SESSIONS = 30  # per step, each of a served class picked with the run's seed
 IDLE_CPU_WINDOW_S = 5.0
 TOKEN_LIFE_S = 12 * 3600.0
 FINCORE_BATCH = 200
@@ -109,6 +112,22 @@ def wait_shared_warm(class_root: Path, views: int, timeout_s: float = 300.0) -> 
     return False
 
 
+def shared_requests(class_root: Path) -> int:
+    """FUSE requests the shared processes answered so far (statfs aside: a fixed answer)."""
+    total = 0
+    for sock_path in class_root.glob("shared*.sock"):
+        with contextlib.suppress(OSError, ValueError), socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.settimeout(10)
+            sock.connect(str(sock_path))
+            sock.sendall(b'{"op": "describe"}\n')
+            answer = b""
+            while not answer.endswith(b"\n") and (chunk := sock.recv(1 << 20)):
+                answer += chunk
+            requests = json.loads(answer)["requests"]
+            total += sum(n for op, n in requests.items() if op != "statfs")
+    return total
+
+
 class Density:
     def __init__(self, run: Any, corpus: corpora.Corpus, backend: list[str], chroma_dir: Path) -> None:
         self.run = run
@@ -176,15 +195,20 @@ class Density:
             "second_class_growth_to_bytes": second_growth_kb * 1024 / second if second else None,
         }
 
-    def later_sessions(self) -> tuple[list[float], list[float]]:
-        """(seconds each session took, seconds its first `grep -rl` took)."""
-        times, greps = [], []
+    def later_sessions(self) -> tuple[list[float], list[float], list[int]]:
+        """(seconds each session took, seconds its first `grep -rl` took, FUSE requests that grep
+        made of the shared processes: none when its class is warm in the kernel)."""
+        times, greps, requests = [], [], []
+        class_root = self.sessions.server.class_root
         for site, reader in self.rng.sample(self.served, min(LATER_SESSIONS, len(self.served))):
             root, took = self.open(site, reader)
             times.append(took)
+            before = shared_requests(class_root) if self.class_mode == "shared" else 0
             greps.append(measure.run_tool(measure.command_of("grep -rl"), root)[0])
+            if self.class_mode == "shared":
+                requests.append(shared_requests(class_root) - before)
             unmount(root)
-        return times, greps
+        return times, greps, requests
 
     def step(self, target: int, baseline_pss_kb: int, previous: dict[str, Any] | None) -> dict[str, Any]:
         firsts: list[float] = []
@@ -215,7 +239,9 @@ class Density:
         if self.class_mode == "shared":  # idle: once the new classes' background warm-ups are done
             out["warm_ups_done"] = wait_shared_warm(self.sessions.server.class_root, classes)
         out["idle_cpu_percent_of_a_core"] = idle_cpu_percent(pids)
-        later, later_greps = self.later_sessions()
+        later, later_greps, grep_requests = self.later_sessions()
+        if grep_requests:
+            out["later_session_grep_requests"] = sorted(grep_requests)
         figures = (
             ("first_session", firsts),
             ("later_session", later),
@@ -303,6 +329,10 @@ def text_lines(result: dict[str, Any]) -> list[str]:
         "later p50/p90  1st grep p50/p90  later grep p50/p90  idle CPU  MemAvail",
     ]
     lines += [f"  {step_line(step)}" for step in result["steps"]]
+    for step in result["steps"]:
+        if "later_session_grep_requests" in step:
+            counts = step["later_session_grep_requests"]
+            lines.append(f"  {step['sites']} sites: FUSE requests of each later grep, sorted: {counts}")
     first = next((s["page_cache"] for s in result["steps"] if "page_cache" in s), None)
     if first:
         lines.append(
