@@ -214,10 +214,11 @@ class SessionKeeper:
         now = time.time() if now is None else now
         changed = False
         for session in self.table.expired(now):
+            # logged before the detach so that whoever sees the mount go also finds the reason
+            log.warning("session on %s expired (%s): detaching it", session.mountpoint, session.reader)
             detach(session.mountpoint)
             self._end(session, now)
             self.table.expiries += 1
-            log.warning("session on %s expired (%s): detached", session.mountpoint, session.reader)
             changed = True
         host = HostSnapshot.take()
         for mount in list(self.table.classes.values()):
