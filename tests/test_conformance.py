@@ -32,6 +32,7 @@ from urllib.parse import urlparse
 import pytest
 import yaml
 
+from chromafs_fuse.serving.state_journal import StateJournal
 from infra import (
     INGEST,
     MOUNT,
@@ -373,8 +374,8 @@ def mount_server(conformance_root: Path) -> Iterator[MountServer]:
             yield server
         finally:
             with contextlib.suppress(OSError, ValueError, KeyError):
-                state = json.loads((server.class_root / "state.json").read_text())
-                class_pids = [c["pid"] for c in state["classes"]]
+                state = StateJournal(str(server.class_root / "state.json")).load()
+                class_pids = [c.pid for c in state.classes.values()]
     left = [pid for pid in class_pids if not wait_gone(pid, 15.0)]
     assert not left, f"class mount daemons still running once unmounted: {left}"
 

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from chromafs_fuse.serving.state_journal import StateJournal
 from infra import (
     BIN,
     SAMPLE_SITE,
@@ -212,8 +213,8 @@ def test_class_mounts_end_by_themselves_once_idle_when_no_server_runs(
     anonymous, admin = tmp_path / "anonymous", tmp_path / "admin"
     open_session(anonymous)
     open_session(admin, token_file(["admin"]))
-    state = json.loads((shared_server.class_root / "state.json").read_text())
-    pids = {Path(c["path"]).name: c["pid"] for c in state["classes"]}
+    state = StateJournal(str(shared_server.class_root / "state.json")).load()
+    pids = {Path(c.path).name: c.pid for c in state.classes.values()}
     assert len(pids) == 2 and len(class_mounts(shared_server)) == 2
     shared_server.stop()
     unmount(anonymous)

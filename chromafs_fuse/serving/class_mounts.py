@@ -28,7 +28,8 @@ from chromafs_fuse.access import Principal
 from chromafs_fuse.config import MountConfig
 from chromafs_fuse.serving.binds import bind_read_only, detach, mounted_devices
 from chromafs_fuse.serving.process import process_start
-from chromafs_fuse.serving.sessions import ClassMount, Session, SessionTable, class_key
+from chromafs_fuse.serving.sessions import ClassMount, Session, class_key
+from chromafs_fuse.serving.state_journal import StateJournal
 from chromafs_fuse.serving.status import runtime_dir, utc_text, write_private_json
 
 log = logging.getLogger("chromafs.mountd")
@@ -159,7 +160,8 @@ class SessionKeeper:
         os.makedirs(root, mode=0o700, exist_ok=True)
         os.chmod(root, 0o700)  # class mounts are reached through session binds only
         self.state_path = os.path.join(root, "state.json")
-        self.table = SessionTable.load(self.state_path)
+        self.journal = StateJournal(self.state_path)
+        self.table = self.journal.load()
         self.recover()
 
     # -- sessions ---------------------------------------------------------------------
@@ -167,6 +169,7 @@ class SessionKeeper:
     def open_session(self, config: MountConfig, principal: Principal, uid: int) -> Session:
         """Bind the reader's class mount on the session's mountpoint (blocking: the first
         session of a class waits for its mount to be ready)."""
+        started = time.perf_counter()
         mountpoint = config.mountpoint
         host = HostSnapshot.take()
         if mountpoint in host.devices:
@@ -191,7 +194,12 @@ class SessionKeeper:
         self._write_status(session)
         self._save()
         log.info(
-            "session on %s: %s, class %s, expires %s", mountpoint, reader, key[:12], utc_text(principal.expires_at)
+            "session on %s: %s, class %s, expires %s (%.1f ms)",
+            mountpoint,
+            reader,
+            key[:12],
+            utc_text(principal.expires_at),
+            (time.perf_counter() - started) * 1000,
         )
         return session
 
@@ -285,7 +293,7 @@ class SessionKeeper:
 
     def _save(self) -> None:
         try:
-            self.table.save(self.state_path)
+            self.journal.save(self.table)
         except OSError as exc:
             log.error("cannot save the session state %s: %s", self.state_path, exc)
 

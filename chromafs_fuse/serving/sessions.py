@@ -1,5 +1,5 @@
-"""The mount server's sessions and class mounts: who is bound to what, and until when (no I/O
-except saving and loading the state file, so a restarted server carries on).
+"""The mount server's sessions and class mounts: who is bound to what, and until when (no I/O:
+state_journal.py keeps the table on disk).
 
 A *class mount* serves one (site, backend, mount options, visibility key): every reader with
 that key may read exactly the same pages, so their sessions share it. A *session* is one
@@ -9,14 +9,12 @@ expiry. A class with no session left is unmounted once it has been idle for a wh
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from chromafs_fuse.access import Principal, visibility_key
-from chromafs_fuse.serving.status import write_private_json
 
 
 def class_key(mount_settings: Mapping[str, object], principal: Principal) -> str:
@@ -92,24 +90,3 @@ class SessionTable:
         for session in orphans:
             del self.sessions[session.mountpoint]
         return orphans
-
-    # -- persistence ------------------------------------------------------------------
-
-    def save(self, path: str) -> None:
-        data = {  # vars(), not asdict(): the fields are flat, and asdict deep-copies each
-            "classes": [vars(c) for c in self.classes.values()],
-            "sessions": [vars(s) for s in self.sessions.values()],
-        }
-        write_private_json(path, data)
-
-    @classmethod
-    def load(cls, path: str) -> SessionTable:
-        """The state a previous server left; empty when there is none or it cannot be read."""
-        table = cls()
-        with contextlib.suppress(OSError, ValueError, TypeError, KeyError):
-            with open(path) as f:
-                data = json.load(f)
-            classes = {c["key"]: ClassMount(**c) for c in data["classes"]}
-            sessions = {s["mountpoint"]: Session(**s) for s in data["sessions"] if s["class_key"] in classes}
-            table.classes, table.sessions = classes, sessions
-        return table

@@ -24,6 +24,7 @@ import os
 import random
 import socket
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -112,9 +113,9 @@ def wait_shared_warm(class_root: Path, views: int, timeout_s: float = 300.0) -> 
     return False
 
 
-def shared_requests(class_root: Path) -> int:
-    """FUSE requests the shared processes answered so far (statfs aside: a fixed answer)."""
-    total = 0
+def shared_requests(class_root: Path) -> Counter[str]:
+    """FUSE requests the shared processes answered so far, by operation (statfs aside: a fixed answer)."""
+    total: Counter[str] = Counter()
     for sock_path in class_root.glob("shared*.sock"):
         with contextlib.suppress(OSError, ValueError), socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
             sock.settimeout(10)
@@ -124,7 +125,7 @@ def shared_requests(class_root: Path) -> int:
             while not answer.endswith(b"\n") and (chunk := sock.recv(1 << 20)):
                 answer += chunk
             requests = json.loads(answer)["requests"]
-            total += sum(n for op, n in requests.items() if op != "statfs")
+            total.update({op: n for op, n in requests.items() if op != "statfs"})
     return total
 
 
@@ -195,15 +196,17 @@ class Density:
             "second_class_growth_to_bytes": second_growth_kb * 1024 / second if second else None,
         }
 
-    def later_sessions(self) -> tuple[list[float], list[float], list[int]]:
-        """(seconds each session took, seconds its first `grep -rl` took, FUSE requests that grep
-        made of the shared processes: none when its class is warm in the kernel)."""
-        times, greps, requests = [], [], []
+    def later_sessions(self) -> tuple[list[float], list[float], list[Counter[str]]]:
+        """(seconds each session took, seconds its first `grep -rl` took, FUSE requests by operation
+        that grep made of the shared processes: none when its class is warm in the kernel)."""
+        times: list[float] = []
+        greps: list[float] = []
+        requests: list[Counter[str]] = []
         class_root = self.sessions.server.class_root
         for site, reader in self.rng.sample(self.served, min(LATER_SESSIONS, len(self.served))):
             root, took = self.open(site, reader)
             times.append(took)
-            before = shared_requests(class_root) if self.class_mode == "shared" else 0
+            before = shared_requests(class_root) if self.class_mode == "shared" else Counter()
             greps.append(measure.run_tool(measure.command_of("grep -rl"), root)[0])
             if self.class_mode == "shared":
                 requests.append(shared_requests(class_root) - before)
@@ -241,7 +244,8 @@ class Density:
         out["idle_cpu_percent_of_a_core"] = idle_cpu_percent(pids)
         later, later_greps, grep_requests = self.later_sessions()
         if grep_requests:
-            out["later_session_grep_requests"] = sorted(grep_requests)
+            out["later_session_grep_requests"] = sorted(sum(counts.values()) for counts in grep_requests)
+            out["later_session_grep_requests_by_op"] = dict(sum(grep_requests, Counter()))
         figures = (
             ("first_session", firsts),
             ("later_session", later),
@@ -333,6 +337,7 @@ def text_lines(result: dict[str, Any]) -> list[str]:
         if "later_session_grep_requests" in step:
             counts = step["later_session_grep_requests"]
             lines.append(f"  {step['sites']} sites: FUSE requests of each later grep, sorted: {counts}")
+            lines.append(f"    by operation, all later greps: {step.get('later_session_grep_requests_by_op')}")
     first = next((s["page_cache"] for s in result["steps"] if "page_cache" in s), None)
     if first:
         lines.append(
