@@ -104,12 +104,14 @@ class SharedFilesystem(Generic[A]):
         return self.convert(Attributes(inode, DIR_MODE, 2 + subdirs, 0, self.time_ns, 0.0, 0.0, uid, gid))
 
     def _view_root(self, inode: int) -> A:
-        """A view's root as its site directory lists it: not timed, since the view may go."""
+        """A view's root as its site directory lists it: the name is not timed, since the view may
+        go; the attributes are timed as the view's own getattr times them (an untimed root would
+        cost a getattr on every permission check of a walk from it, a session's included)."""
         entry = self.namespace.route(inode)
         assert entry is not None
         fs = entry.fs
         record = fs.attributes.node_record(fs.table, 0, None)
-        return self.convert(dataclasses.replace(record, entry_timeout=0.0, attr_timeout=0.0))
+        return self.convert(dataclasses.replace(record, entry_timeout=0.0))
 
     # -- requests (as DocsFilesystem's) ----------------------------------------------------
 

@@ -70,6 +70,11 @@ def test_the_top_levels_list_sites_and_views_and_are_never_timed() -> None:
     listed = {name.decode(): attrs for name, attrs, _ in fs.listing(docs.inode, 0)}
     assert set(listed) == {names["docs:anonymous"], names["docs:user=? groups=staff"]}
     assert all(a.mode == DIR_MODE and a.entry_timeout == 0 for a in listed.values())
+    # a view root's attributes are timed as its own getattr times them: a walk from a session's
+    # root asks nothing, though the root's name under its site is never cached
+    for name, attrs in listed.items():
+        assert attrs.attr_timeout == fs.getattr(attrs.inode).attr_timeout > 0
+        assert call(fs.lookup, docs.inode, name.encode()).attr_timeout > 0
     absent = call(fs.lookup, docs.inode, b"nope")
     assert absent.inode == 0 and absent.entry_timeout == 0  # a view may come under that name
     with pytest.raises(FsError) as info:

@@ -46,23 +46,27 @@ def warm_view(job: WarmJob) -> WarmResult:
     """In a worker thread: list every directory of the view and read every file not read yet
     through another view of its site, in name order (the order the read-ahead batches)."""
     result = WarmResult()
-    for directory, dirs, files in os.walk(job.path):
+    # Relative to each directory's descriptor: a path from the shared mount's root would ask the
+    # top directories (never cached: views come and go) again for every file.
+    for directory, dirs, files, dir_fd in os.fwalk(job.path):
         dirs.sort()
         result.directories += 1
         for name in sorted(files):
             if not job.current():
                 result.stopped = "the view was removed or switched to another tree"
                 return result
-            path = os.path.join(directory, name)
             try:
-                inode = os.lstat(path).st_ino
+                inode = os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_ino
                 if inode in job.warmed:
                     continue
-                with open(path, "rb", buffering=0) as f:
-                    while chunk := f.read(READ_BYTES):
+                fd = os.open(name, os.O_RDONLY, dir_fd=dir_fd)
+                try:
+                    while chunk := os.read(fd, READ_BYTES):
                         result.bytes_read += len(chunk)
+                finally:
+                    os.close(fd)
             except OSError as exc:  # a page whose backend fails now: its reader sees the error
-                log.debug("warming %s: %s", path, exc)
+                log.debug("warming %s: %s", os.path.join(directory, name), exc)
                 continue
             job.warmed.add(inode)
             result.files_read += 1

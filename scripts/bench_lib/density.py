@@ -8,7 +8,9 @@ signed in), and a `grep -rl` in it. After each step: the processes serving mount
 PSS (chromafs-mountd, class daemons, their watchdogs; /proc/PID/smaps_rollup), the PSS per class
 view, the CPU those processes use while idle, p50/p90 of a class's first session (its class
 mount started) and of later sessions of served classes, and of the `grep -rl` in each: a class's
-first (right after its first session, racing its warm-up) and a later session's. Once, for the first site: how many
+first (right after its first session, racing its warm-up) and a later session's, with the FUSE
+requests it made and how much of a copy of the site on disk, read at the start, the kernel still
+holds (this VM drops page cache by itself, with no memory pressure). Once, for the first site: how many
 copies of a page the kernel's page cache holds when both classes read it (fincore on the files
 through each class's session; and how much `Cached` - `Shmem` in /proc/meminfo grew while the
 second class opened, grepped and warmed, which other work on the machine blurs). Before all
@@ -22,6 +24,7 @@ import contextlib
 import json
 import os
 import random
+import shutil
 import socket
 import time
 from collections import Counter
@@ -149,7 +152,24 @@ class Density:
         self.visible = {name: sorted(keys) for name, keys in _visible_sets(chroma_dir, corpus.site).items()}
         self.sites: list[str] = []
         self.served: list[tuple[str, str]] = []  # (site, class)
+        self.control = self._disk_control()
         self.rng = random.Random(run.args.seed)
+
+    def _disk_control(self) -> Path:
+        """A copy of the site on the work directory's disk, read once now: how much of it the
+        kernel still holds when later sessions grep tells what the machine drops by itself."""
+        control = self.workdir / "disk-control"
+        shutil.copytree(self.corpus.source, control)
+        for path in control.rglob("*"):
+            if path.is_file():
+                path.read_bytes()
+        return control
+
+    def control_resident(self) -> float | None:
+        keys = self.visible["anonymous"]
+        held = resident_bytes(self.control, keys)
+        total = sum(-(-(self.control / key).stat().st_size // 4096) * 4096 for key in keys)
+        return held / total if total else None
 
     def open(self, site: str, reader: str) -> tuple[Path, float]:
         groups = CLASSES[reader]
@@ -242,6 +262,7 @@ class Density:
         if self.class_mode == "shared":  # idle: once the new classes' background warm-ups are done
             out["warm_ups_done"] = wait_shared_warm(self.sessions.server.class_root, classes)
         out["idle_cpu_percent_of_a_core"] = idle_cpu_percent(pids)
+        out["disk_control_resident"] = self.control_resident()
         later, later_greps, grep_requests = self.later_sessions()
         if grep_requests:
             out["later_session_grep_requests"] = sorted(sum(counts.values()) for counts in grep_requests)
@@ -338,6 +359,12 @@ def text_lines(result: dict[str, Any]) -> list[str]:
             counts = step["later_session_grep_requests"]
             lines.append(f"  {step['sites']} sites: FUSE requests of each later grep, sorted: {counts}")
             lines.append(f"    by operation, all later greps: {step.get('later_session_grep_requests_by_op')}")
+        control = step.get("disk_control_resident")
+        if control is not None:
+            lines.append(
+                f"  {step['sites']} sites: a copy of the site on the work directory's disk, read once at the "
+                f"start, still held in the page cache: {control:.0%} (what the machine drops by itself)"
+            )
     first = next((s["page_cache"] for s in result["steps"] if "page_cache" in s), None)
     if first:
         lines.append(
