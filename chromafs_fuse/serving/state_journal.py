@@ -18,6 +18,7 @@ import os
 from typing import Any
 
 from chromafs_fuse.serving.sessions import ClassMount, Session, SessionTable
+from chromafs_fuse.serving.status import write_private_json
 
 log = logging.getLogger("chromafs.mountd")
 COMPACT_MIN_LINES = 1000  # change lines a journal may hold whatever the table's size
@@ -118,10 +119,6 @@ class StateJournal:
     def _rewrite(self) -> None:
         table = {"classes": list(self._classes.values()), "sessions": list(self._sessions.values())}
         self._rewrite_next = True
-        tmp = f"{self.path}.tmp"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(json.dumps(table) + "\n")  # the newline: change lines follow it
-        os.replace(tmp, self.path)
+        write_private_json(self.path, table)  # ends in a newline: change lines follow it
         self._rewrite_next = False
         self._changes = 0

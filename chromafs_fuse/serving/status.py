@@ -35,7 +35,8 @@ def write_private_json(path: str, data: object) -> None:
     tmp = f"{path}.tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
-        f.write(json.dumps(data, sort_keys=True))  # one C-encoded string: json.dump writes piece by piece
+        # one C-encoded string (json.dump writes piece by piece); the newline lets lines follow
+        f.write(json.dumps(data, sort_keys=True) + "\n")
     os.replace(tmp, path)
 
 
