@@ -298,40 +298,41 @@ MOUNTD_OPTIONS = (
     ),
     Option(
         "--class-warm-wait",
-        "a new class mount lists every directory and hands its pages to the kernel's page cache; its first "
-        "session waits for that up to S seconds (default: %(default)s; 0: it is warmed in the background; "
-        "--class-mode shared always warms in the background)",
+        "no longer used: a new class's pages are always read into the kernel in the background",
         type=float,
         default=1.0,
         metavar="S",
+        hidden=True,
     ),
     Option(
         "--metrics-addr",
-        "serve Prometheus metrics of the server's classes and sessions here (each class mount's traffic too)",
+        "serve Prometheus metrics of the server's classes and sessions here (each class's traffic too)",
         metavar="HOST:PORT",
     ),
-    Option("--isolated-only", "no class mounts: every session gets a daemon of its own", kind="switch", default=False),
+    Option("--isolated-only", "no class views: every session gets a daemon of its own", kind="switch", default=False),
     Option(
         "--class-mode",
-        "how classes are served: process (a daemon and a mount per class) or shared (one process and one "
-        "mount for every class of every site, each class a directory of it; default: %(default)s)",
+        "no longer used: every class is a directory of a serving process's mount (--isolated for a "
+        "daemon of a session's own)",
         choices=("process", "shared"),
-        default="process",
+        default="shared",
+        hidden=True,
     ),
     Option(
-        "--shared-processes",
-        "with --class-mode shared: how many shared processes serve the sites, each site in one of them "
-        "(the one serving the fewest sites when it comes; one per core spreads the work over the cores; "
-        "default: %(default)s)",
+        "--serving-processes",
+        "how many serving processes serve the sites, each site in one of them (the one serving the fewest "
+        "sites when it comes); each is a fault boundary and a core's worth of work (default: one per core)",
         type=int,
-        default=1,
+        default=0,
         metavar="N",
+        deprecated=("--shared-processes",),
     ),
     Option(
-        "--shared-cache-bytes",
-        "with --class-mode shared: the page memory of each shared process (default: %(default)s)",
+        "--serving-cache-bytes",
+        "the page memory of each serving process (default: %(default)s)",
         type=int,
         default=256 * MIB,
+        deprecated=("--shared-cache-bytes",),
     ),
 )
 

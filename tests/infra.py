@@ -321,10 +321,10 @@ def running_mount_server(
 
 
 class SharedServer(MountServer):
-    """chromafs-mountd with --class-mode shared: every reader class a view of ONE mount, `shared`."""
+    """chromafs-mountd with one serving process: every reader class a view of ONE mount, `shared`."""
 
     def argv(self) -> list[str]:
-        return [*super().argv(), "--class-mode", "shared"]
+        return [*super().argv(), "--serving-processes", "1"]
 
     @property
     def shared(self) -> Path:

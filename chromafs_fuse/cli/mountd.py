@@ -6,6 +6,7 @@ Each request's argv is parsed here too, by chromafs-mount's own parser, handed t
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 
@@ -16,6 +17,8 @@ from chromafs_fuse.options import MOUNTD_OPTIONS
 from chromafs_fuse.serving.mountd import serve_forever
 from chromafs_fuse.serving.process import limit_malloc_arenas
 from chromafs_fuse.serving.shared_host import MAX_SHARED_PROCESSES
+
+log = logging.getLogger("chromafs.mountd")
 
 
 def parse_request_argv(argv: list[str]) -> argparse.Namespace:
@@ -36,9 +39,11 @@ def main(argv: list[str] | None = None) -> int:
     limit_malloc_arenas()  # inherited by every forked mount
     parser = build_parser()
     args = parser.parse_args(argv)
-    if not 1 <= args.shared_processes <= MAX_SHARED_PROCESSES:
-        parser.error(f"--shared-processes wants a number from 1 to {MAX_SHARED_PROCESSES}")
+    if not 0 <= args.serving_processes <= MAX_SHARED_PROCESSES:
+        parser.error(f"--serving-processes wants a number from 1 to {MAX_SHARED_PROCESSES} (0: one per core)")
     setup_logging(args.log_level, args.log_file)
+    if args.class_mode == "process":
+        log.warning("--class-mode process is gone: every class is served by the pool of serving processes")
     # Imported once here, not in every child: the whole serving stack (the argument parser of each
     # request is imported above), and the codec a socket's host name goes through (Redis, Chroma).
     import encodings.idna  # noqa: F401
@@ -53,11 +58,9 @@ def main(argv: list[str] | None = None) -> int:
         parse_request_argv,
         args.class_root if shared else None,
         args.class_idle,
-        args.class_warm_wait,
         args.metrics_addr,
-        args.class_mode,
-        args.shared_cache_bytes,
-        args.shared_processes,
+        args.serving_cache_bytes,
+        args.serving_processes or None,
     )
     return 0
 

@@ -1,14 +1,18 @@
-"""The mount server's shared mounts: one live mount per class, a read-only bind per session.
+"""The mount server's sessions: one view per reader class, a read-only bind per session.
 
-Where a class is served is its `ClassHost`'s business: `ProcessHost` starts a daemon per class
-(a FUSE mount of its own, `--class-mode process`), serving/shared_host.py's `SharedHost` adds a
-view to the one shared mount (`--class-mode shared`, issue 30). `SessionKeeper` opens a session
-by binding its class's directory (the class started first if it has none) on the caller's
-mountpoint, and its `housekeep`, called every half second by the
-server (never on a request's path), ends sessions whose token expired (the bind is detached), notices sessions their
-users unmounted, drops class mounts whose daemon died (detaching their binds) and stops
-class mounts idle for `idle_s`. Everything is saved in a state file in the root-only class
-directory, so a restarted server finds its class mounts and sessions and carries on.
+Where a class is served is its `ClassHost`'s business (serving/shared_host.py's `SharedHost`: a
+directory of one of the pool's serving processes). `SessionKeeper` opens a session by binding
+its class's directory (the class served first if it is not) on the caller's mountpoint. It is
+called from many request threads at once: the table is guarded by one lock held only for
+bookkeeping and binds, never while a class is being served (a backend may take seconds), and
+the requests of one class wait for the one that serves it.
+
+`housekeep`, on the server's own clock (never on a request's path), ends sessions whose token
+expired (the bind is detached), notices sessions their users unmounted, stops classes idle for
+`idle_s`, and heals: a class whose serving process died is served again by a new process and
+every session of it bound again at its own path, each class on a thread of its own. Everything
+is saved in a state journal in the root-only class directory, so a restarted server finds its
+classes and sessions and carries on.
 """
 
 from __future__ import annotations
@@ -18,9 +22,9 @@ import dataclasses
 import hashlib
 import logging
 import os
-import signal
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -44,8 +48,8 @@ class SessionError(Exception):
 
 
 def mount_settings(config: MountConfig) -> dict[str, object]:
-    """Everything that shapes what a mount serves: sessions share a class mount only when all
-    of it is equal (the token's verification key is not: the reader is compared instead)."""
+    """Everything that shapes what a mount serves: sessions share a class only when all of it is
+    equal (the token's verification key is not: the reader is compared instead)."""
     settings = dataclasses.asdict(config)
     for name in PER_SESSION_SETTINGS:
         settings.pop(name)
@@ -57,8 +61,8 @@ def mount_settings(config: MountConfig) -> dict[str, object]:
 @dataclass
 class HostSnapshot:
     """What one pass of the server reads about the host: the mount table once, and each serving
-    process's start time once however many classes it serves (a thousand views of one shared
-    mount are one /proc read, not a thousand)."""
+    process's start time once however many classes it serves (a thousand views of one serving
+    process are one /proc read, not a thousand)."""
 
     devices: dict[str, str]
     _starts: dict[int, int | None] = field(default_factory=dict)
@@ -77,17 +81,8 @@ class HostSnapshot:
         return self.started(pid) == pid_start
 
 
-def _device(path: str) -> str:
-    dev = os.stat(path).st_dev
-    return f"{os.major(dev)}:{os.minor(dev)}"
-
-
-# (the configuration of the session's request, the class's reader, the class mount's path) -> its daemon's pid
-StartClass = Callable[[MountConfig, Principal, str], int]
-
-
 class ClassHost(Protocol):
-    """Where classes are served. Every call blocks (the server's loop is synchronous)."""
+    """Where classes are served. Calls may block; `start` on many threads at once."""
 
     def start(self, key: str, config: MountConfig, reader: Principal, host: HostSnapshot) -> ClassMount:
         """Serve the reader class `reader` of the session's site (`host`: read just before);
@@ -106,50 +101,9 @@ class ClassHost(Protocol):
         """Whether the class is still served."""
         ...
 
-    def drop(self, mount: ClassMount) -> None:
-        """A class found dead: unmount what is left of it."""
-        ...
-
     def owns(self, path: str) -> bool:
-        """A mount in the class root that is the host's own, not a class mount state may name."""
+        """A mount in the class root that is the host's own (a serving process's mount)."""
         ...
-
-
-class ProcessHost:
-    """A daemon and a FUSE mount per class, at `<root>/<class key>`."""
-
-    def __init__(self, root: str, start_class: StartClass) -> None:
-        self.root = root
-        self.start_class = start_class
-
-    def start(self, key: str, config: MountConfig, reader: Principal, host: HostSnapshot) -> ClassMount:
-        path = os.path.join(self.root, key)
-        if path in host.devices:
-            detach(path)  # a class mount no state names (the state was lost): it drains
-        os.makedirs(path, mode=0o755, exist_ok=True)
-        pid = self.start_class(config, reader, path)
-        return ClassMount(
-            key, path, pid, process_start(pid), config.site, reader.describe(), _device(path), time.time()
-        )
-
-    def adopt(self, mount: ClassMount) -> None:
-        pass  # a daemon of its own: nothing to place
-
-    def stop(self, mount: ClassMount) -> None:
-        if process_start(mount.pid) == mount.pid_start:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(mount.pid, signal.SIGTERM)  # it unmounts itself
-        else:
-            detach(mount.path)
-
-    def alive(self, mount: ClassMount, host: HostSnapshot) -> bool:
-        return host.runs(mount.pid, mount.pid_start) and host.devices.get(mount.path) == mount.device
-
-    def drop(self, mount: ClassMount) -> None:
-        detach(mount.path)
-
-    def owns(self, path: str) -> bool:
-        return False
 
 
 class SessionKeeper:
@@ -158,41 +112,58 @@ class SessionKeeper:
         self.idle_s = idle_s
         self.host = host
         os.makedirs(root, mode=0o700, exist_ok=True)
-        os.chmod(root, 0o700)  # class mounts are reached through session binds only
+        os.chmod(root, 0o700)  # class views are reached through session binds only
         self.state_path = os.path.join(root, "state.json")
         self.journal = StateJournal(self.state_path)
+        self.lock = threading.RLock()  # the table, the journal, the binds
+        self._class_locks: dict[str, threading.RLock] = {}  # one start (or heal) of a class at a time
+        self._opening: set[str] = set()  # mountpoints a request is binding now
+        self._healing: set[str] = set()  # class keys being served again after their process died
         self.table = self.journal.load()
         self.recover()
 
     # -- sessions ---------------------------------------------------------------------
 
     def open_session(self, config: MountConfig, principal: Principal, uid: int) -> Session:
-        """Bind the reader's class mount on the session's mountpoint (blocking: the first
-        session of a class waits for its mount to be ready)."""
+        """Bind the reader's class on the session's mountpoint (the first session of a class
+        waits for it to be served; sessions of other classes never wait for that)."""
         started = time.perf_counter()
         mountpoint = config.mountpoint
+        with self.lock:
+            if mountpoint in self._opening:
+                raise SessionError(f"{mountpoint} is already being mounted")
+            self._opening.add(mountpoint)
+        try:
+            return self._open(config, principal, uid, started)
+        finally:
+            with self.lock:
+                self._opening.discard(mountpoint)
+
+    def _open(self, config: MountConfig, principal: Principal, uid: int, started: float) -> Session:
+        mountpoint = config.mountpoint
+        key = class_key(mount_settings(config), principal)
         host = HostSnapshot.take()
         if mountpoint in host.devices:
             raise SessionError(f"{mountpoint} is already mounted")
-        stale = self.table.sessions.get(mountpoint)
-        if stale is not None:  # unmounted by its user since the last housekeeping pass
-            self._end(stale, time.time())
-            self.table.ended += 1
-        key = class_key(mount_settings(config), principal)
-        mount = self.table.classes.get(key)
-        if mount is None or not self.host.alive(mount, host):
-            if mount is not None:
-                self._drop_class(mount, "its daemon is gone")
-            mount = self._start(key, config, principal, host)
-        try:
-            bind_read_only(mount.path, mountpoint)
-        except OSError as exc:
-            raise SessionError(f"cannot bind the session on {mountpoint}: {exc.strerror}") from exc
-        reader = principal.describe()
-        session = Session(mountpoint, key, principal.subject, reader, time.time(), principal.expires_at, uid)
-        self.table.add(session)
-        self._write_status(session)
-        self._save()
+        mount = self._class(key, config, principal, host)
+        with self.lock:
+            stale = self.table.sessions.get(mountpoint)
+            if stale is not None:  # unmounted by its user since the last housekeeping pass
+                self._end(stale, time.time())
+                self.table.ended += 1
+            if self.table.classes.get(key) is not mount:
+                raise SessionError("the reader's class went away while the session opened: try again")
+            try:
+                bind_read_only(mount.path, mountpoint)
+            except OSError as exc:
+                if not self.table.sessions_of(key):
+                    mount.idle_since = time.time()
+                raise SessionError(f"cannot bind the session on {mountpoint}: {exc.strerror}") from exc
+            reader = principal.describe()
+            session = Session(mountpoint, key, principal.subject, reader, time.time(), principal.expires_at, uid)
+            self.table.add(session)
+            self._write_status(session)
+            self._save()
         log.info(
             "session on %s: %s, class %s, expires %s (%.1f ms)",
             mountpoint,
@@ -203,12 +174,47 @@ class SessionKeeper:
         )
         return session
 
+    def _class(self, key: str, config: MountConfig, principal: Principal, host: HostSnapshot) -> ClassMount:
+        """The class's mount, served first if it is not (healed if its process died under its
+        sessions); held in use (never idle-stopped) from here."""
+        with self._class_lock(key):
+            with self.lock:
+                mount = self.table.classes.get(key)
+                if mount is not None and not self.host.alive(mount, host):
+                    host = HostSnapshot.take()  # it may have been served while this request waited
+                if mount is not None and self.host.alive(mount, host):
+                    mount.idle_since = None  # in use from now: housekeeping must not stop it under us
+                    return mount
+                heal = mount is not None and self._may_heal(mount)
+                if heal:
+                    self._healing.add(key)
+                elif mount is not None:
+                    self._drop_class(mount, "its serving process is gone")
+            if heal:
+                assert mount is not None
+                self._heal(mount)
+                with self.lock:
+                    mount = self.table.classes.get(key)
+                    if mount is not None:
+                        mount.idle_since = None
+                        return mount
+            mount = self._start(key, config, principal, host)
+            with self.lock:
+                self.table.classes[key] = mount
+            return mount
+
+    @contextlib.contextmanager
+    def _class_lock(self, key: str) -> Iterator[None]:
+        with self.lock:
+            lock = self._class_locks.setdefault(key, threading.RLock())
+        with lock:
+            yield
+
     def _start(self, key: str, config: MountConfig, principal: Principal, host: HostSnapshot) -> ClassMount:
         started = time.perf_counter()
         mount = self.host.start(key, config, principal.reader_class(), host)
-        self.table.classes[key] = mount
         log.info(
-            "class mount %s for %s (%s) ready in %.3fs",
+            "class %s for %s (%s) ready in %.3fs",
             key[:12],
             mount.reader,
             config.site,
@@ -218,49 +224,132 @@ class SessionKeeper:
 
     # -- housekeeping -----------------------------------------------------------------
 
+    def next_expiry(self) -> float | None:
+        """When the next session's token expires (None: no session expires)."""
+        with self.lock:
+            return min((s.expires_at for s in self.table.sessions.values() if s.expires_at is not None), default=None)
+
     def housekeep(self, now: float | None = None) -> None:
         now = time.time() if now is None else now
-        changed = False
-        for session in self.table.expired(now):
+        idle: list[ClassMount] = []
+        with self.lock:
+            changed = self._expire(now)
+            host = HostSnapshot.take()
+            for mount in list(self.table.classes.values()):
+                if mount.key in self._healing or self.host.alive(mount, host):
+                    continue
+                if self._may_heal(mount):
+                    self._heal_in_background(mount)
+                else:
+                    self._drop_class(mount, "its serving process is gone")
+                    changed = True
+            for session in list(self.table.sessions.values()):
+                mount = self.table.classes[session.class_key]
+                if mount.key in self._healing or session.mountpoint in self._opening:
+                    continue
+                if host.devices.get(session.mountpoint) != mount.device:
+                    self._end(session, now)
+                    self.table.ended += 1
+                    log.info("session on %s ended: unmounted", session.mountpoint)
+                    changed = True
+            for mount in self.table.idle(now, self.idle_s):
+                log.info("class %s idle for %.0fs: stopping it", mount.key[:12], now - (mount.idle_since or now))
+                self.table.drop_class(mount.key)
+                idle.append(mount)
+                changed = True
+            if changed:
+                self._save()
+        for mount in idle:  # may ask a serving process: never under the lock
+            self.host.stop(mount)
+
+    def _expire(self, now: float) -> bool:
+        expired = self.table.expired(now)
+        for session in expired:
             # logged before the detach so that whoever sees the mount go also finds the reason
             log.warning("session on %s expired (%s): detaching it", session.mountpoint, session.reader)
             detach(session.mountpoint)
             self._end(session, now)
             self.table.expiries += 1
-            changed = True
-        host = HostSnapshot.take()
-        for mount in list(self.table.classes.values()):
-            if not self.host.alive(mount, host):
-                self._drop_class(mount, "its daemon is gone")
-                changed = True
-        for session in list(self.table.sessions.values()):
-            mount = self.table.classes[session.class_key]
-            if host.devices.get(session.mountpoint) != mount.device:
-                self._end(session, now)
-                self.table.ended += 1
-                log.info("session on %s ended: unmounted", session.mountpoint)
-                changed = True
-        for mount in self.table.idle(now, self.idle_s):
-            log.info("class mount %s idle for %.0fs: stopping it", mount.key[:12], now - (mount.idle_since or now))
-            self.host.stop(mount)
-            self.table.drop_class(mount.key)
-            changed = True
-        if changed:
+        return bool(expired)
+
+    # -- healing ----------------------------------------------------------------------
+
+    def _may_heal(self, mount: ClassMount) -> bool:
+        return mount.config is not None and mount.reader_class is not None and bool(self.table.sessions_of(mount.key))
+
+    def _heal_in_background(self, mount: ClassMount) -> None:
+        log.error("class %s: its serving process is gone; serving it again", mount.key[:12])
+        self._healing.add(mount.key)
+        threading.Thread(target=self._heal, args=(mount,), name=f"heal-{mount.key[:8]}", daemon=True).start()
+
+    def _heal(self, mount: ClassMount) -> None:
+        """Serve a class whose process died again, and bind each of its sessions again at its own
+        path (the old bind, on a dead connection, detached first: nothing stacks). New sessions
+        of the class wait for it (the class lock); sessions of other classes never do."""
+        with self._class_lock(mount.key):
+            self._heal_locked(mount)
+
+    def _heal_locked(self, mount: ClassMount) -> None:
+        started = time.perf_counter()
+        assert mount.config is not None and mount.reader_class is not None
+        with self.lock:
+            if self.table.classes.get(mount.key) is not mount:
+                self._healing.discard(mount.key)
+                return  # a request healed it first, or its sessions ended
+        try:
+            config = MountConfig.from_dict(mount.config)
+            authenticated, groups = mount.reader_class
+            reader = Principal(bool(authenticated), frozenset(groups))
+            served = self.host.start(mount.key, config, reader, HostSnapshot.take())
+        except Exception as exc:  # whatever it is, the class is dropped with the reason logged
+            with self.lock:
+                self._healing.discard(mount.key)
+                if self.table.classes.get(mount.key) is mount:
+                    self._drop_class(mount, f"it cannot be served again ({exc})")
+                    self._save()
+            return
+        with self.lock:
+            self._healing.discard(mount.key)
+            if self.table.classes.get(mount.key) is not mount:
+                return  # its sessions ended meanwhile
+            served.created, served.idle_since = mount.created, mount.idle_since
+            self.table.classes[mount.key] = served
+            bound = 0
+            for session in self.table.sessions_of(mount.key):
+                try:
+                    detach(session.mountpoint)
+                    bind_read_only(served.path, session.mountpoint)
+                    bound += 1
+                    self._write_status(session)
+                except OSError as exc:
+                    log.error("session on %s cannot be bound again: %s; ending it", session.mountpoint, exc)
+                    self._end(session, time.time())
+                    self.table.ended += 1
             self._save()
+        log.warning(
+            "class %s served again by pid %d: %d sessions bound again in %.3fs",
+            mount.key[:12],
+            served.pid,
+            bound,
+            time.perf_counter() - started,
+        )
+
+    # -- after a restart ----------------------------------------------------------------
 
     def recover(self) -> None:
-        """After a restart: keep what still stands, drop the rest, and let class mounts no
-        state names drain (detached once no bind uses them)."""
+        """After a restart: keep what still stands (a class whose process died but has sessions
+        is healed by the first housekeeping pass), drop the rest, and let class mounts no state
+        names drain (detached once no bind uses them)."""
         now = time.time()
         host = HostSnapshot.take()
         devices = host.devices
-        for mount in list(self.table.classes.values()):
-            if not self.host.alive(mount, host):
-                self._drop_class(mount, "gone while the server was down")
         for session in list(self.table.sessions.values()):
             if devices.get(session.mountpoint) != self.table.classes[session.class_key].device:
                 self.table.remove(session.mountpoint, now)
                 self._remove_status(session)
+        for mount in list(self.table.classes.values()):
+            if not self.host.alive(mount, host) and not self._may_heal(mount):
+                self._drop_class(mount, "gone while the server was down")
         for mount in self.table.classes.values():
             self.host.adopt(mount)
             if not self.table.sessions_of(mount.key) and mount.idle_since is None:
@@ -276,7 +365,7 @@ class SessionKeeper:
             self._write_status(session)
         self._save()
         if self.table.classes:
-            log.info("carried on %d class mounts and %d sessions", len(self.table.classes), len(self.table.sessions))
+            log.info("carried on %d classes and %d sessions", len(self.table.classes), len(self.table.sessions))
 
     # -- helpers ------------------------------------------------------------------------
 
@@ -285,11 +374,10 @@ class SessionKeeper:
         self._remove_status(session)
 
     def _drop_class(self, mount: ClassMount, why: str) -> None:
-        log.error("class mount %s dropped: %s; detaching its sessions", mount.key[:12], why)
+        log.error("class %s dropped: %s; detaching its sessions", mount.key[:12], why)
         for session in self.table.drop_class(mount.key):
             detach(session.mountpoint)
             self._remove_status(session)
-        self.host.drop(mount)
 
     def _save(self) -> None:
         try:
@@ -313,7 +401,7 @@ class SessionKeeper:
             "mountpoint": session.mountpoint,
             "site": mount.site,
             "reader": session.reader,
-            "pid": mount.pid,  # the class mount's daemon serves the session
+            "pid": mount.pid,  # the serving process serves the session
             "pid_start": mount.pid_start,
             "started": session.started,
             "expires_at": session.expires_at,

@@ -13,6 +13,7 @@ import hashlib
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from chromafs_fuse.access import Principal, visibility_key
 
@@ -40,6 +41,10 @@ class ClassMount:
     device: str  # major:minor of the FUSE mount: a session's bind shows the same
     created: float
     idle_since: float | None = None  # when its last session ended (None: in use)
+    # what serves it again when its serving process dies: the session's MountConfig.to_dict()
+    # and the reader class [authenticated, groups] (None in a state file from before they were kept)
+    config: dict[str, Any] | None = None
+    reader_class: list[Any] | None = None
 
 
 @dataclass

@@ -1,14 +1,14 @@
-"""The mount server's side of the shared mount (`--class-mode shared`, issue 30): `SharedHost`
-serves each class as a view of a shared mount (serving/shared_mount.py), asked over its control
-socket, and starts that process when none answers. With `--shared-processes N` it keeps N of them
-and places each new site in the one serving the fewest sites; every class of a site goes where
-the site is.
+"""The mount server's side of its serving processes: `SharedHost` serves each reader class as
+a view of a serving process's mount (serving/shared_mount.py), asked over its control socket,
+and starts that process when none answers. It keeps a pool of N of them (`--serving-processes`,
+one per core by default) and places each new site in the one serving the fewest sites; every
+class of a site goes where the site is. Request threads call it at once: a process is started by
+one of them, the others wait for it.
 
-A class is alive while the shared process that added its view runs and its mount stands. The
+A class is alive while the serving process that added its view runs and its mount stands. The
 processes outlive the mount server: a restarted server finds them through their sockets and
-carries on with the views its state names (their sites stay where they are). A class the shared
-mount does not serve (`--search-dir`: its query inodes are per mount) gets a daemon of its own,
-as in process mode.
+carries on with the views its state names (their sites stay where they are). A process that
+died is started again by the next `start` of a class placed in it.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import json
 import logging
 import os
 import socket
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -26,7 +27,7 @@ from typing import Any
 from chromafs_fuse.access import Principal
 from chromafs_fuse.config import MountConfig
 from chromafs_fuse.serving.binds import detach, mounted_devices
-from chromafs_fuse.serving.class_mounts import ClassHost, HostSnapshot, SessionError
+from chromafs_fuse.serving.class_mounts import HostSnapshot, SessionError
 from chromafs_fuse.serving.process import process_start
 from chromafs_fuse.serving.sessions import ClassMount
 from chromafs_fuse.serving.shared_mount import shared_paths
@@ -77,12 +78,19 @@ class SharedProcess:
         self.pid: int | None = None
         self.pid_start: int | None = None
         self.sites: set[str] = set()  # site directories placed here (by this server or one before it)
+        self.lock = threading.Lock()  # one start of the process at a time
 
     def _serving(self, host: HostSnapshot) -> bool:
         return self.pid is not None and host.runs(self.pid, self.pid_start) and self.mountpoint in host.devices
 
     def ensure_running(self, host: HostSnapshot) -> str:
         """The process's mount device, the process started first if none answers."""
+        with self.lock:
+            return self._ensure_running(host)
+
+    def _ensure_running(self, host: HostSnapshot) -> str:
+        if not self._serving(host):
+            host = HostSnapshot.take()  # another request may have started it meanwhile
         devices = host.devices
         if not self._serving(host):
             self.pid = None
@@ -93,7 +101,6 @@ class SharedProcess:
             if self.pid is None:
                 if self.mountpoint in devices:
                     detach(self.mountpoint)  # left by a process that is gone
-                self.sites.clear()  # a new process serves nothing yet
                 started = time.perf_counter()
                 self.pid = self._start(self.index)
                 self.pid_start = process_start(self.pid)
@@ -111,17 +118,10 @@ class SharedHost:
     `processes`). Every class of a site is in the same process (a page the classes share is one
     inode); a new site goes to the process serving the fewest."""
 
-    def __init__(
-        self, root: str, start_shared: StartShared, processes: int = 1, own_daemons: ClassHost | None = None
-    ) -> None:
-        """`own_daemons`: where a class the shared mount does not serve goes (a ProcessHost)."""
+    def __init__(self, root: str, start_shared: StartShared, processes: int = 1) -> None:
         self.root = root
         self.processes = [SharedProcess(root, index, start_shared) for index in range(processes)]
-        self.own_daemons = own_daemons
-
-    def _daemon_host(self, mount: ClassMount) -> ClassHost | None:
-        """The host of a class served by a daemon of its own (mounted at `<root>/<class key>`)."""
-        return self.own_daemons if os.path.dirname(mount.path) == os.path.normpath(self.root) else None
+        self._placing = threading.Lock()
 
     def _process_of(self, path: str) -> SharedProcess | None:
         return next((p for p in self.processes if os.path.dirname(os.path.dirname(path)) == p.mountpoint), None)
@@ -129,15 +129,17 @@ class SharedHost:
     def _place(self, config: MountConfig) -> SharedProcess:
         """`config` as the process is sent it: the site's directory there is named by its settings."""
         directory = site_dir_name(site_key(config))
-        placed = next((p for p in self.processes if directory in p.sites), None)
-        return placed or min(self.processes, key=lambda p: (len(p.sites), p.index))
+        with self._placing:
+            placed = next((p for p in self.processes if directory in p.sites), None)
+            process = placed or min(self.processes, key=lambda p: (len(p.sites), p.index))
+            process.sites.add(directory)  # reserved now: the site's next classes go here too
+        return process
 
     def start(self, key: str, config: MountConfig, reader: Principal, host: HostSnapshot) -> ClassMount:
-        if config.search_dir and self.own_daemons is not None:
-            return self.own_daemons.start(key, config, reader, host)
-        served = dataclasses.replace(config, warm_kernel=True)  # as a class daemon: read into the kernel once
+        served = dataclasses.replace(config, warm_kernel=True)  # read into the kernel once
         process = self._place(served)
         device = process.ensure_running(host)
+        process.sites.add(site_dir_name(site_key(served)))  # a restarted process serves nothing yet
         request = {
             "op": "add",
             "config": served.to_dict(),
@@ -146,28 +148,32 @@ class SharedHost:
         try:
             reply = process.control.ask(request, config.session.backend_timeout_s * 3 + 60)
         except (OSError, ValueError) as exc:
-            raise SessionError(f"the shared mount did not answer: {exc}") from exc
+            raise SessionError(f"the serving process did not answer: {exc}") from exc
         if not reply.get("ok"):
-            raise SessionError(str(reply.get("error") or "the shared mount refused the class"))
-        assert process.pid is not None
-        view = str(reply["path"])
-        process.sites.add(view.split("/", 1)[0])
-        path = os.path.join(process.mountpoint, view)
+            raise SessionError(str(reply.get("error") or "the serving process refused the class"))
+        pid, pid_start = process.pid, process.pid_start
+        assert pid is not None
+        path = os.path.join(process.mountpoint, str(reply["path"]))
         return ClassMount(
-            key, path, process.pid, process.pid_start, config.site, reader.describe(), device, time.time()
+            key,
+            path,
+            pid,
+            pid_start,
+            config.site,
+            reader.describe(),
+            device,
+            time.time(),
+            config=config.to_dict(),
+            reader_class=[reader.authenticated, sorted(reader.groups)],
         )
 
     def adopt(self, mount: ClassMount) -> None:
         """A class a previous server left standing: its site stays in its process."""
-        if (daemons := self._daemon_host(mount)) is not None:
-            return daemons.adopt(mount)
         process = self._process_of(mount.path)
         if process is not None:
             process.sites.add(os.path.basename(os.path.dirname(mount.path)))
 
     def stop(self, mount: ClassMount) -> None:
-        if (daemons := self._daemon_host(mount)) is not None:
-            return daemons.stop(mount)
         process = self._process_of(mount.path)
         if process is None or process_start(mount.pid) != mount.pid_start:
             return  # that process is gone, and its views with it
@@ -177,22 +183,16 @@ class SharedHost:
             log.warning("removing the view %s: %s", mount.path, exc)
             return
         if reply.get("site_gone"):
-            process.sites.discard(os.path.basename(os.path.dirname(mount.path)))
+            with self._placing:
+                process.sites.discard(os.path.basename(os.path.dirname(mount.path)))
 
     def alive(self, mount: ClassMount, host: HostSnapshot) -> bool:
-        if (daemons := self._daemon_host(mount)) is not None:
-            return daemons.alive(mount, host)
         process = self._process_of(mount.path)
         return (
             process is not None
             and host.runs(mount.pid, mount.pid_start)
             and host.devices.get(process.mountpoint) == mount.device
         )
-
-    def drop(self, mount: ClassMount) -> None:
-        """Nothing of a view outlives its process (its sessions' binds are detached already)."""
-        if (daemons := self._daemon_host(mount)) is not None:
-            daemons.drop(mount)
 
     def owns(self, path: str) -> bool:
         return any(path == p.mountpoint for p in self.processes)

@@ -102,7 +102,7 @@ class SharedSites:
         self.cache = cache  # one memory budget for every site's pages
         self.sites: dict[str, SharedSite] = {}
         self._redis: dict[RedisSettings, Any] = {}  # one RedisCache per URL and settings
-        self._opening = trio.Lock()
+        self._opening: dict[str, trio.Lock] = {}  # per site: one load; other sites never wait for it
         self._nursery: trio.Nursery | None = None
         self.watch = SiteWatch()  # every site's re-ingests: one subscription, one poll per Redis
         self.warmer = SharedWarmer()
@@ -174,13 +174,18 @@ class SharedSites:
         site = self.sites.get(key)
         if site is not None:
             return site
-        async with self._opening:
-            site = self.sites.get(key)
-            if site is None:
-                site = await self._open(key, config)
-                self.sites[key] = site
-                assert self._nursery is not None
-                self._nursery.start_soon(self._follow, site)
+        lock = self._opening.setdefault(key, trio.Lock())
+        try:
+            async with lock:
+                site = self.sites.get(key)
+                if site is None:
+                    site = await self._open(key, config)
+                    self.sites[key] = site
+                    assert self._nursery is not None
+                    self._nursery.start_soon(self._follow, site)
+        finally:
+            if not lock.statistics().tasks_waiting and self._opening.get(key) is lock:
+                del self._opening[key]
         return site
 
     async def _open(self, key: str, config: MountConfig) -> SharedSite:

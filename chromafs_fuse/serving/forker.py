@@ -1,0 +1,135 @@
+"""The mount server's forker: one single-threaded process that forks every serving process.
+
+The mount server answers requests on threads, and a fork from a threaded process copies only
+the forking thread: a lock another thread held at that moment (a Redis pool, stdio, the import
+lock) stays locked in the child for good. So the server forks this process once, before any
+thread starts, with every module already imported, and asks it over a socketpair to fork the
+real children (a serving process of the pool, an `--isolated` session's daemon). Each child
+still shares the server's imported modules copy-on-write.
+
+A job is a picklable `Job` (this process is a fork of the server: same code, trusted peer) plus
+at most a few file descriptors sent with it (SCM_RIGHTS); the answer is the child's pid. The
+forker ends when the server's end of the socketpair closes, whatever way the server ended.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import pickle
+import signal
+import socket
+import struct
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+log = logging.getLogger("chromafs.mountd")
+MAX_JOB_BYTES = 1 << 20
+MAX_FDS = 4
+PID = struct.Struct("i")
+
+
+class Closable(Protocol):
+    def close(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class Job:
+    """A child to fork: `run(*fds, **kwargs)` in the child, its return value the exit status.
+    `run` must be a module-level function (it is pickled by name)."""
+
+    run: Callable[..., int]
+    kwargs: dict[str, Any]
+
+
+class ForkerGone(OSError):
+    """The forker process is gone: no child can be started."""
+
+
+class Forker:
+    def __init__(self, sock: socket.socket, pid: int) -> None:
+        self._sock = sock
+        self.pid = pid
+        self._lock = threading.Lock()  # one job on the socketpair at a time
+
+    @classmethod
+    def start(cls, close_in_child: Sequence[Closable] = ()) -> Forker:
+        """Fork the forker (call before any thread starts); `close_in_child`: the server's
+        listeners, which no serving process may hold."""
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                ours.close()
+                for listener in close_in_child:
+                    listener.close()
+                code = _serve_jobs(theirs)
+            finally:
+                os._exit(code)
+        theirs.close()
+        return cls(ours, pid)
+
+    def spawn(self, job: Job, fds: Sequence[int] = ()) -> int:
+        """Fork a child for `job`, handing it `fds` (duplicated into it); its pid."""
+        payload = pickle.dumps(job)
+        with self._lock:
+            try:
+                socket.send_fds(self._sock, [payload], list(fds))
+                answer = self._sock.recv(PID.size)
+            except OSError as exc:
+                raise ForkerGone(exc.errno, f"the mount server's forker is gone: {exc}") from exc
+        if len(answer) != PID.size:
+            raise ForkerGone("the mount server's forker is gone")
+        (pid,) = PID.unpack(answer)
+        if pid <= 0:
+            raise ForkerGone("the mount server's forker could not fork")
+        return int(pid)
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self._sock.close()
+
+
+def _serve_jobs(sock: socket.socket) -> int:
+    """The forker's loop: fork a child per job until the server's end closes."""
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # children are reaped by the kernel
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(signum, signal.SIG_IGN)  # it ends with the server, never before
+    while True:
+        try:
+            payload, fds, _flags, _addr = socket.recv_fds(sock, MAX_JOB_BYTES, MAX_FDS)
+        except OSError:
+            return 1
+        if not payload:
+            return 0
+        try:
+            pid = os.fork()
+        except OSError:
+            pid = -1
+        if pid == 0:
+            sock.close()
+            _run_child(payload, fds)
+        for fd in fds:
+            os.close(fd)
+        try:
+            sock.send(PID.pack(pid))
+        except OSError:
+            return 1
+
+
+def _run_child(payload: bytes, fds: list[int]) -> None:
+    code = 1
+    try:
+        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD):
+            signal.signal(signum, signal.SIG_DFL)
+        job: Job = pickle.loads(payload)
+        code = job.run(*fds, **job.kwargs)
+    except BaseException:  # the child must never return into the forker's loop
+        log.exception("a forked serving process failed to start")
+    finally:
+        logging.shutdown()
+        os._exit(code)
