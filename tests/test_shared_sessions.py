@@ -135,29 +135,33 @@ def test_an_isolated_session_gets_a_daemon_of_its_own(
     assert same_as_source(anon) and len(shared_processes(server)) == 1
 
 
-def test_a_search_dir_class_gets_a_daemon_of_its_own_and_ends_when_idle(
+def test_a_search_dir_session_gets_a_daemon_of_its_own(
     server: SharedServer,
     opener: Callable[..., Path],
     sample_chroma: Callable[[str], Path],
     secret_file: Path,
     tmp_path: Path,
 ) -> None:
-    """`--search-dir` is not served by the shared mount (its query inodes are per mount): such a
-    class is a daemon and a mount of its own, as in process mode, beside the shared classes."""
+    """`--search-dir` is not served by the pool (its query inodes are per mount): such a session
+    gets a daemon of its own, as `--isolated` does, mounted at the session's path, beside the
+    pool's classes; it ends with its unmount."""
     from test_search_dir import chromafs_search
 
     anon = opener("anon")
-    searcher = opener("searcher", None, "--search-dir", ".search")
+    pid_file = tmp_path / "searcher.pid"
+    searcher = opener("searcher", None, "--search-dir", ".search", "--pid-file", str(pid_file))
     assert os.stat(searcher).st_dev not in (os.stat(server.shared).st_dev, os.stat(anon).st_dev)
-    [class_mount] = [m for m in mounts_under(server.class_root) if m != server.shared]
+    assert mounts_under(server.class_root) == [server.shared]  # no class of its own in the class root
+    pid = int(pid_file.read_text())
+    assert pid not in shared_processes(server)
     assert len(control(server, {"op": "describe"})["views"]) == 1  # the anonymous class only
     query = "Authorization header"
     args = ["--site", "acme", "--chroma-path", str(sample_chroma("public")), "--jwt-secret-file", str(secret_file)]
     answer = (searcher / ".search" / query).read_text()
     assert answer and answer == chromafs_search(args, query)
     assert same_as_source(searcher) and ".search" not in os.listdir(searcher)
-    unmount(searcher)
-    wait_until(lambda: class_mount not in mounts_under(server.class_root), 30, "the idle search class unmounted")
+    assert run(["fusermount3", "-u", str(searcher)]).returncode == 0
+    assert wait_gone(pid, 10), "the search-dir daemon outlived its unmount"
     assert same_as_source(anon) and len(shared_processes(server)) == 1
 
 

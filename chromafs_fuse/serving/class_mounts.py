@@ -212,6 +212,7 @@ class SessionKeeper:
 
     def _start(self, key: str, config: MountConfig, principal: Principal, host: HostSnapshot) -> ClassMount:
         started = time.perf_counter()
+        log.info("class %s for %s (%s): serving it", key[:12], principal.reader_class().describe(), config.site)
         mount = self.host.start(key, config, principal.reader_class(), host)
         log.info(
             "class %s for %s (%s) ready in %.3fs",
