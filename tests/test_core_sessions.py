@@ -92,6 +92,35 @@ def test_the_state_journal_is_rewritten_whole_once_its_changes_outnumber_the_tab
     assert StateJournal(str(path)).load().classes == table.classes
 
 
+def test_a_journal_reloaded_between_saves_still_counts_its_change_lines(tmp_path: Path) -> None:
+    """A server restarted before its journal reached the rewrite (each restart a new StateJournal
+    on the same file) goes on from the change lines the file holds: the file is rewritten once
+    they outnumber the table, however often the server restarted on the way."""
+    path = tmp_path / "state.json"
+    table = SessionTable()
+    table.classes["a"] = _mount("a")
+    journal = StateJournal(str(path))
+    journal.save(table)
+    per_run = COMPACT_MIN_LINES // 3  # change lines a run of the server writes before its restart
+    for run in range(8):
+        journal = StateJournal(str(path))
+        table = journal.load()
+        assert list(table.classes) == ["a"] and len(table.sessions) == run % 2, run
+        for n in range(per_run // 2):  # a session comes and goes: two change lines
+            table.add(Session("/s/x", "a", None, "anonymous", float(n), None, 0))
+            journal.save(table)
+            table.remove("/s/x", float(n))
+            journal.save(table)
+        if run % 2 == 0:
+            table.add(Session("/s/kept", "a", None, "anonymous", float(run), None, 0))
+        else:
+            table.remove("/s/kept", float(run))
+        journal.save(table)
+        assert len(_lines(path)) <= COMPACT_MIN_LINES + 1, f"{len(_lines(path))} lines after {run + 1} restarts"
+    again = StateJournal(str(path)).load()
+    assert again.classes == table.classes and again.sessions == table.sessions
+
+
 def test_a_cut_short_last_line_loses_only_that_change_and_an_old_single_object_file_reads(tmp_path: Path) -> None:
     path = tmp_path / "state.json"
     table = SessionTable()

@@ -180,7 +180,9 @@ def test_a_frozen_backend_of_one_site_never_delays_another_sites_sessions(
         open_session(server, "beta", beta_chroma, tmp_path / "beta-anon", None, secret_file)
         expires_at = int(time.time()) + 4
         expiring = tmp_path / "beta-expiring"
-        open_session(server, "beta", beta_chroma, expiring, token_file(["admin"], exp=expires_at, site="beta"), secret_file)
+        open_session(
+            server, "beta", beta_chroma, expiring, token_file(["admin"], exp=expires_at, site="beta"), secret_file
+        )
         pending_mount = tmp_path / "alpha-pending"
         pending_mount.mkdir()
         assert alpha.proc is not None
@@ -194,7 +196,14 @@ def test_a_frozen_backend_of_one_site_never_delays_another_sites_sessions(
             open_session(server, "beta", beta_chroma, tmp_path / "beta-anon-2", None, secret_file)
             running_class_s = time.perf_counter() - started
             started = time.perf_counter()
-            open_session(server, "beta", beta_chroma, tmp_path / "beta-billing", token_file(["billing"], site="beta"), secret_file)
+            open_session(
+                server,
+                "beta",
+                beta_chroma,
+                tmp_path / "beta-billing",
+                token_file(["billing"], site="beta"),
+                secret_file,
+            )
             new_class_s = time.perf_counter() - started
             wait_until(lambda: not is_mounted(expiring), expires_at + 1.5 - time.time(), "the expired session detached")
             assert pending.poll() is None, "alpha's request did not wait on its frozen backend"

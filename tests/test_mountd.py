@@ -114,7 +114,7 @@ def test_server_hands_over_the_tree_from_redis_and_sees_a_reingest(
         try:
             proc = try_mount(mnt, *args, "--log-file", str(log))
             assert proc.returncode == 0, proc.stderr
-            assert "handed over by the mount server" in log.read_text()
+            assert "loaded from Redis" in log.read_text()  # the isolated daemon's own load
             assert (mnt / "quickstart.mdx").read_bytes() == (site / "quickstart.mdx").read_bytes()
         finally:
             unmount(mnt)
@@ -125,8 +125,8 @@ def test_server_hands_over_the_tree_from_redis_and_sees_a_reingest(
 def test_each_mount_from_a_shared_table_is_scoped_to_its_own_reader(
     mountd: Path, redis_server: RedisServer, token_file: Callable[..., Path], secret_file: Path, tmp_path: Path
 ) -> None:
-    """Two readers with the same groups share the server's pruned table, but each forked mount
-    serves (and reports) its own reader, from the token the server verified for it."""
+    """Two readers with the same groups, each an isolated daemon forked by the server: each serves
+    (and reports) its own reader, from its own token, and sees exactly that reader's pages."""
     backend = Backend("acme", tmp_path / "chroma", redis_url=redis_server.url).args
     ingest(SAMPLE_SITE, *backend, "--quiet")
     args = [*backend, "--mountd", str(mountd)]
@@ -139,7 +139,7 @@ def test_each_mount_from_a_shared_table_is_scoped_to_its_own_reader(
             token = token_file(["billing"], sub=subject)
             proc = try_mount(mnt, *args, *auth, "--token-file", str(token), "--log-file", str(log))
             assert proc.returncode == 0, proc.stderr
-            assert "handed over by the mount server" in log.read_text()
+            assert "loaded from Redis" in log.read_text()
         status = subprocess.run([str(BIN / "chromafs"), "status", "--json"], capture_output=True, text=True, timeout=60)
         reader_of = {s["mountpoint"]: s.get("reader") for s in json.loads(status.stdout)}
         expected = copy_subset(SAMPLE_SITE, expected_visible(SAMPLE_SITE, "public", {"billing"}), tmp_path / "exp")
@@ -184,10 +184,11 @@ def test_readers_of_different_groups_through_the_server_never_share_a_table(
 NOBODY = 65534
 
 
-def request_as(uid: int, socket_path: Path, argv: list[str]) -> tuple[int, str]:
+def request_as(uid: int, socket_path: Path, argv: list[str], gid: int | None = None) -> tuple[int, str]:
     """chromafs-mount's own request for `argv`, sent to the server from a child running as `uid`
-    (no groups): its exit status and what it printed. The child reaches the socket through its
-    folder as its working directory, so only that folder needs to be open to others."""
+    and group `gid` (`uid` when None; no supplementary groups): its exit status and what it
+    printed. The child reaches the socket through its folder as its working directory, so only
+    that folder needs to be open to others."""
     reader, writer = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child: never back into pytest
@@ -197,7 +198,7 @@ def request_as(uid: int, socket_path: Path, argv: list[str]) -> tuple[int, str]:
             os.close(reader)
             os.chdir(socket_path.parent)
             os.setgroups([])
-            os.setgid(uid)
+            os.setgid(uid if gid is None else gid)
             os.setuid(uid)
             with contextlib.redirect_stderr(printed):
                 code = request_mount(socket_path.name, encode_request(argv, None, "/"), argv[0], 30)
@@ -234,6 +235,26 @@ def test_a_mount_request_from_another_user_is_refused(sample_backend: Callable[.
         served = try_mount(mnt, *argv[1:], "--mountd", str(server.socket))
         assert served.returncode == 0, served.stderr
         assert (mnt / "quickstart.mdx").read_bytes() == (SAMPLE_SITE / "quickstart.mdx").read_bytes()
+
+
+def test_the_server_checks_the_callers_uid_not_its_gid(sample_backend: Callable[..., Backend], tmp_path: Path) -> None:
+    """The peer's credentials are (pid, uid, gid): a caller of uid 65534 in group 0 (root's) is
+    refused as any other user, with nothing mounted; root in group 65534 is served."""
+    folder, refused, served = tmp_path / "server", tmp_path / "refused", tmp_path / "served"
+    for path in (folder, refused, served):
+        path.mkdir()
+    backend = sample_backend().args
+    with running_mount_server(folder, tmp_path) as server:
+        folder.chmod(0o711)
+        server.socket.chmod(0o666)  # the server's own uid check is what the request meets
+        code, printed = request_as(NOBODY, server.socket, [str(refused), *backend], gid=0)
+        assert (code, printed) == (1, "chromafs-mount: permission denied: only root or the server's user may mount\n")
+        assert not is_mounted(refused), "a mount made for uid 65534 (read as uid 0, its gid)"
+        assert f"refused a mount request from uid {NOBODY}" in server.log.read_text()
+        code, printed = request_as(0, server.socket, [str(served), *backend], gid=NOBODY)
+        assert (code, printed) == (0, ""), "root in group 65534 was refused"
+        assert (served / "quickstart.mdx").read_bytes() == (SAMPLE_SITE / "quickstart.mdx").read_bytes()
+        assert "refused a mount request from uid 0" not in server.log.read_text()
 
 
 @pytest.mark.parametrize("variable", ["CHROMAFS_TOKEN", "CHROMAFS_TOKEN_FILE"])

@@ -5,6 +5,7 @@ depends on the other classes or sites."""
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import json
@@ -372,7 +373,7 @@ class PooledServer(SharedServer):
     """chromafs-mountd --class-mode shared --shared-processes 2."""
 
     def argv(self) -> list[str]:
-        return [*super().argv(), "--shared-processes", "2"]
+        return [*MountServer.argv(self), "--serving-processes", "2"]
 
 
 def test_sites_are_spread_over_a_pool_and_a_site_stays_in_its_process(
@@ -497,3 +498,71 @@ def test_the_shared_mounts_top_listings_follow_classes_coming_and_going(
     wait_until(lambda: len(os.listdir(server.shared / site)) == 1, 30, "the class's view removed from the listing")
     unmount(anon)
     wait_until(lambda: not os.path.exists(server.shared) or not os.listdir(server.shared), 30, "an empty root")
+
+
+NOBODY = 65534
+
+
+def control_as(uid: int, server: SharedServer, request: dict) -> tuple[bytes, str]:
+    """`request` sent to the shared process's control socket from a child running as `uid` (and
+    group `uid`, no others), which reaches the socket through the class root as its working
+    directory: (every byte it was answered, how the connection ended: "closed" when the
+    process closed it, "timeout" when it stayed open)."""
+    reader, writer = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: never back into pytest
+        outcome = b"error"
+        try:
+            os.close(reader)
+            os.chdir(server.class_root)
+            os.setgroups([])
+            os.setgid(uid)
+            os.setuid(uid)
+            answer = b""
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+                sock.settimeout(10)
+                sock.connect("shared.sock")
+                try:
+                    sock.sendall(json.dumps(request).encode() + b"\n")
+                    while chunk := sock.recv(65536):
+                        answer += chunk
+                    ended = b"closed"
+                except (BrokenPipeError, ConnectionResetError):  # closed with our request unread
+                    ended = b"closed"
+                except TimeoutError:
+                    ended = b"timeout"
+            outcome = ended + b" " + answer
+        except BaseException as exc:
+            outcome = f"error {exc!r}".encode()
+        finally:
+            with contextlib.suppress(BaseException):
+                os.write(writer, outcome)
+            os._exit(0)
+    os.close(writer)
+    with os.fdopen(reader, "rb") as pipe:
+        outcome = pipe.read()
+    os.waitpid(pid, 0)
+    ended, _, answer = outcome.partition(b" ")
+    return answer, ended.decode()
+
+
+def test_the_control_socket_answers_no_other_user(
+    server: SharedServer, sample_chroma: Callable[[str], Path], secret_file: Path, tmp_path: Path
+) -> None:
+    """The control socket is root's alone (0600 in a 0700 class root); opened to everyone here,
+    so that the shared process's own check of the peer's uid is what a connection from nobody
+    meets: closed without an answer, and logged. Root is still answered afterwards."""
+    anon = tmp_path / "anon"
+    open_session(anon, [*session_args(sample_chroma("public"), server, None, secret_file), *NO_WARM])
+    sock = server.class_root / "shared.sock"
+    assert sock.stat().st_mode & 0o777 == 0o600
+    server.class_root.chmod(0o711)
+    sock.chmod(0o666)
+    answer, ended = control_as(NOBODY, server, {"op": "describe"})
+    assert (answer, ended) == (b"", "closed"), "the control socket answered uid 65534"
+    log = server.class_root / "shared.log"
+    wait_until(
+        lambda: f"refused a control connection from uid {NOBODY}" in log.read_text(), 10, f"the refusal in {log}"
+    )
+    assert control(server, {"op": "describe"})["ok"] is True
+    assert (anon / "quickstart.mdx").read_bytes() == (SAMPLE_SITE / "quickstart.mdx").read_bytes()

@@ -65,6 +65,30 @@ def test_valid_tokens(hs_key) -> None:  # type: ignore[no-untyped-def]
     assert principal_from_token(aud, hs_key, "acme").authenticated
 
 
+# Site names that hold the site "acme" or that it holds: each names another site.
+NEAR_SITES = ["acme-staging", "xacme", "acme ", "ACME", "acm", ""]
+NEAR_AUDIENCES: list[object] = ["acme-staging", ["acme-staging", "xacme"], "acm"]
+
+
+def _without_site() -> dict[str, object]:
+    return {k: v for k, v in _claims().items() if k != "site"}
+
+
+@pytest.mark.parametrize("site", NEAR_SITES)
+def test_a_site_claim_names_the_site_exactly(hs_key, site: str) -> None:  # type: ignore[no-untyped-def]
+    """A token for "acme-staging", "xacme" or "acm" is a token for another site, not for "acme"."""
+    with pytest.raises(TokenError) as refused:
+        principal_from_token(jwt.encode(_claims(site=site), SECRET, "HS256"), hs_key, "acme")
+    assert str(refused.value) == "token is for another site"
+
+
+@pytest.mark.parametrize("aud", NEAR_AUDIENCES, ids=str)
+def test_an_audience_names_the_site_exactly(hs_key, aud: object) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(TokenError) as refused:
+        principal_from_token(jwt.encode({**_without_site(), "aud": aud}, SECRET, "HS256"), hs_key, "acme")
+    assert str(refused.value) == "token has no 'site' (or 'aud') claim for this site"
+
+
 def _b64(obj: object) -> str:
     return base64.urlsafe_b64encode(json.dumps(obj).encode()).rstrip(b"=").decode()
 
@@ -80,6 +104,8 @@ def bad_tokens(tmp_path: Path) -> dict[str, str]:
         "not yet valid": jwt.encode(_claims(nbf=int(time.time()) + 3600), SECRET, "HS256"),
         "no exp": jwt.encode({k: v for k, v in _claims().items() if k != "exp"}, SECRET, "HS256"),
         "other site": jwt.encode(_claims(site="other"), SECRET, "HS256"),
+        **{f"site {site!r}": jwt.encode(_claims(site=site), SECRET, "HS256") for site in NEAR_SITES},
+        **{f"aud {aud!r}": jwt.encode({**_without_site(), "aud": aud}, SECRET, "HS256") for aud in NEAR_AUDIENCES},
         "no site": jwt.encode({k: v for k, v in _claims().items() if k != "site"}, SECRET, "HS256"),
         "groups not a list": jwt.encode(_claims(groups="admin"), SECRET, "HS256"),
         "groups not strings": jwt.encode(_claims(groups=[1, 2]), SECRET, "HS256"),
