@@ -192,3 +192,17 @@ class MountConfig:
         )
         fields["fuse_options"] = tuple(fields.get("fuse_options") or ())  # type: ignore[arg-type]
         return cls(session=session_config, **fields)  # type: ignore[arg-type]
+
+
+PER_SESSION_SETTINGS = ("mountpoint", "pid_file", "log_file", "log_level", "log_format", "metrics_addr")
+
+
+def mount_settings(config: MountConfig) -> dict[str, object]:
+    """Everything that shapes what a mount serves: sessions share a class only when all of it is
+    equal (the token's verification key is not: the reader is compared instead)."""
+    settings = dataclasses.asdict(config)
+    for name in PER_SESSION_SETTINGS:
+        settings.pop(name)
+    for name in ("jwt_secret_file", "jwt_public_key"):
+        settings["session"].pop(name)
+    return settings

@@ -259,8 +259,16 @@ MOUNT_OPTIONS = (
     Option("--log-level", "how much the daemon logs", choices=LOG_LEVELS, default="info"),
     Option(
         "--mountd",
-        "ask this chromafs-mountd socket to serve the mount (env CHROMAFS_MOUNTD_SOCKET)",
+        "ask this chromafs-mountd socket to serve the mount (env CHROMAFS_MOUNTD_SOCKET; default: the host's "
+        "mount server at /run/chromafs/mountd.sock when it answers)",
         env="CHROMAFS_MOUNTD_SOCKET",
+    ),
+    Option(
+        "--no-mountd",
+        "mount alone, with a daemon of this mount's own, even when the host's mount server answers",
+        kind="switch",
+        default=False,
+        fstab=False,
     ),
     Option(
         "--isolated",

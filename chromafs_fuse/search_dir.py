@@ -6,7 +6,7 @@ The directory is found by name only: it never shows in a listing, so `ls`, `find
 answers with a new inode whose attributes the kernel may not cache, so a result is never
 stale; the bytes of recent results are kept until the kernel forgets their inode.
 Its inodes lie above every inode of the tree (those are below 2**63). `DocsFilesystem`
-dispatches to it; the search itself is handed in (serving/mount.py runs it off the loop).
+dispatches to it; the search itself is handed in (serving/daemon/mount.py runs it off the loop).
 """
 
 from __future__ import annotations

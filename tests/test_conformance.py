@@ -32,7 +32,7 @@ from urllib.parse import urlparse
 import pytest
 import yaml
 
-from chromafs_fuse.serving.state_journal import StateJournal
+from chromafs_fuse.serving.server.state_journal import StateJournal
 from infra import (
     INGEST,
     MOUNT,

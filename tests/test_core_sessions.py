@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from chromafs_fuse.access import Principal
-from chromafs_fuse.serving.sessions import ClassMount, Session, SessionTable, class_key
-from chromafs_fuse.serving.state_journal import COMPACT_MIN_LINES, StateJournal
+from chromafs_fuse.serving.server.session_table import ClassMount, Session, SessionTable, class_key
+from chromafs_fuse.serving.server.state_journal import COMPACT_MIN_LINES, StateJournal
 
 SETTINGS = {"site": "acme", "backend": "embedded:/data"}
 

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from chromafs_fuse.serving.daemon.watchdog import connection_of
 from chromafs_fuse.serving.kernel_push import KernelPusher
-from chromafs_fuse.serving.watchdog import connection_of
 from infra import SAMPLE_SITE, Backend, expected_visible, free_port, mounted, poll_until, run, wait_gone, wait_until
 
 REQUEST_LINE = re.compile(r'^chromafs_requests_total\{op="(\w+)"\} ([0-9.e+]+)$', re.M)

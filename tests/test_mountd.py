@@ -284,3 +284,50 @@ def test_a_request_without_a_token_never_reads_as_the_server(
             assert diff.returncode == 0, f"not the anonymous reader's pages: {diff.stdout[:1000]}"
         finally:
             unmount(mnt)
+
+
+HOST_SERVER_SCRIPT = r"""
+set -u
+mount -t tmpfs -o mode=0755 chromafs-test /run/chromafs  # this namespace's own /run/chromafs
+"$BIN/chromafs-mountd" --log-file "$WORK/mountd.log" --serving-processes 1 &
+server=$!
+for _ in $(seq 100); do [ -S /run/chromafs/mountd.sock ] && break; sleep 0.1; done
+finish() {
+    umount "$WORK/session" 2>/dev/null
+    fusermount3 -u "$WORK/alone" 2>/dev/null
+    kill "$server"; wait "$server"
+    pkill -f "chromafs-shared /run/chromafs/classes"
+    for _ in $(seq 100); do pgrep -f "chromafs-shared /run/chromafs/classes" >/dev/null || break; sleep 0.1; done
+    umount -l /run/chromafs/classes/shared 2>/dev/null
+    umount -l /run/chromafs
+}
+trap finish EXIT
+"$BIN/chromafs-mount" "$WORK/session" --site acme --chroma-path "$CHROMA" || exit 1
+grep -c "session on $WORK/session" "$WORK/mountd.log"
+cmp "$WORK/session/quickstart.mdx" "$SITE/quickstart.mdx" && echo same-bytes
+"$BIN/chromafs-mount" "$WORK/alone" --site acme --chroma-path "$CHROMA" --no-mountd || exit 1
+grep -c "session on $WORK/alone" "$WORK/mountd.log"
+cmp "$WORK/alone/quickstart.mdx" "$SITE/quickstart.mdx" && echo alone-same-bytes
+"""
+
+
+def test_chromafs_mount_uses_the_hosts_mount_server_by_default(
+    sample_chroma: Callable[[str], Path], tmp_path: Path
+) -> None:
+    """On a host whose mount server listens on its default socket, a plain `chromafs-mount` is a
+    session of it (as `docker` uses its daemon's socket); `--no-mountd` mounts alone. Run in a
+    mount namespace of its own with its own /run/chromafs: a server the host runs is not touched."""
+    for name in ("session", "alone"):
+        (tmp_path / name).mkdir()
+    Path("/run/chromafs").mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "BIN": str(BIN), "WORK": str(tmp_path), "CHROMA": str(sample_chroma("public"))}
+    env["SITE"] = str(SAMPLE_SITE)
+    env.pop("CHROMAFS_MOUNTD_SOCKET", None)
+    done = subprocess.run(
+        ["unshare", "--mount", "--propagation", "private", "bash", "-c", HOST_SERVER_SCRIPT],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+    assert done.stdout.split() == ["1", "same-bytes", "0", "alone-same-bytes"], done.stdout + done.stderr

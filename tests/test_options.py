@@ -25,7 +25,8 @@ from chromafs_fuse.options import (
     fstab_names,
     quick_path_names,
 )
-from chromafs_fuse.serving import class_mounts, mountd
+from chromafs_fuse.serving.server import server as mountd
+from chromafs_fuse.serving.server import session_keeper as class_mounts
 
 HELP = {"-h", "--help"}
 ENV = ("CHROMAFS_SITE", "CHROMAFS_REDIS_URL", "CHROMAFS_REDIS_CA", "CHROMAFS_MOUNTD_SOCKET", "CHROMAFS_CLASS_ROOT")
@@ -133,7 +134,7 @@ def test_config_defaults_are_the_tables(tmp_path: Path) -> None:
 
 
 def test_the_mount_servers_defaults_are_the_tables() -> None:
-    assert find("--socket", MOUNTD_OPTIONS).default == mountd.DEFAULT_SOCKET
+    assert find("--socket", MOUNTD_OPTIONS).default == mountd.DEFAULT_SOCKET == mount_request.HOST_MOUNTD_SOCKET
     assert find("--class-root", MOUNTD_OPTIONS).default == class_mounts.DEFAULT_CLASS_ROOT
     assert find("--class-idle", MOUNTD_OPTIONS).default == class_mounts.DEFAULT_IDLE_S
     assert find("--class-warm-wait", MOUNTD_OPTIONS).default == class_mounts.DEFAULT_WARM_WAIT_S
@@ -172,7 +173,7 @@ def test_a_mount_servers_request_builds_its_config_once(tmp_path: Path, monkeypa
     """The server parses a request and builds its MountConfig once; that object is what goes down
     (to the class mount or the forked daemon), never rebuilt from the flags."""
     from chromafs_fuse.cli.mountd import parse_request_argv
-    from chromafs_fuse.serving.mountd import _prepare
+    from chromafs_fuse.serving.server.server import _prepare
 
     built: list[MountConfig] = []
     from_args = MountConfig.from_args

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from chromafs_fuse.serving.state_journal import StateJournal
+from chromafs_fuse.serving.server.state_journal import StateJournal
 from infra import (
     BIN,
     SAMPLE_SITE,

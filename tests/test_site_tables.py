@@ -7,7 +7,7 @@ import json
 
 from chromafs_fuse.access import Principal
 from chromafs_fuse.inodes import InodeTable
-from chromafs_fuse.serving.sessions import class_key
+from chromafs_fuse.serving.server.session_table import class_key
 from chromafs_fuse.site.tables import PrunedTables, prune
 from chromafs_fuse.tree import SiteTree, parse_tree
 

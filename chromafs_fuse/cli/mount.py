@@ -17,6 +17,7 @@ from chromafs_fuse.cli.common import add_options
 from chromafs_fuse.cli.mount_request import (
     check_mountpoint,
     encode_request,
+    mount_server_socket,
     request_mount,
     require_chroma_location,
     server_argv,
@@ -80,7 +81,8 @@ def serve_here(args: argparse.Namespace) -> int:
     exit status. The flags become a MountConfig here, once."""
     from chromafs_fuse.config import MountConfig
     from chromafs_fuse.logs import setup_logging
-    from chromafs_fuse.serving.daemon import mount_failure, run_daemon
+    from chromafs_fuse.serving.daemon.daemon import run_daemon
+    from chromafs_fuse.serving.failures import mount_failure
 
     background = args.ready_fd is not None
     try:
@@ -95,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
     if args.foreground or args.ready_fd is not None:
-        from chromafs_fuse.serving.daemon import exit_now  # the heavy imports: only in the serving process
+        from chromafs_fuse.serving.failures import exit_now  # the heavy imports: only in the serving process
 
         exit_now(serve_here(args))
     try:
@@ -103,13 +105,16 @@ def main(argv: list[str] | None = None) -> int:
         check_mountpoint(args.mountpoint)
         require_chroma_location(args.chroma_path, args.chroma_url)
         wait_s = args.backend_timeout * 3 + 60
-        if args.mountd:
+        socket_path, fall_back = mount_server_socket(args.mountd, args.no_mountd)
+        if socket_path:
             request = encode_request(server_argv(argv), token, os.getcwd())
     except UsageError as exc:
         print(f"chromafs-mount: {exc}", file=sys.stderr)
         return 1
-    if args.mountd:
-        return request_mount(args.mountd, request, args.mountpoint, wait_s)
+    if socket_path:
+        status = request_mount(socket_path, request, args.mountpoint, wait_s, fall_back)
+        if status is not None:
+            return status
     return start_daemon(argv, token, args.mountpoint, wait_s)
 
 

@@ -1,7 +1,8 @@
 """`chromafs-mount`'s entry point.
 
 A session asked of `chromafs-mountd` is mostly this process's own start-up, so a plain request
-(`--mountd SOCKET` or CHROMAFS_MOUNTD_SOCKET, no -h/--foreground) is read from argv without
+(`--mountd SOCKET`, CHROMAFS_MOUNTD_SOCKET, or the host's mount server at its default socket
+unless --no-mountd; no -h/--foreground) is read from argv without
 argparse, JSON, or the socket module: the server parses the same argv with the real parser and
 reports any mistake. Everything else goes to cli/mount.py. Nothing heavier than C modules is imported here.
 """
@@ -14,6 +15,7 @@ import sys
 from chromafs_fuse.cli.mount_request import (
     check_mountpoint,
     encode_request,
+    mount_server_socket,
     quick_options,
     request_mount,
     require_chroma_location,
@@ -32,7 +34,8 @@ def quick_request(argv: list[str]) -> int | None:
     if parsed is None:
         return None
     options, mountpoint = parsed
-    socket_path = options.get("--mountd") or os.environ.get("CHROMAFS_MOUNTD_SOCKET")
+    given = options.get("--mountd") or os.environ.get("CHROMAFS_MOUNTD_SOCKET")
+    socket_path, fall_back = mount_server_socket(given, "--no-mountd" in argv)
     if not socket_path:
         return None
     try:
@@ -48,7 +51,7 @@ def quick_request(argv: list[str]) -> int | None:
         print(f"chromafs-mount: {exc}", file=sys.stderr)
         return 1
     warn_of_old_names(options)  # here, not before: a ValueError above leaves it to the full parser
-    return request_mount(socket_path, request, mountpoint, wait_s)
+    return request_mount(socket_path, request, mountpoint, wait_s, fall_back)  # None: mount alone
 
 
 def main(argv: list[str] | None = None) -> int:

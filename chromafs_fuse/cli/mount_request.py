@@ -12,6 +12,8 @@ from chromafs_fuse.errors import UsageError
 from chromafs_fuse.options import deprecated_names, quick_path_names
 from chromafs_fuse.serving.handshake import wait_for_ready
 
+HOST_MOUNTD_SOCKET = "/run/chromafs/mountd.sock"  # chromafs-mountd's default --socket
+FALL_BACK_ERRNOS = frozenset({2, 13, 111})  # ENOENT, EACCES, ECONNREFUSED: no host server for us
 FLAGS, VALUE_OPTIONS = quick_path_names()  # chromafs-mount's options the quick path reads itself
 RENAMED = deprecated_names()  # old flag -> new flag
 
@@ -99,14 +101,35 @@ def encode_request(argv: list[str], token: str | None, cwd: str) -> bytes:
     return f'{{"argv": [{words}], "token": {token_json}, "cwd": {_json_string(cwd)}}}\n'.encode()
 
 
-def request_mount(socket_path: str, request: bytes, mountpoint: str, wait_s: float) -> int:
-    """Ask the server for a mount; 0 once it answers READY, 1 with one line otherwise."""
+def mount_server_socket(given: str | None, no_mountd: bool) -> tuple[str | None, bool]:
+    """(the mount server to ask, whether to mount alone if it does not answer): the one given
+    (--mountd, CHROMAFS_MOUNTD_SOCKET), else the host's when its socket is there, as `docker`
+    uses its daemon's socket; (None, _) with --no-mountd or when the host runs none."""
+    if no_mountd:
+        return None, False
+    if given:
+        return given, False
+    if os.path.exists(HOST_MOUNTD_SOCKET):
+        return HOST_MOUNTD_SOCKET, True
+    return None, False
+
+
+def request_mount(
+    socket_path: str, request: bytes, mountpoint: str, wait_s: float, fall_back: bool = False
+) -> int | None:
+    """Ask the server for a mount; 0 once it answers READY, 1 with one line otherwise. With
+    `fall_back`, None when the server cannot be reached at all (the caller mounts alone)."""
     import _socket
 
     conn = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
     try:
         conn.settimeout(5)
-        conn.connect(socket_path)
+        try:
+            conn.connect(socket_path)
+        except OSError as exc:
+            if fall_back and exc.errno in FALL_BACK_ERRNOS:
+                return None
+            raise
         conn.sendall(request)
         conn.shutdown(_socket.SHUT_WR)
         ok, reason = wait_for_ready(conn.fileno(), wait_s)

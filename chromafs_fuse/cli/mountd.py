@@ -1,4 +1,4 @@
-"""`chromafs-mountd`'s flags and entry point; the server itself is serving/mountd.py.
+"""`chromafs-mountd`'s flags and entry point; the server itself is serving/server/server.py.
 
 Each request's argv is parsed here too, by chromafs-mount's own parser, handed to the server.
 """
@@ -14,9 +14,9 @@ from chromafs_fuse.cli.common import add_options
 from chromafs_fuse.cli.mount import build_parser as mount_parser
 from chromafs_fuse.logs import setup_logging
 from chromafs_fuse.options import MOUNTD_OPTIONS
-from chromafs_fuse.serving.mountd import serve_forever
 from chromafs_fuse.serving.process import limit_malloc_arenas
-from chromafs_fuse.serving.shared_host import MAX_SHARED_PROCESSES
+from chromafs_fuse.serving.server.pool import MAX_SHARED_PROCESSES
+from chromafs_fuse.serving.server.server import serve_forever
 
 log = logging.getLogger("chromafs.mountd")
 
@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     # request is imported above), and the codec a socket's host name goes through (Redis, Chroma).
     import encodings.idna  # noqa: F401
 
-    from chromafs_fuse.serving import daemon  # noqa: F401
+    from chromafs_fuse.serving.daemon import daemon  # noqa: F401
 
     if not args.no_preload_chroma:
         import chromadb  # noqa: F401  - no threads start at import, so forking stays safe

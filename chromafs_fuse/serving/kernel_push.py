@@ -22,7 +22,10 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from queue import Empty, SimpleQueue
 
+import pyfuse3
+
 from chromafs_fuse.inodes import InodeTable
+from chromafs_fuse.tree_diff import TreeChange
 
 log = logging.getLogger(__name__)
 
@@ -133,3 +136,23 @@ def walk_directories(root: str, table: InodeTable, listed: Callable[[int], None]
     for helper in helpers:
         helper.join()
     return len(done)
+
+
+def tell_kernel(old_pusher: KernelPusher | None, change: TreeChange) -> None:
+    """In a worker thread: stop pushing old pages (queued ones go first), then drop what the
+    kernel caches of changed files and listings, and its lookups of names that came or went.
+    An inode or name the kernel does not hold answers ENOENT: nothing to drop."""
+    if old_pusher is not None:
+        old_pusher.stop()
+    for inode in change.stale_inodes:
+        try:
+            pyfuse3.invalidate_inode(inode, attr_only=False)
+        except OSError as exc:
+            if exc.errno != errno.ENOENT:
+                log.warning("invalidating inode %d: %s", inode, exc)
+    for parent, name in change.stale_names:
+        try:
+            pyfuse3.invalidate_entry(parent, name)
+        except OSError as exc:
+            if exc.errno != errno.ENOENT:
+                log.warning("invalidating %r in inode %d: %s", name, parent, exc)

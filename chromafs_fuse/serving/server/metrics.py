@@ -20,7 +20,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from chromafs_fuse.serving.sessions import SessionTable
+from chromafs_fuse.serving.server.session_table import SessionTable
 from chromafs_fuse.serving.status import runtime_dir
 
 log = logging.getLogger("chromafs.mountd")

@@ -4,9 +4,9 @@ It imports everything once, then listens on a Unix socket. A session request is 
 thread of its own, so no request waits for another's backend: a session of a class that is
 served is a token check and a read-only bind (tens of milliseconds) whatever another site's
 Chroma is doing. Every reader class of every site is a directory of a serving process's FUSE
-mount (serving/shared_host.py); the pool of serving processes, one per core by default, is the
+mount (serving/server/pool.py); the pool of serving processes, one per core by default, is the
 fault boundary, and a serving process that dies is started again and its sessions bound again
-at their own paths (serving/class_mounts.py). Housekeeping (expiry, idle classes, dead
+at their own paths (serving/server/session_keeper.py). Housekeeping (expiry, idle classes, dead
 processes) runs on a clock of its own, never behind a request. `--isolated` sessions, and
 `--search-dir` ones (their query directory is per mount), get a daemon of their own.
 
@@ -38,15 +38,15 @@ import setproctitle
 
 from chromafs_fuse.config import MountConfig
 from chromafs_fuse.errors import UsageError
-from chromafs_fuse.serving.class_mounts import DEFAULT_IDLE_S
-from chromafs_fuse.serving.forker import Forker, ForkerGone, Job
-from chromafs_fuse.serving.mountd_metrics import MetricsEndpoint
+from chromafs_fuse.serving.server.forker import Forker, ForkerGone, Job
+from chromafs_fuse.serving.server.metrics import MetricsEndpoint
+from chromafs_fuse.serving.server.session_keeper import DEFAULT_IDLE_S
 
 if TYPE_CHECKING:
     import argparse
 
     from chromafs_fuse.access import Principal
-    from chromafs_fuse.serving.class_mounts import SessionKeeper
+    from chromafs_fuse.serving.server.session_keeper import SessionKeeper
 
 # A request's argv (the caller's chromafs-mount flags, token left out) -> its parsed flags, as
 # chromafs-mount's parser gives them; SystemExit when they are wrong. Handed in by cli/mountd.py.
@@ -109,7 +109,7 @@ def _become_daemon(cwd: str, title: str) -> None:
 
 def serve_isolated(conn_fd: int, *, cwd: str, config: MountConfig, token: str | None) -> int:
     """In a forked child: an `--isolated` session's own daemon; it reports to the client on `conn_fd`."""
-    from chromafs_fuse.serving.daemon import run_daemon
+    from chromafs_fuse.serving.daemon.daemon import run_daemon
 
     _become_daemon(cwd, f"chromafs-mount {config.mountpoint} --site {config.site}")
     # exactly the caller's token (its client read the caller's environment): never the server's
@@ -119,7 +119,7 @@ def serve_isolated(conn_fd: int, *, cwd: str, config: MountConfig, token: str | 
 
 def serve_pool_process(ready_fd: int, *, class_root: str, index: int, cache_bytes: int, idle_exit_s: float) -> int:
     """In a forked child: the `index`-th serving process of the pool."""
-    from chromafs_fuse.serving.shared_mount import run_shared_mount, shared_paths
+    from chromafs_fuse.serving.serving_process.process import run_shared_mount, shared_paths
 
     _become_daemon("/", f"chromafs-shared {class_root}" + (f" {index}" if index else ""))
     log_file = f"{shared_paths(class_root, index)[0]}.log"
@@ -265,8 +265,8 @@ class MountServer:
             self.slots.release()
 
     def _handle(self, conn: socket.socket) -> None:
-        from chromafs_fuse.serving.class_mounts import SessionError
-        from chromafs_fuse.serving.daemon import failure_text
+        from chromafs_fuse.serving.failures import failure_text
+        from chromafs_fuse.serving.server.session_keeper import SessionError
 
         conn.settimeout(None)
         uid = _peer_uid(conn)
@@ -355,9 +355,9 @@ def serve_forever(
     `class_root` (root only), sessions are binds of reader-class views of the pool's serving
     processes (`serving_processes` of them, default one per core, each page memory
     `shared_cache_bytes`); without it, or for `--isolated`, each session gets a daemon."""
-    from chromafs_fuse.serving.class_mounts import SessionError, SessionKeeper
     from chromafs_fuse.serving.handshake import wait_for_ready
-    from chromafs_fuse.serving.shared_host import SharedHost
+    from chromafs_fuse.serving.server.pool import SharedHost
+    from chromafs_fuse.serving.server.session_keeper import SessionError, SessionKeeper
 
     listener = _listening_socket(socket_path)
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # children are reaped by the kernel

@@ -30,6 +30,9 @@ from chromafs_fuse.filesystem import DocsFilesystem, FsError
 from chromafs_fuse.inodes import InodeTable
 from chromafs_fuse.readahead import ReadScheduler
 from chromafs_fuse.search_dir import SearchDir
+from chromafs_fuse.serving.daemon.metrics import start_metrics_server
+from chromafs_fuse.serving.daemon.refresh import TreeRefresher
+from chromafs_fuse.serving.daemon.watchdog import start_watchdog, stop_watchdog
 from chromafs_fuse.serving.fuse_adapter import (
     Filesystem,
     FuseAdapter,
@@ -37,14 +40,11 @@ from chromafs_fuse.serving.fuse_adapter import (
     pyfuse3_passes_inode,
 )
 from chromafs_fuse.serving.handshake import READY
-from chromafs_fuse.serving.kernel_push import KernelPusher
+from chromafs_fuse.serving.kernel_push import KernelPusher, tell_kernel
 from chromafs_fuse.serving.lifetime import end_at_expiry, end_when_unused, watch_signals
-from chromafs_fuse.serving.mount_metrics import start_metrics_server
 from chromafs_fuse.serving.process import sd_notify
-from chromafs_fuse.serving.refresh import TreeRefresher
 from chromafs_fuse.serving.status import StatusFile, uptime_since
 from chromafs_fuse.serving.warm_up import all_files, changed_files, should_warm_kernel, visible_bytes, warm_kernel
-from chromafs_fuse.serving.watchdog import start_watchdog, stop_watchdog
 from chromafs_fuse.site.loader import LoadedSite, Preloaded, SiteLoader
 from chromafs_fuse.tree import PathEntry, SiteTree
 from chromafs_fuse.tree_diff import TreeChange, diff_tables
@@ -69,26 +69,6 @@ def public_backend(config: MountConfig) -> str:
             f":{parts.port}" if parts.port else ""
         )
     return f"embedded:{chroma.path}"
-
-
-def tell_kernel(old_pusher: KernelPusher | None, change: TreeChange) -> None:
-    """In a worker thread: stop pushing old pages (queued ones go first), then drop what the
-    kernel caches of changed files and listings, and its lookups of names that came or went.
-    An inode or name the kernel does not hold answers ENOENT: nothing to drop."""
-    if old_pusher is not None:
-        old_pusher.stop()
-    for inode in change.stale_inodes:
-        try:
-            pyfuse3.invalidate_inode(inode, attr_only=False)
-        except OSError as exc:
-            if exc.errno != errno.ENOENT:
-                log.warning("invalidating inode %d: %s", inode, exc)
-    for parent, name in change.stale_names:
-        try:
-            pyfuse3.invalidate_entry(parent, name)
-        except OSError as exc:
-            if exc.errno != errno.ENOENT:
-                log.warning("invalidating %r in inode %d: %s", name, parent, exc)
 
 
 class Mount:

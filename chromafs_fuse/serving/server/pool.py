@@ -1,5 +1,5 @@
 """The mount server's side of its serving processes: `SharedHost` serves each reader class as
-a view of a serving process's mount (serving/shared_mount.py), asked over its control socket,
+a view of a serving process's mount (serving/serving_process/process.py), asked over its control socket,
 and starts that process when none answers. It keeps a pool of N of them (`--serving-processes`,
 one per core by default) and places each new site in the one serving the fewest sites; every
 class of a site goes where the site is. Request threads call it at once: a process is started by
@@ -26,12 +26,12 @@ from typing import Any
 
 from chromafs_fuse.access import Principal
 from chromafs_fuse.config import MountConfig
-from chromafs_fuse.serving.binds import detach, mounted_devices
-from chromafs_fuse.serving.class_mounts import HostSnapshot, SessionError
 from chromafs_fuse.serving.process import process_start
-from chromafs_fuse.serving.sessions import ClassMount
-from chromafs_fuse.serving.shared_mount import shared_paths
-from chromafs_fuse.serving.shared_sites import site_key
+from chromafs_fuse.serving.server.binds import detach, mounted_devices
+from chromafs_fuse.serving.server.session_keeper import HostSnapshot, SessionError
+from chromafs_fuse.serving.server.session_table import ClassMount
+from chromafs_fuse.serving.serving_process.process import shared_paths
+from chromafs_fuse.serving.serving_process.sites import site_key
 from chromafs_fuse.shared_views import site_dir_name
 
 log = logging.getLogger("chromafs.mountd")

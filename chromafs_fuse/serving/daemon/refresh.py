@@ -1,6 +1,6 @@
 """A running mount follows re-ingests: the site's `TreeFollower` (site/follower.py) notices a new
 version (announced through Redis pub/sub, or polled) and loads its tree in worker threads; the
-refresher hands each new tree to the mount (serving/mount.py `Mount.switch_to`), which prunes it
+refresher hands each new tree to the mount (serving/daemon/mount.py `Mount.switch_to`), which prunes it
 for its reader, switches to it and tells the kernel what to forget.
 """
 

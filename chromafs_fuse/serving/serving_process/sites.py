@@ -1,6 +1,6 @@
 """The sites and views the shared mount serves (issue 30), on its trio loop.
 
-A *site* here is a site with one set of mount settings (serving/class_mounts.mount_settings):
+A *site* here is a site with one set of mount settings (config.mount_settings):
 its tree, one page source (every site's pages in the process's one memory budget, one Redis
 client per URL) and one `TreeFollower`. A *view* is a reader class of a site: its tree pruned
 in the view's inode scope (shared_views.scope_for), on a `DocsFilesystem` of its own, served in
@@ -23,14 +23,13 @@ import trio
 
 from chromafs_fuse.access import Principal, visible_entries
 from chromafs_fuse.attributes import AttributeMaker
-from chromafs_fuse.config import MountConfig, RedisSettings
+from chromafs_fuse.config import MountConfig, RedisSettings, mount_settings
 from chromafs_fuse.filesystem import DocsFilesystem
 from chromafs_fuse.inodes import InodeScope, InodeTable
 from chromafs_fuse.page_cache import PageCache
 from chromafs_fuse.readahead import ReadScheduler
-from chromafs_fuse.serving.class_mounts import mount_settings
-from chromafs_fuse.serving.mount import tell_kernel
-from chromafs_fuse.serving.shared_warm import SharedWarmer, WarmJob
+from chromafs_fuse.serving.kernel_push import tell_kernel
+from chromafs_fuse.serving.serving_process.warm import SharedWarmer, WarmJob
 from chromafs_fuse.serving.warm_up import should_warm_kernel
 from chromafs_fuse.shared_filesystem import SharedFilesystem
 from chromafs_fuse.shared_views import scope_for, site_dir_name, view_name
@@ -83,7 +82,7 @@ class SharedSite:
         self.no_open = False  # set by SharedSites: the shared mount's open mode
         self.follower = TreeFollower(loader, pages.chroma, tree, config.refresh_interval_s)
         self.views: dict[str, SharedView] = {}
-        self.warmed: set[int] = set()  # inodes read through a view already (serving/shared_warm.py)
+        self.warmed: set[int] = set()  # inodes read through a view already (serving/serving_process/warm.py)
         self.cancel = trio.CancelScope()  # ends the site's tasks once its last view goes
         self.switches = 0
 

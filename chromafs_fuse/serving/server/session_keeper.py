@@ -1,6 +1,6 @@
 """The mount server's sessions: one view per reader class, a read-only bind per session.
 
-Where a class is served is its `ClassHost`'s business (serving/shared_host.py's `SharedHost`: a
+Where a class is served is its `ClassHost`'s business (serving/server/pool.py's `SharedHost`: a
 directory of one of the pool's serving processes). `SessionKeeper` opens a session by binding
 its class's directory (the class served first if it is not) on the caller's mountpoint. It is
 called from many request threads at once: the table is guarded by one lock held only for
@@ -18,7 +18,6 @@ classes and sessions and carries on.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import hashlib
 import logging
 import os
@@ -29,33 +28,21 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from chromafs_fuse.access import Principal
-from chromafs_fuse.config import MountConfig
-from chromafs_fuse.serving.binds import bind_read_only, detach, mounted_devices
+from chromafs_fuse.config import MountConfig, mount_settings
 from chromafs_fuse.serving.process import process_start
-from chromafs_fuse.serving.sessions import ClassMount, Session, class_key
-from chromafs_fuse.serving.state_journal import StateJournal
+from chromafs_fuse.serving.server.binds import bind_read_only, detach, mounted_devices
+from chromafs_fuse.serving.server.session_table import ClassMount, Session, class_key
+from chromafs_fuse.serving.server.state_journal import StateJournal
 from chromafs_fuse.serving.status import runtime_dir, utc_text, write_private_json
 
 log = logging.getLogger("chromafs.mountd")
 DEFAULT_CLASS_ROOT = "/run/chromafs/classes"
 DEFAULT_IDLE_S = 300.0
 DEFAULT_WARM_WAIT_S = 1.0
-PER_SESSION_SETTINGS = ("mountpoint", "pid_file", "log_file", "log_level", "log_format", "metrics_addr")
 
 
 class SessionError(Exception):
     """A session cannot be opened; the message goes back to the caller."""
-
-
-def mount_settings(config: MountConfig) -> dict[str, object]:
-    """Everything that shapes what a mount serves: sessions share a class only when all of it is
-    equal (the token's verification key is not: the reader is compared instead)."""
-    settings = dataclasses.asdict(config)
-    for name in PER_SESSION_SETTINGS:
-        settings.pop(name)
-    for name in ("jwt_secret_file", "jwt_public_key"):
-        settings["session"].pop(name)
-    return settings
 
 
 @dataclass

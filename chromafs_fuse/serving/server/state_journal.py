@@ -17,7 +17,7 @@ import logging
 import os
 from typing import Any
 
-from chromafs_fuse.serving.sessions import ClassMount, Session, SessionTable
+from chromafs_fuse.serving.server.session_table import ClassMount, Session, SessionTable
 from chromafs_fuse.serving.status import write_private_json
 
 log = logging.getLogger("chromafs.mountd")

@@ -12,7 +12,7 @@ one JSON object a line each way:
 It outlives the mount server that started it (a restarted one reconnects through the socket) and
 ends by itself once no session's bind of it has stood for its idle time. No page is pushed into
 the kernel here: the kernel keeps what it read once (no-open mode, or keep_cache with a stock
-pyfuse3) for every view of the site, and a new view is warmed by reading it (serving/shared_warm.py).
+pyfuse3) for every view of the site, and a new view is warmed by reading it (serving/serving_process/warm.py).
 """
 
 from __future__ import annotations
@@ -34,12 +34,12 @@ from chromafs_fuse.access import Principal
 from chromafs_fuse.config import MountConfig
 from chromafs_fuse.logs import setup_logging
 from chromafs_fuse.page_cache import PageCache
-from chromafs_fuse.serving.daemon import failure_text, report_failure
+from chromafs_fuse.serving.failures import failure_text, report_failure
 from chromafs_fuse.serving.fuse_adapter import FuseAdapter, entry_attributes, pyfuse3_passes_inode
 from chromafs_fuse.serving.handshake import READY
 from chromafs_fuse.serving.lifetime import end_when_unused, watch_signals
 from chromafs_fuse.serving.process import limit_malloc_arenas
-from chromafs_fuse.serving.shared_sites import SharedSites, ViewError
+from chromafs_fuse.serving.serving_process.sites import SharedSites, ViewError
 from chromafs_fuse.serving.status import StatusFile, uptime_since
 from chromafs_fuse.shared_filesystem import SharedFilesystem
 

@@ -1,0 +1,1 @@
+"""The standalone daemon: one mount for one reader (chromafs-mount alone, --isolated, --search-dir)."""

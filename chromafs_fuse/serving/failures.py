@@ -1,0 +1,56 @@
+"""How a serving process says why it cannot serve: one line, to the one waiting for it (its
+ready fd) or on stderr, and in its log; a traceback only for what nobody expected."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import sys
+
+from chromafs_fuse.backends.chroma_store import BackendError, SiteNotFound
+from chromafs_fuse.errors import UsageError
+from chromafs_fuse.tokens import TokenError
+from chromafs_fuse.tree import TreeError
+
+log = logging.getLogger("chromafs.mount")
+
+
+def report_failure(ready_fd: int | None, message: str) -> int:
+    log.error("%s", message)
+    if ready_fd is None:
+        print(f"chromafs-mount: {message}", file=sys.stderr)
+    else:
+        with contextlib.suppress(OSError):
+            os.write(ready_fd, message.encode("utf-8", "replace"))
+            os.close(ready_fd)
+    return 1
+
+
+def exit_now(status: int) -> None:
+    """Leave without interpreter finalisation: a backend call abandoned at its deadline may
+    still run in a worker thread inside native code (chromadb, boto3), and tearing the
+    interpreter down under it can crash the process after a clean unmount."""
+    logging.shutdown()
+    with contextlib.suppress(Exception):
+        sys.stdout.flush()
+        sys.stderr.flush()
+    os._exit(status)
+
+
+# failures before the mount serves, reported as one line without a traceback
+EXPECTED_FAILURES = (UsageError, TokenError, BackendError, SiteNotFound, TreeError)
+
+
+def failure_text(exc: Exception) -> str:
+    """The one line saying why a mount could not start."""
+    if isinstance(exc, EXPECTED_FAILURES):
+        return str(exc)
+    return f"cannot mount: {exc.__class__.__name__}: {exc}"
+
+
+def mount_failure(ready_fd: int | None, exc: Exception) -> int:
+    """Report why a mount could not start (logged, and sent to `ready_fd` or printed); 1."""
+    if not isinstance(exc, EXPECTED_FAILURES):
+        log.error("cannot mount", exc_info=exc)
+    return report_failure(ready_fd, failure_text(exc))
