@@ -39,7 +39,7 @@ from chromafs_fuse.serving.fuse_adapter import FuseAdapter, entry_attributes, py
 from chromafs_fuse.serving.handshake import READY
 from chromafs_fuse.serving.lifetime import end_when_unused, watch_signals
 from chromafs_fuse.serving.process import limit_malloc_arenas
-from chromafs_fuse.serving.serving_process.sites import SharedSites, ViewError
+from chromafs_fuse.serving.serving_process.sites import ServeError, SharedSites
 from chromafs_fuse.serving.status import StatusFile, uptime_since
 from chromafs_fuse.shared_filesystem import SharedFilesystem
 
@@ -163,7 +163,7 @@ class SharedMount:
         except (KeyError, TypeError, ValueError) as exc:
             return {"ok": False, "error": f"bad request: {exc}"}
         except Exception as exc:
-            if not isinstance(exc, ViewError):
+            if not isinstance(exc, ServeError):
                 log.exception("control request failed")
             return {"ok": False, "error": failure_text(exc)}
 

@@ -43,7 +43,7 @@ from chromafs_fuse.tree_diff import diff_tables
 log = logging.getLogger("chromafs.shared")
 
 
-class ViewError(Exception):
+class ServeError(Exception):
     """A view cannot be served; the message goes back to the mount server."""
 
 
@@ -118,7 +118,7 @@ class SharedSites:
     async def add(self, config: MountConfig, reader: Principal) -> str:
         """Serve the reader class's view of the site (if not served yet); its path in the mount."""
         if config.search_dir:
-            raise ViewError("--search-dir is not served by the shared mount")
+            raise ServeError("--search-dir is not served by the shared mount")
         site = await self._site(config)
         name = view_name(site.key, reader_key(reader))
         while name not in site.views:
@@ -193,7 +193,7 @@ class SharedSites:
             with trio.fail_after(timeout_s):
                 return await trio.to_thread.run_sync(self._load, key, config, abandon_on_cancel=True)
         except trio.TooSlowError:
-            raise ViewError(f"site {config.site}: no tree within {timeout_s:.0f}s") from None
+            raise ServeError(f"site {config.site}: no tree within {timeout_s:.0f}s") from None
 
     def _load(self, key: str, config: MountConfig) -> SharedSite:
         """In a worker thread: the site's tree (Redis, else Chroma) and its page source."""
