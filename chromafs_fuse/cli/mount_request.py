@@ -10,7 +10,7 @@ import sys
 
 from chromafs_fuse.errors import UsageError
 from chromafs_fuse.options import deprecated_names, quick_path_names
-from chromafs_fuse.serving.handshake import wait_for_ready
+from chromafs_fuse.serving.handshake import wait_for_answer
 
 HOST_MOUNTD_SOCKET = "/run/chromafs/mountd.sock"  # chromafs-mountd's default --socket
 FALL_BACK_ERRNOS = frozenset({2, 13, 111})  # ENOENT, EACCES, ECONNREFUSED: no host server for us
@@ -117,7 +117,7 @@ def mount_server_socket(given: str | None, no_mountd: bool) -> tuple[str | None,
 def request_mount(
     socket_path: str, request: bytes, mountpoint: str, wait_s: float, fall_back: bool = False
 ) -> int | None:
-    """Ask the server for a mount; 0 once it answers READY, 1 with one line otherwise. With
+    """Ask the server for a mount; 0 once it answers ok, 1 with one line otherwise. With
     `fall_back`, None when the server cannot be reached at all (the caller mounts alone)."""
     import _socket
 
@@ -132,7 +132,7 @@ def request_mount(
             raise
         conn.sendall(request)
         conn.shutdown(_socket.SHUT_WR)
-        ok, reason = wait_for_ready(conn.fileno(), wait_s)
+        ok, reason = wait_for_answer(conn.fileno(), wait_s)
     except OSError as exc:
         print(f"chromafs-mount: cannot reach chromafs-mountd at {socket_path}: {exc.strerror or exc}", file=sys.stderr)
         return 1

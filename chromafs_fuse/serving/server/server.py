@@ -77,9 +77,10 @@ def _peer_uid(conn: socket.socket) -> int:
 
 
 def _read_request(conn: socket.socket) -> dict[str, object]:
+    """One JSON line (or everything up to the client's shutdown)."""
     conn.settimeout(5)
     data = b""
-    while len(data) <= MAX_REQUEST_BYTES:
+    while len(data) <= MAX_REQUEST_BYTES and not data.endswith(b"\n"):
         chunk = conn.recv(65536)
         if not chunk:
             break
@@ -274,7 +275,7 @@ class MountServer:
             log.warning("refused a mount request from uid %d", uid)
             with contextlib.suppress(OSError, ValueError, EOFError):
                 _read_request(conn)  # read first: a close on an unread request resets the answer away
-            _send(conn, "permission denied: only root or the server's user may mount")
+            _answer(conn, "permission denied: only root or the server's user may mount")
             return
         try:
             request = _read_request(conn)
@@ -282,7 +283,7 @@ class MountServer:
             return
         except (OSError, ValueError) as exc:
             log.warning("bad mount request: %s", exc)
-            _send(conn, "bad request")
+            _answer(conn, "bad request")
             return
         got = _prepare(request, self.parse_argv)
         if got.args is None:  # flags chromafs-mount's parser refuses (its client parsed them first): no answer
@@ -293,34 +294,48 @@ class MountServer:
         if config is None:  # worded as the daemon (isolated) or the session's path would word it
             problem = failure_text(error) if own_daemon else _problem(error)
             log.warning("mount request from uid %d: %s", uid, problem)
-            _send(conn, problem)
+            _answer(conn, problem)
             return
         if own_daemon:
-            cwd = str(request.get("cwd") or "/")
-            job = Job(serve_isolated, {"cwd": cwd, "config": config, "token": _request_token(request)})
-            try:
-                pid = self.forker.spawn(job, [conn.fileno()])
-            except ForkerGone as exc:
-                log.error("%s", exc)
-                _send(conn, "the mount server cannot start a daemon: restart chromafs-mountd")
-                return
-            log.info("mount request from uid %d: daemon pid %d", uid, pid)
+            self._own_daemon(conn, uid, config, str(request.get("cwd") or "/"), _request_token(request))
             return
         if principal is None:
-            _send(conn, _problem(error))
+            _answer(conn, _problem(error))
             return
         assert self.keeper is not None
         try:
             self.keeper.open_session(config, principal, uid)
         except SessionError as exc:
-            _send(conn, str(exc))
+            _answer(conn, str(exc))
             return
-        _send(conn, "READY\n")
+        _answer(conn)
+
+    def _own_daemon(self, conn: socket.socket, uid: int, config: MountConfig, cwd: str, token: str | None) -> None:
+        """A daemon of the session's own (--isolated, --search-dir): forked, then its report
+        (ready, or why not) answered to the caller."""
+        from chromafs_fuse.serving.handshake import wait_for_ready
+
+        job = Job(serve_isolated, {"cwd": cwd, "config": config, "token": token})
+        ours, theirs = socket.socketpair()
+        with ours, theirs:
+            try:
+                pid = self.forker.spawn(job, [theirs.fileno()])
+            except ForkerGone as exc:
+                log.error("%s", exc)
+                _answer(conn, "the mount server cannot start a daemon: restart chromafs-mountd")
+                return
+            theirs.close()
+            log.info("mount request from uid %d: daemon pid %d", uid, pid)
+            ok, reason = wait_for_ready(ours.fileno(), config.session.backend_timeout_s * 3 + 60)
+        _answer(conn, None if ok else reason or "the daemon exited")
 
 
-def _send(conn: socket.socket, text: str) -> None:
+def _answer(conn: socket.socket, error: str | None = None) -> None:
+    """One JSON line: ok, or why not."""
+    from chromafs_fuse.serving.handshake import answer_line
+
     with contextlib.suppress(OSError):
-        conn.sendall(text.encode("utf-8", "replace"))
+        conn.sendall(answer_line(error))
 
 
 def _problem(error: Exception) -> str:
