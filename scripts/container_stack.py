@@ -538,6 +538,45 @@ echo "DONE"
 """
 
 
+# An agent living through the crash of the process serving its session. It receives the session
+# as platforms that survive such a crash hand it over: a directory above the session's mountpoint
+# (here the user's own), bound read-only with rslave propagation, so that the session bound again
+# reaches it. Its working directory is inside the session when the serving process is killed;
+# once told (/tmp/go), it asks that directory (statfs always reaches the serving process) and
+# then the session again by its path.
+CRASH_AGENT = r"""
+set -u
+cd /session/docs/guides
+stat -f . >/dev/null && echo "BEFORE-OK"
+until [ -e /tmp/go ]; do sleep 0.1; done
+if stat -f . >/dev/null 2>/tmp/err; then echo "OLD-CWD-ANSWERS"; else echo "OLD-CWD-FAILS $(cat /tmp/err)"; fi
+cd /session/docs && stat -f . >/dev/null && echo "PATH-ANSWERS $(wc -c < quickstart.mdx)"
+echo "DONE"
+sleep infinity
+"""
+
+
+# (the image has no pkill) every process titled as a serving process, SIGKILL
+KILL_SERVING_PROCESSES = """
+import os, signal
+for pid in filter(str.isdigit, os.listdir("/proc")):
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            if f.read().startswith(b"chromafs-shared "):
+                os.kill(int(pid), signal.SIGKILL)
+    except OSError:
+        pass
+"""
+
+
+def check_crash_agent(user: str, output: str) -> list[str]:
+    """What the crash agent must have seen: its old working directory on the dead mount fails
+    with ENOTCONN; /docs by path, a bind propagated to it (rslave), reads the new mount."""
+    size = (SAMPLE_SITE / "quickstart.mdx").stat().st_size
+    wanted = ["BEFORE-OK", "OLD-CWD-FAILS", "Transport endpoint is not connected", f"PATH-ANSWERS {size}", "DONE"]
+    return [f"{user}'s agent through the crash: no {w!r} in {output!r}" for w in wanted if w not in output]
+
+
 def check_agent(user: str, output: str, expected: set[str]) -> list[str]:
     problems = []
     seen = {line[5:] for line in output.splitlines() if line.startswith("FILE ")}
@@ -657,6 +696,41 @@ class Stack:
                                           "-v", f"{self.sessions / user}:/docs:ro,rslave",
                                           image("agent"), "bash", "-c", AGENT_SESSION], detach=False)  # fmt: skip
 
+    def crash(self, user: str) -> tuple[float, list[str]]:
+        """Kill (SIGKILL) every serving process of the mount server while an agent of `user`
+        works in a session of its own: (seconds until the session answers again at its path,
+        problems)."""
+        name = f"agent-crash-{user}"
+        self.exec("mountd", "mkdir", "-p", f"/sessions/crash-{user}/docs")
+        self.exec("mountd", "chromafs-mount", f"/sessions/crash-{user}/docs", "--site", SITE, *BACKEND,
+                  "--mountd", MOUNTD_SOCKET, "--token-file", f"/run/secrets/{user}.jwt",
+                  "--jwt-secret-file", "/run/secrets/jwt_secret")  # fmt: skip
+        self.run(name, ["--network", "none", "--user", "65534:65534", "--read-only", "--tmpfs", "/tmp",
+                        "--cap-drop", "ALL", "-v", f"{self.sessions / f'crash-{user}'}:/session:ro,rslave",
+                        image("agent"), "bash", "-c", CRASH_AGENT])  # fmt: skip
+        logs = [self.engine, "logs", f"{P}-{name}"]
+        deadline = time.monotonic() + 60
+        while "BEFORE-OK" not in sh(logs, check=False):
+            if time.monotonic() > deadline:
+                return 0.0, [f"{user}'s crash agent never started: {sh(logs, check=False)[-300:]}"]
+            time.sleep(0.2)
+        self.exec("mountd", "/opt/chromafs/bin/python", "-c", KILL_SERVING_PROCESSES)
+        killed = time.monotonic()
+        probe = [self.engine, "exec", f"{P}-mountd", "stat", "-f", f"/sessions/crash-{user}/docs"]
+        while subprocess.run(probe, capture_output=True).returncode == 0 and time.monotonic() - killed < 5:
+            time.sleep(0.05)  # until the old mount stops answering (a kill that missed: the agent says so)
+        while subprocess.run(probe, capture_output=True).returncode != 0:
+            if time.monotonic() - killed > 30:
+                return 0.0, [f"{user}'s session did not answer again within 30 s of the crash"]
+            time.sleep(0.05)
+        took = time.monotonic() - killed
+        self.exec(name, "touch", "/tmp/go")
+        deadline = time.monotonic() + 30
+        while "DONE" not in (output := sh(logs, check=False)) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        self.exec("mountd", "umount", f"/sessions/crash-{user}/docs")
+        return took, check_crash_agent(user, output)
+
     def down(self) -> list[str]:
         """Tear everything down, say what was removed; what was left behind, if anything."""
         left: list[str] = []
@@ -761,6 +835,12 @@ def run_stack(engine: str) -> dict[str, object]:
             log(f"{user}'s agent: {len(expected)} files expected; {'ok' if not found else '; '.join(found)}")
         if visible_files(USERS["alice"]) == visible_files(USERS["bob"]):
             problems.append("the two tokens see the same files: the check proves nothing")
+        user = next(iter(USERS))
+        took, found = stack.crash(user)
+        stack.figures["crash_to_reading_s"] = round(took, 2)
+        problems += found
+        log(f"every serving process killed: {user}'s session read again in {took:.2f}s; "
+            f"{'ok' if not found else '; '.join(found)}")  # fmt: skip
         health = stack.mountd_health()
         problems += [f"mountd's container is not healthy: {health}"] if health else []
         log(f"mountd's container: {health or 'healthy'}")
