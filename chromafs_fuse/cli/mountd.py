@@ -15,7 +15,7 @@ from chromafs_fuse.cli.mount import build_parser as mount_parser
 from chromafs_fuse.logs import setup_logging
 from chromafs_fuse.options import MOUNTD_OPTIONS
 from chromafs_fuse.serving.process import limit_malloc_arenas
-from chromafs_fuse.serving.server.pool import MAX_SHARED_PROCESSES
+from chromafs_fuse.serving.server.pool import MAX_SERVING_PROCESSES
 from chromafs_fuse.serving.server.server import serve_forever
 
 log = logging.getLogger("chromafs.mountd")
@@ -39,8 +39,8 @@ def main(argv: list[str] | None = None) -> int:
     limit_malloc_arenas()  # inherited by every forked mount
     parser = build_parser()
     args = parser.parse_args(argv)
-    if not 0 <= args.serving_processes <= MAX_SHARED_PROCESSES:
-        parser.error(f"--serving-processes wants a number from 1 to {MAX_SHARED_PROCESSES} (0: one per core)")
+    if not 0 <= args.serving_processes <= MAX_SERVING_PROCESSES:
+        parser.error(f"--serving-processes wants a number from 1 to {MAX_SERVING_PROCESSES} (0: one per core)")
     setup_logging(args.log_level, args.log_file)
     if args.class_mode == "process":
         log.warning("--class-mode process is gone: every class is served by the pool of serving processes")

@@ -1,4 +1,4 @@
-"""The mount server's side of its serving processes: `SharedHost` serves each reader class as
+"""The mount server's side of its serving processes: `ServingPool` serves each reader class as
 a view of a serving process's mount (serving/serving_process/process.py), asked over its control socket,
 and starts that process when none answers. It keeps a pool of N of them (`--serving-processes`,
 one per core by default) and places each new site in the one serving the fewest sites; every
@@ -30,7 +30,7 @@ from chromafs_fuse.serving.process import process_start
 from chromafs_fuse.serving.server.binds import detach, mounted_devices
 from chromafs_fuse.serving.server.session_keeper import HostSnapshot, SessionError
 from chromafs_fuse.serving.server.session_table import ClassMount
-from chromafs_fuse.serving.serving_process.process import shared_paths
+from chromafs_fuse.serving.serving_process.process import member_paths
 from chromafs_fuse.serving.serving_process.sites import site_key
 from chromafs_fuse.shared_views import site_dir_name
 
@@ -38,11 +38,11 @@ log = logging.getLogger("chromafs.mountd")
 CONTROL_TIMEOUT_S = 5.0  # a request that does not load a site answers in milliseconds
 
 # starts the i-th shared mount's process and waits until it serves; its pid (SessionError if it cannot)
-StartShared = Callable[[int], int]
-MAX_SHARED_PROCESSES = 256
+StartMember = Callable[[int], int]
+MAX_SERVING_PROCESSES = 256
 
 
-class SharedControl:
+class ControlSocket:
     """The shared process's control socket, one connection per request (a few microseconds)."""
 
     def __init__(self, path: str) -> None:
@@ -66,14 +66,14 @@ class SharedControl:
         return reply
 
 
-class SharedProcess:
+class PoolMember:
     """One shared mount's process, as the mount server knows it: started when a site first needs
     it, found again through its socket after a restart of the server."""
 
-    def __init__(self, root: str, index: int, start: StartShared) -> None:
+    def __init__(self, root: str, index: int, start: StartMember) -> None:
         self.index = index
-        self.mountpoint, socket_path = shared_paths(root, index)
-        self.control = SharedControl(socket_path)
+        self.mountpoint, socket_path = member_paths(root, index)
+        self.control = ControlSocket(socket_path)
         self._start = start
         self.pid: int | None = None
         self.pid_start: int | None = None
@@ -113,20 +113,20 @@ class SharedProcess:
         return device
 
 
-class SharedHost:
+class ServingPool:
     """Every class a view of a shared mount at `<root>/shared` (`shared-<i>` for the i-th of
     `processes`). Every class of a site is in the same process (a page the classes share is one
     inode); a new site goes to the process serving the fewest."""
 
-    def __init__(self, root: str, start_shared: StartShared, processes: int = 1) -> None:
+    def __init__(self, root: str, start_shared: StartMember, processes: int = 1) -> None:
         self.root = root
-        self.processes = [SharedProcess(root, index, start_shared) for index in range(processes)]
+        self.processes = [PoolMember(root, index, start_shared) for index in range(processes)]
         self._placing = threading.Lock()
 
-    def _process_of(self, path: str) -> SharedProcess | None:
+    def _process_of(self, path: str) -> PoolMember | None:
         return next((p for p in self.processes if os.path.dirname(os.path.dirname(path)) == p.mountpoint), None)
 
-    def _place(self, config: MountConfig) -> SharedProcess:
+    def _place(self, config: MountConfig) -> PoolMember:
         """`config` as the process is sent it: the site's directory there is named by its settings."""
         directory = site_dir_name(site_key(config))
         with self._placing:

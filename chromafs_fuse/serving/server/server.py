@@ -120,11 +120,11 @@ def serve_isolated(conn_fd: int, *, cwd: str, config: MountConfig, token: str | 
 
 def serve_pool_process(ready_fd: int, *, class_root: str, index: int, cache_bytes: int, idle_exit_s: float) -> int:
     """In a forked child: the `index`-th serving process of the pool."""
-    from chromafs_fuse.serving.serving_process.process import run_shared_mount, shared_paths
+    from chromafs_fuse.serving.serving_process.process import member_paths, run_serving_process
 
     _become_daemon("/", f"chromafs-shared {class_root}" + (f" {index}" if index else ""))
-    log_file = f"{shared_paths(class_root, index)[0]}.log"
-    return run_shared_mount(class_root, cache_bytes, idle_exit_s, ready_fd, log_file, index=index)
+    log_file = f"{member_paths(class_root, index)[0]}.log"
+    return run_serving_process(class_root, cache_bytes, idle_exit_s, ready_fd, log_file, index=index)
 
 
 @dataclasses.dataclass
@@ -371,7 +371,7 @@ def serve_forever(
     processes (`serving_processes` of them, default one per core, each page memory
     `shared_cache_bytes`); without it, or for `--isolated`, each session gets a daemon."""
     from chromafs_fuse.serving.handshake import wait_for_ready
-    from chromafs_fuse.serving.server.pool import SharedHost
+    from chromafs_fuse.serving.server.pool import ServingPool
     from chromafs_fuse.serving.server.session_keeper import SessionError, SessionKeeper
 
     listener = _listening_socket(socket_path)
@@ -401,7 +401,7 @@ def serve_forever(
     keeper = None
     if class_root:
         processes = serving_processes or default_serving_processes()
-        keeper = SessionKeeper(class_root, class_idle_s, SharedHost(class_root, start_serving, processes))
+        keeper = SessionKeeper(class_root, class_idle_s, ServingPool(class_root, start_serving, processes))
     metrics = MetricsEndpoint(metrics_addr, lambda: keeper.table if keeper else None) if metrics_addr else None
     forker_of.append(Forker.start([listener, *([metrics] if metrics else [])]))  # before any thread starts
     forker = forker_of[0]

@@ -1,6 +1,6 @@
 """The mount server's sessions: one view per reader class, a read-only bind per session.
 
-Where a class is served is its `ClassHost`'s business (serving/server/pool.py's `SharedHost`: a
+Where a class is served is its `ClassHost`'s business (serving/server/pool.py's `ServingPool`: a
 directory of one of the pool's serving processes). `SessionKeeper` opens a session by binding
 its class's directory (the class served first if it is not) on the caller's mountpoint. It is
 called from many request threads at once: the table is guarded by one lock held only for

@@ -39,7 +39,7 @@ from chromafs_fuse.serving.fuse_adapter import FuseAdapter, entry_attributes, py
 from chromafs_fuse.serving.handshake import READY
 from chromafs_fuse.serving.lifetime import end_when_unused, watch_signals
 from chromafs_fuse.serving.process import limit_malloc_arenas
-from chromafs_fuse.serving.serving_process.sites import ServeError, SharedSites
+from chromafs_fuse.serving.serving_process.sites import ServedSites, ServeError
 from chromafs_fuse.serving.status import StatusFile, uptime_since
 from chromafs_fuse.shared_filesystem import SharedFilesystem
 
@@ -51,7 +51,7 @@ STATUS_EVERY_S = 2.0
 MOUNT_OPTIONS = {"fsname=chromafs:shared", "subtype=chromafs", "ro", "noatime", "allow_other"}
 
 
-def shared_paths(class_root: str, index: int = 0) -> tuple[str, str]:
+def member_paths(class_root: str, index: int = 0) -> tuple[str, str]:
     """(the `index`-th shared mount's mountpoint, its control socket) in the mount server's class root."""
     name = MOUNT_NAME if index == 0 else f"{MOUNT_NAME}-{index}"
     return os.path.join(class_root, name), os.path.join(class_root, f"{name}.sock")
@@ -62,14 +62,14 @@ def peer_uid(sock: Any) -> int:
     return int(struct.unpack("3i", creds)[1])
 
 
-class SharedMount:
+class ServingProcess:
     def __init__(self, class_root: str, cache_bytes: int, idle_exit_s: float, index: int = 0) -> None:
-        self.mountpoint, self.socket_path = shared_paths(class_root, index)
+        self.mountpoint, self.socket_path = member_paths(class_root, index)
         self.idle_exit_s = idle_exit_s
         self.fs = SharedFilesystem(entry_attributes, time.time_ns(), no_open=pyfuse3_passes_inode())
         self.adapter = FuseAdapter(self.fs)  # type: ignore[arg-type]  # answers as a DocsFilesystem
         self.cache = PageCache(cache_bytes)
-        self.sites = SharedSites(self.fs, self.cache, self.mountpoint)
+        self.sites = ServedSites(self.fs, self.cache, self.mountpoint)
         self.started = time.time()
         self.status = StatusFile(self.describe)
 
@@ -186,7 +186,7 @@ class SharedMount:
         }
 
 
-def run_shared_mount(
+def run_serving_process(
     class_root: str,
     cache_bytes: int,
     idle_exit_s: float,
@@ -199,7 +199,7 @@ def run_shared_mount(
     limit_malloc_arenas()
     setup_logging(log_level, log_file, background=ready_fd is not None)
     try:
-        SharedMount(class_root, cache_bytes, idle_exit_s, index).run(ready_fd)
+        ServingProcess(class_root, cache_bytes, idle_exit_s, index).run(ready_fd)
     except RuntimeError as exc:  # pyfuse3.init: permissions, no /dev/fuse
         return report_failure(ready_fd, f"mounting the shared mount in {class_root} failed: {exc}")
     except Exception as exc:

@@ -29,7 +29,7 @@ from chromafs_fuse.inodes import InodeScope, InodeTable
 from chromafs_fuse.page_cache import PageCache
 from chromafs_fuse.readahead import ReadScheduler
 from chromafs_fuse.serving.kernel_push import tell_kernel
-from chromafs_fuse.serving.serving_process.warm import SharedWarmer, WarmJob
+from chromafs_fuse.serving.serving_process.warm import ViewWarmer, WarmJob
 from chromafs_fuse.serving.warm_up import should_warm_kernel
 from chromafs_fuse.shared_filesystem import SharedFilesystem
 from chromafs_fuse.shared_views import scope_for, site_dir_name, view_name
@@ -63,14 +63,14 @@ def pruned(tree: SiteTree, reader: Principal, scope: InodeScope) -> InodeTable:
 
 
 @dataclass
-class SharedView:
+class ServedView:
     name: str
     reader: Principal  # the reader class (no subject, no expiry)
     fs: DocsFilesystem[Any]
     added: float = field(default_factory=time.time)
 
 
-class SharedSite:
+class ServedSite:
     def __init__(self, key: str, config: MountConfig, loader: SiteLoader, tree: SiteTree, pages: PageSource) -> None:
         self.key = key
         self.directory = site_dir_name(key)
@@ -78,10 +78,10 @@ class SharedSite:
         self.tree = tree
         self.pages = pages
         self.loader = loader
-        self.attributes: AttributeMaker[Any] | None = None  # set by SharedSites (its conversion)
-        self.no_open = False  # set by SharedSites: the shared mount's open mode
+        self.attributes: AttributeMaker[Any] | None = None  # set by ServedSites (its conversion)
+        self.no_open = False  # set by ServedSites: the shared mount's open mode
         self.follower = TreeFollower(loader, pages.chroma, tree, config.refresh_interval_s)
-        self.views: dict[str, SharedView] = {}
+        self.views: dict[str, ServedView] = {}
         self.warmed: set[int] = set()  # inodes read through a view already (serving/serving_process/warm.py)
         self.cancel = trio.CancelScope()  # ends the site's tasks once its last view goes
         self.switches = 0
@@ -92,19 +92,19 @@ class SharedSite:
         return DocsFilesystem(table, self.pages, scheduler, self.no_open, self.attributes, replaced)
 
 
-class SharedSites:
+class ServedSites:
     """Every site and view of the shared mount; `run` holds the sites' tasks until cancelled."""
 
     def __init__(self, fs: SharedFilesystem[Any], cache: PageCache, mountpoint: str) -> None:
         self.fs = fs
         self.mountpoint = mountpoint
         self.cache = cache  # one memory budget for every site's pages
-        self.sites: dict[str, SharedSite] = {}
+        self.sites: dict[str, ServedSite] = {}
         self._redis: dict[RedisSettings, Any] = {}  # one RedisCache per URL and settings
         self._opening: dict[str, trio.Lock] = {}  # per site: one load; other sites never wait for it
         self._nursery: trio.Nursery | None = None
         self.watch = SiteWatch()  # every site's re-ingests: one subscription, one poll per Redis
-        self.warmer = SharedWarmer()
+        self.warmer = ViewWarmer()
 
     async def run(self) -> None:
         async with trio.open_nursery() as nursery:
@@ -131,12 +131,12 @@ class SharedSites:
                 continue  # a re-ingest came first: prune its tree
             fs = site.filesystem(table)
             self.fs.add(site.key, name, fs)
-            site.views[name] = SharedView(name, reader, fs)
+            site.views[name] = ServedView(name, reader, fs)
             log.info("view %s/%s: %s, %d files", site.directory, name, reader.describe(), table.file_count)
             self._warm(site, name)
         return f"{site.directory}/{name}"
 
-    def _warm(self, site: SharedSite, name: str) -> None:
+    def _warm(self, site: ServedSite, name: str) -> None:
         """With --warm-kernel (a mount server's classes), the view's pages read in the background."""
         view = site.views[name]
         fs = view.fs
@@ -168,7 +168,7 @@ class SharedSites:
 
     # -- sites -------------------------------------------------------------------------------
 
-    async def _site(self, config: MountConfig) -> SharedSite:
+    async def _site(self, config: MountConfig) -> ServedSite:
         key = site_key(config)
         site = self.sites.get(key)
         if site is not None:
@@ -187,7 +187,7 @@ class SharedSites:
                 del self._opening[key]
         return site
 
-    async def _open(self, key: str, config: MountConfig) -> SharedSite:
+    async def _open(self, key: str, config: MountConfig) -> ServedSite:
         timeout_s = config.session.backend_timeout_s + CHROMA_OPEN_GRACE_S
         try:
             with trio.fail_after(timeout_s):
@@ -195,7 +195,7 @@ class SharedSites:
         except trio.TooSlowError:
             raise ServeError(f"site {config.site}: no tree within {timeout_s:.0f}s") from None
 
-    def _load(self, key: str, config: MountConfig) -> SharedSite:
+    def _load(self, key: str, config: MountConfig) -> ServedSite:
         """In a worker thread: the site's tree (Redis, else Chroma) and its page source."""
         from chromafs_fuse.backends.redis_cache import RedisCache
 
@@ -222,13 +222,13 @@ class SharedSites:
         )
         if opened is not None:
             pages.use_chroma(opened)
-        site = SharedSite(key, config, loader, tree, pages)
+        site = ServedSite(key, config, loader, tree, pages)
         site.attributes = AttributeMaker(config.cache_timeout_s, time.time_ns(), self.fs.convert)
         site.no_open = self.fs.no_open
         log.info("site %s: tree %s, %d files", key, tree.version, len(tree.entries))
         return site
 
-    async def _follow(self, site: SharedSite) -> None:
+    async def _follow(self, site: ServedSite) -> None:
         """The site's tasks: its read-ahead batches and, with --refresh-interval, its re-ingests.
         Nothing here may end the mount: a failure is logged and the site serves its tree."""
         try:
@@ -236,7 +236,7 @@ class SharedSites:
         except Exception:
             log.exception("site %s: following its re-ingests stopped", site.key)
 
-    async def _follow_until_cancelled(self, site: SharedSite) -> None:
+    async def _follow_until_cancelled(self, site: ServedSite) -> None:
         with site.cancel:
             async with site.pages.running():
                 if site.follower.interval_s <= 0:
@@ -253,7 +253,7 @@ class SharedSites:
                     finally:
                         self.watch.remove(site.key)
 
-    async def _switch(self, site: SharedSite, tree: SiteTree) -> None:
+    async def _switch(self, site: ServedSite, tree: SiteTree) -> None:
         """Every view of the site to `tree`: pruned, on a new filesystem carrying the old versions
         readers hold, and the kernel told what to forget (off the loop: it may wait on the loop)."""
         if tree.version == site.tree.version:

@@ -73,7 +73,7 @@ def warm_view(job: WarmJob) -> WarmResult:
     return result
 
 
-class SharedWarmer:
+class ViewWarmer:
     """Warms the views it is given, one after another, on its own worker thread."""
 
     def __init__(self) -> None:
