@@ -1,10 +1,7 @@
-"""The mount server's Prometheus endpoint: its classes and sessions, and what each class mount
-served, answered from the server's own loop.
-
-The server forks every mount, so it must not start a thread (a fork copies only the forking
-thread, and whatever lock another thread held stays locked in the child): the endpoint is a
-plain listening socket the server's loop selects on, and a scrape is answered in one go. What
-a class mount served comes from the status file its daemon rewrites every two seconds.
+"""The mount server's Prometheus endpoint: its classes and sessions, and what each class
+served, answered on a thread of its own from a copy of the session table taken under its lock
+(a scrape never holds a session up). What a class served comes from the status file its serving
+process rewrites every two seconds.
 """
 
 from __future__ import annotations
@@ -14,6 +11,7 @@ import json
 import logging
 import os
 import socket
+from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -28,15 +26,20 @@ SCRAPE_TIMEOUT_S = 0.2  # a scraper that dawdles must not hold up mount requests
 MAX_REQUEST_BYTES = 8192
 
 
-def class_status(pid: int, path: str | None = None) -> dict[str, Any]:
-    """What a class mount's daemon last wrote about itself ({} if nothing yet); for a view of the
-    shared mount (class mode shared), what its process wrote about the view at `path`."""
-    directory = runtime_dir()
-    try:
-        with open(os.path.join(directory, f"{pid}.json")) as f:
-            status = json.load(f)
-    except (OSError, ValueError):
-        return {}
+def class_status(pid: int, path: str | None = None, read: dict[int, Any] | None = None) -> dict[str, Any]:
+    """What a serving process last wrote about the view at `path` ({} if nothing yet); about
+    itself without `path`. `read`: the status files read already in this scrape, by pid (a
+    process serving a thousand views writes one file, read once)."""
+    if read is not None and pid in read:
+        status = read[pid]
+    else:
+        try:
+            with open(os.path.join(runtime_dir(), f"{pid}.json")) as f:
+                status = json.load(f)
+        except (OSError, ValueError):
+            status = {}
+        if read is not None:
+            read[pid] = status
     if not isinstance(status, dict) or status.get("pid") != pid:
         return {}
     views = status.get("views")
@@ -73,9 +76,11 @@ class SessionCollector:
         pushed = CounterMetricFamily(
             "chromafs_class_pages_pushed", "Pages offered to the kernel's page cache", labels=["class", "outcome"]
         )
+        read: dict[int, Any] = {}
+        per_class = Counter(session.class_key for session in table.sessions.values())
         for mount in table.classes.values():
-            sessions.add_metric([mount.key, mount.site, mount.reader], len(table.sessions_of(mount.key)))
-            status = class_status(mount.pid, mount.path)
+            sessions.add_metric([mount.key, mount.site, mount.reader], per_class[mount.key])
+            status = class_status(mount.pid, mount.path, read)
             if not status:
                 continue
             files.add_metric([mount.key], status.get("visible_files", 0))

@@ -246,8 +246,7 @@ class MountServer:
             try:
                 readable, _, _ = select.select([metrics], [], [], HOUSEKEEPING_S)
                 if readable:
-                    with self.keeper.lock if self.keeper else contextlib.nullcontext():
-                        metrics.answer()
+                    metrics.answer()
             except (OSError, ValueError):
                 if self.stopping.is_set():
                     return
@@ -402,7 +401,7 @@ def serve_forever(
     if class_root:
         processes = serving_processes or default_serving_processes()
         keeper = SessionKeeper(class_root, class_idle_s, ServingPool(class_root, start_serving, processes))
-    metrics = MetricsEndpoint(metrics_addr, lambda: keeper.table if keeper else None) if metrics_addr else None
+    metrics = MetricsEndpoint(metrics_addr, lambda: keeper.snapshot() if keeper else None) if metrics_addr else None
     forker_of.append(Forker.start([listener, *([metrics] if metrics else [])]))  # before any thread starts
     forker = forker_of[0]
     server = MountServer(socket_path, parse_argv, forker, keeper, listener)

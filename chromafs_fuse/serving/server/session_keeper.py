@@ -31,7 +31,7 @@ from chromafs_fuse.access import Principal
 from chromafs_fuse.config import MountConfig, mount_settings
 from chromafs_fuse.serving.process import process_start
 from chromafs_fuse.serving.server.binds import bind_read_only, detach, mounted_devices
-from chromafs_fuse.serving.server.session_table import ClassMount, Session, class_key
+from chromafs_fuse.serving.server.session_table import ClassMount, Session, SessionTable, class_key
 from chromafs_fuse.serving.server.state_journal import StateJournal
 from chromafs_fuse.serving.status import runtime_dir, utc_text, write_private_json
 
@@ -211,6 +211,12 @@ class SessionKeeper:
         return mount
 
     # -- housekeeping -----------------------------------------------------------------
+
+    def snapshot(self) -> SessionTable:
+        """A copy of the table to read without the lock (the metrics endpoint)."""
+        with self.lock:
+            table = self.table
+            return SessionTable(dict(table.classes), dict(table.sessions), table.binds, table.expiries, table.ended)
 
     def next_expiry(self) -> float | None:
         """When the next session's token expires (None: no session expires)."""
