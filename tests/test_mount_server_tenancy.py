@@ -241,3 +241,21 @@ def test_requests_of_one_class_at_once_start_it_once(
     assert server.log.read_text().count("): serving it") == 2  # one start per class
     assert all(mount_count(m) == 1 and reads_source(m) for m in mountpoints)
     assert len({os.stat(m).st_dev for m in mountpoints}) == 1  # one serving process's mount
+
+
+def test_a_server_whose_forker_died_exits_with_an_error_and_its_sessions_read_on(
+    server: MountServer, secret_file: Path, tmp_path: Path
+) -> None:
+    """The forker (the one process that forks children) killed: the server stops with status 1,
+    for its supervisor to start it again (systemd's Restart=on-failure), and its sessions read on."""
+    chroma = two_sites(tmp_path)["alpha"]
+    session = tmp_path / "session"
+    open_session(server, "alpha", chroma, session, None, secret_file)
+    assert server.proc is not None
+    out = subprocess.run(["pgrep", "-P", str(server.proc.pid)], capture_output=True, text=True)
+    [forker] = [int(pid) for pid in out.stdout.split()]
+    os.kill(forker, signal.SIGKILL)
+    assert server.proc.wait(10) == 1
+    assert "the forker is gone" in server.log.read_text()
+    assert reads_source(session)
+    server.proc = None

@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_preload_chroma:
         import chromadb  # noqa: F401  - no threads start at import, so forking stays safe
     shared = os.geteuid() == 0 and not args.isolated_only  # binds need CAP_SYS_ADMIN
-    serve_forever(
+    return serve_forever(
         args.socket,
         parse_request_argv,
         args.class_root if shared else None,
@@ -62,7 +62,6 @@ def main(argv: list[str] | None = None) -> int:
         args.serving_cache_bytes,
         args.serving_processes or None,
     )
-    return 0
 
 
 if __name__ == "__main__":

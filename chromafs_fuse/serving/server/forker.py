@@ -26,6 +26,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from chromafs_fuse.serving.process import process_start
+
 log = logging.getLogger("chromafs.mountd")
 MAX_JOB_BYTES = 1 << 20
 MAX_FDS = 4
@@ -33,6 +35,9 @@ PID = struct.Struct("i")
 
 
 class Closable(Protocol):
+    def alive(self) -> bool:
+        return process_start(self.pid) == self.pid_start
+
     def close(self) -> None: ...
 
 
@@ -53,7 +58,9 @@ class Forker:
     def __init__(self, sock: socket.socket, pid: int) -> None:
         self._sock = sock
         self.pid = pid
+        self.pid_start = process_start(pid)
         self._lock = threading.Lock()  # one job on the socketpair at a time
+        self.gone = threading.Event()  # set once a job finds it gone: the server must restart
 
     @classmethod
     def start(cls, close_in_child: Sequence[Closable] = ()) -> Forker:
@@ -81,13 +88,18 @@ class Forker:
                 socket.send_fds(self._sock, [payload], list(fds))
                 answer = self._sock.recv(PID.size)
             except OSError as exc:
+                self.gone.set()
                 raise ForkerGone(exc.errno, f"the mount server's forker is gone: {exc}") from exc
         if len(answer) != PID.size:
+            self.gone.set()
             raise ForkerGone("the mount server's forker is gone")
         (pid,) = PID.unpack(answer)
         if pid <= 0:
             raise ForkerGone("the mount server's forker could not fork")
         return int(pid)
+
+    def alive(self) -> bool:
+        return process_start(self.pid) == self.pid_start
 
     def close(self) -> None:
         with contextlib.suppress(OSError):

@@ -190,7 +190,9 @@ class MountServer:
 
     # -- the loop -------------------------------------------------------------------------------
 
-    def serve(self, metrics: MetricsEndpoint | None) -> None:
+    def serve(self, metrics: MetricsEndpoint | None) -> int:
+        """Until stopped: 0; 1 when the forker is gone (nothing more can be forked: a supervisor
+        restarts the server, and its sessions read on meanwhile)."""
         threads = []
         if self.keeper is not None:
             threads.append(threading.Thread(target=self._keep_house, name="housekeeping", daemon=True))
@@ -200,6 +202,9 @@ class MountServer:
             thread.start()
         try:
             while not self.stopping.is_set():
+                if self.forker.gone.is_set() or not self.forker.alive():
+                    log.critical("the forker is gone: stopping so that the server is started again")
+                    return 1
                 try:
                     readable, _, _ = select.select([self.listener], [], [], HOUSEKEEPING_S)
                     if not readable:
@@ -221,6 +226,7 @@ class MountServer:
                 os.unlink(self.socket_path)
             self.forker.close()
             log.info("stopped")
+        return 0
 
     def stop(self) -> None:
         self.stopping.set()
@@ -364,8 +370,9 @@ def serve_forever(
     metrics_addr: str | None = None,
     shared_cache_bytes: int = DEFAULT_SHARED_CACHE_BYTES,
     serving_processes: int | None = None,
-) -> None:
-    """Serve mount requests until SIGTERM, each request's argv parsed by `parse_argv`. With
+) -> int:
+    """Serve mount requests, each request's argv parsed by `parse_argv`, until SIGTERM (0) or
+    until the forker is gone (1). With
     `class_root` (root only), sessions are binds of reader-class views of the pool's serving
     processes (`serving_processes` of them, default one per core, each page memory
     `shared_cache_bytes`); without it, or for `--isolated`, each session gets a daemon."""
@@ -412,4 +419,4 @@ def serve_forever(
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
     log.info("listening on %s%s", socket_path, f"; class views in {class_root}" if class_root else "")
-    server.serve(metrics)
+    return server.serve(metrics)
