@@ -728,7 +728,8 @@ class Stack:
         deadline = time.monotonic() + 30
         while "DONE" not in (output := sh(logs, check=False)) and time.monotonic() < deadline:
             time.sleep(0.2)
-        self.exec("mountd", "umount", f"/sessions/crash-{user}/docs")
+        # (lazily: the agent's working directory is inside until its container goes)
+        self.exec("mountd", "umount", "-l", f"/sessions/crash-{user}/docs")
         return took, check_crash_agent(user, output)
 
     def down(self) -> list[str]:
