@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from chromafs_fuse.access import Principal
 from chromafs_fuse.backends.chroma_store import ChromaPages
@@ -49,18 +49,6 @@ def within(fn: Callable[[], T], seconds: float, what: str) -> T:
         return with_deadline(fn, seconds)
     except TimeoutError:
         raise UsageError(f"{what}: no answer within {seconds:.0f}s") from None
-
-
-@dataclass(frozen=True)
-class Preloaded:
-    """What the mount server hands a mount it forks: the reader it verified, the site's tree,
-    the table pruned for that reader, and the table's listing attributes with the time they
-    were built (see serving/fuse_adapter.table_attributes)."""
-
-    principal: Principal
-    tree: SiteTree
-    table: InodeTable
-    attributes: tuple[int, Any]
 
 
 @dataclass
@@ -178,29 +166,24 @@ class SiteLoader:
 
     prune = staticmethod(prune)  # site/tables.prune, by its old name
 
-    def load(self, principal: Principal, preloaded: Preloaded | None = None) -> LoadedSite:
-        """Everything a reader's session needs, within --backend-timeout (Chroma gets a grace
-        for opening). Chroma is opened only if the tree or a page needs it. A mount server
-        hands in the tree and the pruned table it already holds."""
+    def open_site(self, cache: PageCache) -> tuple[SiteTree, PageSource]:
+        """The site's tree (Redis, else Chroma, within --backend-timeout; Chroma gets a grace for
+        opening, and is opened only if the tree or a page needs it) and its page source, its
+        pages kept in `cache`: what a standalone mount and a serving process each serve from."""
         config = self.config
         timeout_s = config.backend_timeout_s
         opened: ChromaPages | None = None
-        if preloaded is not None:
-            log.info("path tree %s and its pruned table handed over by the mount server", preloaded.tree.version)
-            tree, table = preloaded.tree, preloaded.table
+        tree = within(self.tree_from_redis, timeout_s, "Redis") if self.redis else None
+        if tree is not None:
+            log.info("path tree %s loaded from Redis", tree.version)
         else:
-            tree = within(self.tree_from_redis, timeout_s, "Redis") if self.redis else None
-            if tree is not None:
-                log.info("path tree %s loaded from Redis", tree.version)
-            else:
-                tree, opened = within(
-                    self.tree_from_chroma, timeout_s + CHROMA_OPEN_GRACE_S, f"Chroma at {config.chroma.describe()}"
-                )
-            table = self.prune(tree, principal)
+            tree, opened = within(
+                self.tree_from_chroma, timeout_s + CHROMA_OPEN_GRACE_S, f"Chroma at {config.chroma.describe()}"
+            )
         source = PageSource(
             config.site,
             self.open_chroma,
-            PageCache(config.cache_bytes),
+            cache,
             tree.version,
             config.chunk_joiner,
             timeout_s,
@@ -209,6 +192,13 @@ class SiteLoader:
         )
         if opened is not None:
             source.use_chroma(opened)
+        return tree, source
+
+    def load(self, principal: Principal) -> LoadedSite:
+        """Everything one reader's mount needs: the site opened, its tree pruned for `principal`."""
+        config = self.config
+        tree, source = self.open_site(PageCache(config.cache_bytes))
+        table = self.prune(tree, principal)
         log.info(
             "site %s (tree %s): %d of %d files visible to %s",
             config.site,

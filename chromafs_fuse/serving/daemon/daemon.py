@@ -11,13 +11,12 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from chromafs_fuse.access import Principal
 from chromafs_fuse.config import MountConfig
 from chromafs_fuse.logs import setup_logging
 from chromafs_fuse.serving.daemon.mount import Mount
 from chromafs_fuse.serving.failures import mount_failure, report_failure
 from chromafs_fuse.serving.process import limit_malloc_arenas
-from chromafs_fuse.site.loader import Preloaded, verify_reader
+from chromafs_fuse.site.loader import verify_reader
 
 log = logging.getLogger("chromafs.mount")
 
@@ -26,22 +25,15 @@ def run_daemon(
     config: MountConfig,
     ready_fd: int | None,
     background: bool,
-    preloaded: Preloaded | None = None,
-    principal: Principal | None = None,
     read_token: Callable[[], str | None] | None = None,
 ) -> int:
-    """Serve the mount `config` describes; returns the exit status. A mount server that already
-    verified the token hands in the reader with what it preloaded; else `read_token` gives the
-    token to verify (called only then)."""
+    """Serve the mount `config` describes; returns the exit status. `read_token` gives the token
+    to verify (None: anonymous)."""
     limit_malloc_arenas()
     setup_logging(config.log_level, config.log_file, background=background, json_lines=config.log_format == "json")
     try:
-        if principal is None:  # else a mount server verified the token (a class mount has none)
-            if preloaded is not None:
-                principal = preloaded.principal
-            else:
-                principal = verify_reader(read_token() if read_token else None, config.session)
-        mount = Mount(config, principal, preloaded)
+        principal = verify_reader(read_token() if read_token else None, config.session)
+        mount = Mount(config, principal)
     except Exception as exc:
         return mount_failure(ready_fd, exc)
     try:

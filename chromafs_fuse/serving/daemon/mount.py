@@ -45,7 +45,7 @@ from chromafs_fuse.serving.lifetime import end_at_expiry, end_when_unused, watch
 from chromafs_fuse.serving.process import sd_notify
 from chromafs_fuse.serving.status import StatusFile, uptime_since
 from chromafs_fuse.serving.warm_up import all_files, changed_files, should_warm_kernel, visible_bytes, warm_kernel
-from chromafs_fuse.site.loader import LoadedSite, Preloaded, SiteLoader
+from chromafs_fuse.site.loader import LoadedSite, SiteLoader
 from chromafs_fuse.tree import PathEntry, SiteTree
 from chromafs_fuse.tree_diff import TreeChange, diff_tables
 
@@ -72,25 +72,22 @@ def public_backend(config: MountConfig) -> str:
 
 
 class Mount:
-    def __init__(self, config: MountConfig, principal: Principal, preloaded: Preloaded | None = None) -> None:
-        """Load the site for `principal` (or take what a mount server `preloaded`) and build the
-        mount's parts; nothing is mounted yet."""
+    def __init__(self, config: MountConfig, principal: Principal) -> None:
+        """Load the site for `principal` and build the mount's parts; nothing is mounted yet."""
         self.config = config
         self.principal = principal
         self.loader = SiteLoader(config.session)
-        site = self.loader.load(principal, preloaded)
+        site = self.loader.load(principal)
         self.tree = site.tree
         self.pages = site.source
-        # Directories and files the tree gives no mtime show the mount's start; with attributes
-        # built ahead by the mount server, the time they were built.
-        time_ns, built = preloaded.attributes if preloaded is not None else (time.time_ns(), None)
-        self.attributes = attribute_maker(config.cache_timeout_s, time_ns)
+        # Directories and files the tree gives no mtime show the mount's start.
+        self.attributes = attribute_maker(config.cache_timeout_s, time.time_ns())
         self.search_dir = SearchDir(config.search_dir, self._search) if config.search_dir else None
         # The kernel's open mode is set for the mount's life. A mount opens its own files when
         # its first tree leaves a size unknown (direct_io, then keep_cache once read); a later
         # tree without sizes is served in the mode the mount has (DocsFilesystem.stat).
         self.no_open = pyfuse3_passes_inode() and site.table.unknown_sizes == 0
-        self.adapter = FuseAdapter(self._filesystem(site.table, {}, built))
+        self.adapter = FuseAdapter(self._filesystem(site.table, {}))
         # Pushing pages needs the kernel to keep them across opens (no-open mode only), the
         # batched store of chromafs's pyfuse3 build (scripts/build_pyfuse3.py), and a watchdog
         # (started once mounted: only pushed pages can leave a thread waiting in the kernel on a
@@ -114,16 +111,9 @@ class Mount:
         """The filesystem of the tree served now."""
         return self.adapter.fs
 
-    def _filesystem(
-        self,
-        table: InodeTable,
-        replaced: dict[int, PathEntry],
-        built: list[pyfuse3.EntryAttributes | None] | None = None,
-    ) -> Filesystem:
+    def _filesystem(self, table: InodeTable, replaced: dict[int, PathEntry]) -> Filesystem:
         scheduler = ReadScheduler(table, self.pages, self.config.readahead_pages)
-        return DocsFilesystem(
-            table, self.pages, scheduler, self.no_open, self.attributes, replaced, self.search_dir, built
-        )
+        return DocsFilesystem(table, self.pages, scheduler, self.no_open, self.attributes, replaced, self.search_dir)
 
     async def _search(self, query: str) -> bytes:
         """A file of the search directory: the query's hits in the pages the mount shows now."""

@@ -206,22 +206,7 @@ class ServedSites:
             if redis is None:
                 redis = self._redis[session.redis] = RedisCache.from_settings(session.redis)
         loader = SiteLoader(session, redis)
-        tree = loader.tree_from_redis() if redis is not None else None
-        opened = None
-        if tree is None:
-            tree, opened = loader.tree_from_chroma()
-        pages = PageSource(
-            session.site,
-            loader.open_chroma,
-            self.cache,
-            tree.version,
-            session.chunk_joiner,
-            session.backend_timeout_s,
-            redis,
-            s3_endpoint_url=session.s3_endpoint_url,
-        )
-        if opened is not None:
-            pages.use_chroma(opened)
+        tree, pages = loader.open_site(self.cache)
         site = ServedSite(key, config, loader, tree, pages)
         site.attributes = AttributeMaker(config.cache_timeout_s, time.time_ns(), self.fs.convert)
         site.no_open = self.fs.no_open
