@@ -11,7 +11,8 @@ from collections.abc import Callable
 
 import trio
 
-from chromafs_fuse.site.follower import TreeFollower, follow_in_thread, follow_on_trio, new_trees
+from chromafs_fuse.site.follower import TreeFollower, follow_in_thread, new_trees
+from chromafs_fuse.site.watch import SiteWatch
 from chromafs_fuse.tree import SiteTree, parse_tree
 from infra import wait_until
 
@@ -144,7 +145,8 @@ def test_in_a_thread_a_failing_backend_keeps_the_tree_and_polling_goes_on() -> N
         stop.set()
 
 
-def test_on_trio_new_trees_reach_the_loop_in_order_and_a_hanging_check_is_abandoned() -> None:
+def test_on_trio_a_site_watch_hands_new_trees_to_the_loop_in_order_and_abandons_a_hanging_check() -> None:
+    """A standalone mount's follower, driven by a SiteWatch of one site with no Redis (polled)."""
     site = FakeSite()
     follower = TreeFollower(site, no_chroma, site.published, interval_s=0.02)
     on_loop: list[bool] = []
@@ -154,7 +156,9 @@ def test_on_trio_new_trees_reach_the_loop_in_order_and_a_hanging_check_is_abando
         got: list[str] = []
         async with trio.open_nursery() as nursery:
             with new_trees(follower) as trees:
-                nursery.start_soon(follow_on_trio, follower, 0.2)
+                watch = SiteWatch()
+                nursery.start_soon(watch.run)
+                watch.add("site", follower, None, 0.2)
                 site.reingest("two")
                 got.append((await trees.receive()).version)
                 site.hang_s = 0.5  # longer than the check's timeout: abandoned, counted, tried again
@@ -169,21 +173,3 @@ def test_on_trio_new_trees_reach_the_loop_in_order_and_a_hanging_check_is_abando
 
     assert trio.run(main) == [tree("two").version, tree("three").version]
     assert on_loop == [True, True] and follower.tree is site.published and follower.handed_out == 2
-
-
-def test_on_trio_an_announcement_wakes_the_follower_long_before_its_interval() -> None:
-    site = FakeSite(Announcements())
-    follower = TreeFollower(site, no_chroma, site.published, interval_s=10)
-
-    async def main() -> str:
-        async with trio.open_nursery() as nursery:
-            with new_trees(follower) as trees:
-                nursery.start_soon(follow_on_trio, follower, 5.0)
-                await trio.sleep(0.05)
-                site.reingest("two")
-                with trio.fail_after(2):
-                    version = (await trees.receive()).version
-            nursery.cancel_scope.cancel()
-        return version
-
-    assert trio.run(main) == tree("two").version and follower.announced == 1

@@ -2,11 +2,10 @@
 handed to every holder of a view of the site.
 
 `TreeFollower` is the whole logic and blocking throughout. How it is driven is the runtime's:
-- a trio mount: `follow_on_trio` checks after each announcement or interval (the checks in
-  worker threads) and hands new trees out on the loop; `new_trees` makes that a channel;
-- the threaded MCP server: `follow_in_thread`, the same loop in a thread of its own;
-- the mount server: `refresh()` on each request, so a mount sees a re-ingest published a
-  moment before it was asked for (one GET of the version key when nothing changed).
+- a trio process (a standalone mount, a serving process of the mount server): a `SiteWatch`
+  (site/watch.py) checks every site it follows after each announcement or interval (the checks
+  in worker threads) and hands new trees out on the loop; `new_trees` makes that a channel;
+- the threaded MCP server: `follow_in_thread`, a loop in a thread of its own.
 """
 
 from __future__ import annotations
@@ -84,7 +83,7 @@ class TreeFollower:
 
     def subscribe(self, listener: TreeListener) -> Callable[[], None]:
         """Call `listener` with each new tree, where the driver hands it out (on the trio loop
-        for `follow_on_trio`, in the follower's thread for `follow_in_thread`, in the caller's
+        for a `SiteWatch`, in the follower's thread for `follow_in_thread`, in the caller's
         for `refresh`); on the loop it must not block. Returns what unsubscribes it."""
         self._listeners.append(listener)
         return lambda: self._listeners.remove(listener)
@@ -147,30 +146,9 @@ class TreeFollower:
 # -- the drivers -------------------------------------------------------------------------------
 
 
-async def follow_on_trio(follower: TreeFollower, timeout_s: float, limiter: trio.CapacityLimiter | None = None) -> None:
-    """Follow until cancelled: after each announcement or `interval_s`, check in a worker thread
-    (abandoned after `timeout_s`: a backend that hangs) and hand a new tree out on the loop.
-    `limiter`: the follower's own threads (a process following many sites must not let their
-    waits take every thread of trio's default limiter)."""
-    limiter = limiter or trio.to_thread.current_default_thread_limiter()
-    while True:
-        if follower.announcements is None:
-            await trio.sleep(follower.interval_s)
-        else:
-            await trio.to_thread.run_sync(follower.wait_for_announcement, abandon_on_cancel=True, limiter=limiter)
-        try:
-            with trio.fail_after(timeout_s):
-                tree = await trio.to_thread.run_sync(follower.published, abandon_on_cancel=True, limiter=limiter)
-        except Exception as exc:  # a backend down or hanging (TooSlowError): keep the tree held, try later
-            follower.failed(exc)
-            continue
-        if tree is not None:
-            follower.hand_out(tree)
-
-
 @contextlib.contextmanager
 def new_trees(follower: TreeFollower) -> Iterator[trio.MemoryReceiveChannel[SiteTree]]:
-    """The trees a `follow_on_trio` hands out, as a channel, for a subscriber whose switch awaits
+    """The trees a follower hands out, as a channel, for a subscriber whose switch awaits
     (a mount's): trees that came while it switched wait in order; the last one is the newest."""
     send: trio.MemorySendChannel[SiteTree]
     receive: trio.MemoryReceiveChannel[SiteTree]

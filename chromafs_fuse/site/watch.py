@@ -65,6 +65,7 @@ class SiteWatch:
         self._wake = trio.Event()
         self._nursery: trio.Nursery | None = None
         self._threads = trio.CapacityLimiter(CHECKS_AT_ONCE)
+        self._pending_listeners: list[Watched] = []  # sites on a Redis Cluster, listened to once running
         self.rounds = 0  # checks of every site
         self.version_reads = 0  # batched reads of version keys (one per Redis per round)
 
@@ -78,8 +79,14 @@ class SiteWatch:
         """Watch a site (its follower's `interval_s` > 0) under a name of the caller's."""
         keys = follower.trees.version_key_and_channel() if redis is not None else None
         version_key, channel = keys if keys is not None else (None, None)
-        self.sites[name] = Watched(name, follower, redis, version_key, channel, timeout_s)
-        if redis is not None and channel is not None and not redis.clustered:
+        watched = self.sites[name] = Watched(name, follower, redis, version_key, channel, timeout_s)
+        if redis is not None and channel is not None and redis.clustered:
+            # a cluster's channels live on their shards: each site listens on its own (sharded
+            # pub/sub where the cluster has it, through the follower's own subscription)
+            self._pending_listeners.append(watched)
+            if self._nursery is not None:
+                self._start_site_listeners()
+        elif redis is not None and channel is not None:
             listening = self._announcements.get(id(redis))
             if listening is None:
                 from chromafs_fuse.backends.redis_cache import ManyTreeAnnouncements
@@ -108,6 +115,7 @@ class SiteWatch:
                 self._nursery = nursery
                 for _redis, listening in self._announcements.values():
                     nursery.start_soon(self._listen, listening)
+                self._start_site_listeners()
                 await self._check_forever()
         finally:
             for _redis, listening in self._announcements.values():
@@ -131,6 +139,30 @@ class SiteWatch:
                     await self.check(due)
                 except Exception:  # nothing here may end the process: the sites keep their trees
                     log.exception("checking %d sites for new trees failed", len(due))
+
+    def _start_site_listeners(self) -> None:
+        assert self._nursery is not None
+        for watched in self._pending_listeners:
+            self._nursery.start_soon(self._listen_to_site, watched)
+        self._pending_listeners = []
+
+    async def _listen_to_site(self, watched: Watched) -> None:
+        """One site's announcements on a Redis Cluster (a thread of its own waits), until the site
+        is no longer watched."""
+        own = trio.CapacityLimiter(1)
+        follower = watched.follower
+        while self.sites.get(watched.name) is watched:
+            try:
+                announced = await trio.to_thread.run_sync(
+                    follower.wait_for_announcement, abandon_on_cancel=True, limiter=own
+                )
+            except Exception:  # the poll of the version key goes on meanwhile
+                log.exception("waiting for %s's tree announcements failed", watched.name)
+                await trio.sleep(ANNOUNCEMENT_WAIT_S)
+                continue
+            if announced:
+                self._announced.add(watched.name)
+                self._wake.set()
 
     async def _listen(self, announcements: Announcements) -> None:
         own = trio.CapacityLimiter(1)  # the one waiting thread, outside trio's default limiter

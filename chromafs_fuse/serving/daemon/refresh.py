@@ -1,5 +1,6 @@
-"""A running mount follows re-ingests: the site's `TreeFollower` (site/follower.py) notices a new
-version (announced through Redis pub/sub, or polled) and loads its tree in worker threads; the
+"""A running mount follows re-ingests: the site's `TreeFollower` (site/follower.py), driven by a
+`SiteWatch` (site/watch.py) as each site of a serving process is, notices a new version
+(announced through Redis pub/sub, or polled) and loads its tree in worker threads; the
 refresher hands each new tree to the mount (serving/daemon/mount.py `Mount.switch_to`), which prunes it
 for its reader, switches to it and tells the kernel what to forget.
 """
@@ -12,9 +13,10 @@ from collections.abc import Awaitable, Callable
 
 import trio
 
-from chromafs_fuse.site.follower import TreeFollower, follow_on_trio, new_trees
+from chromafs_fuse.site.follower import TreeFollower, new_trees
 from chromafs_fuse.site.loader import SiteLoader
 from chromafs_fuse.site.page_source import PageSource
+from chromafs_fuse.site.watch import SiteWatch
 from chromafs_fuse.tree import SiteTree
 from chromafs_fuse.tree_diff import TreeChange
 
@@ -32,6 +34,7 @@ class TreeRefresher:
     ) -> None:
         """`tree` is the one served now; `switch_to` serves a new one (on the loop) and says what changed."""
         self.source = source
+        self.redis = loader.redis
         self.follower = TreeFollower(loader, source.chroma, tree, interval_s)
         self.switch_to = switch_to
         self.switches = 0
@@ -52,9 +55,11 @@ class TreeRefresher:
 
     async def run(self) -> None:
         """Follow until cancelled; of the trees that came while a switch ran, only the newest is served."""
+        watch = SiteWatch()
         with new_trees(self.follower) as trees:
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(follow_on_trio, self.follower, self.source.timeout_s)
+                nursery.start_soon(watch.run)
+                watch.add(self.source.site, self.follower, self.redis, self.source.timeout_s)
                 async for tree in trees:
                     while True:
                         try:
