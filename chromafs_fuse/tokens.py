@@ -83,8 +83,10 @@ def principal_from_token(token: str | None, key: VerificationKey | None, site: s
         raise TokenError(f"token algorithm is not allowed (expected {', '.join(key.algorithms)})") from exc
     except jwt.InvalidSignatureError as exc:
         raise TokenError("token signature is invalid") from exc
+    except jwt.DecodeError as exc:
+        raise TokenError("the token is not a JWT (three base64url parts joined by dots): check the token file") from exc
     except jwt.InvalidTokenError as exc:
-        raise TokenError(f"token is invalid: {exc.__class__.__name__}") from exc
+        raise TokenError(f"the token is invalid: {exc}") from exc
     token_site = claims.get("site")
     audience = claims.get("aud")
     audiences = [audience] if isinstance(audience, str) else audience if isinstance(audience, list) else []

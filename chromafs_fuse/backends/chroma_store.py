@@ -9,6 +9,7 @@ Calls here are blocking; the filesystem runs them on worker threads.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -173,6 +174,11 @@ class ChromaPages:
         if location.path:
             from chromafs_fuse.backends.chroma_sqlite import SqliteCollection
 
+            if not os.path.isfile(os.path.join(location.path, "chroma.sqlite3")):
+                # chromadb would create an empty database there: a reader never writes
+                raise BackendError(
+                    f"no Chroma database at {location.path}: check --chroma-path (chromafs-ingest makes one)"
+                )
             direct = SqliteCollection.open(
                 location.path,
                 location.collection,

@@ -7,6 +7,7 @@ Exit status as grep: 0 a line matched, 1 none did, 2 an error.
 
 from __future__ import annotations
 
+import logging
 import sys
 
 TYPE_CHECKING = False  # `chromafs shell` starts a session: it imports nothing it does not use
@@ -170,8 +171,10 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging(args.log_level, None)
     from chromafs_fuse.chunks import CorruptPage
     from chromafs_fuse.cli.common import CliError
+    from chromafs_fuse.errors import unexpected
     from chromafs_fuse.filesystem import PageUnavailable
     from chromafs_fuse.search import SearchError
+    from chromafs_fuse.serving.failures import EXPECTED_FAILURES
     from chromafs_fuse.site.view import ViewError
     from chromafs_fuse.tokens import TokenError
 
@@ -183,11 +186,12 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "mcp":
             return run_mcp(args)
         return run_grep(args)
-    except (CliError, TokenError, CorruptPage, PageUnavailable, SearchError, ViewError) as exc:
+    except (CliError, TokenError, CorruptPage, PageUnavailable, SearchError, ViewError, *EXPECTED_FAILURES) as exc:
         print(f"chromafs {args.command}: {exc}", file=sys.stderr)
         return 2
     except Exception as exc:
-        print(f"chromafs {args.command}: {exc.__class__.__name__}: {exc}", file=sys.stderr)
+        logging.getLogger("chromafs").debug("the command failed", exc_info=True)
+        print(f"chromafs {args.command}: {unexpected(exc)}", file=sys.stderr)
         return 2
 
 

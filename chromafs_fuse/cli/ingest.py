@@ -18,6 +18,7 @@ from pathlib import Path
 from chromafs_fuse.backends.blobstore import BlobError, open_blob_store
 from chromafs_fuse.cli.common import CliError, add_chroma_arguments
 from chromafs_fuse.config import chroma_location, redis_settings
+from chromafs_fuse.errors import unexpected
 from chromafs_fuse.ingest.access_rules import AccessSpecError, parse_acl
 from chromafs_fuse.ingest.chroma_writes import DEFAULT_RETRIES, WriteFailed
 from chromafs_fuse.ingest.pipeline import (
@@ -180,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except Exception as exc:  # backend failures: one line, not a traceback
         log.debug("ingest failed", exc_info=True)
-        print(f"chromafs-ingest: {exc.__class__.__name__}: {exc}", file=sys.stderr)
+        print(f"chromafs-ingest: {unexpected(exc)}", file=sys.stderr)
         return 1
     _print_problems(summary, args.report)
     if not args.quiet:

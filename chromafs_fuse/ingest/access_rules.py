@@ -48,11 +48,19 @@ def default_access(mode: str) -> Access:
     raise ValueError(f"unknown default access {mode!r} (public, authenticated)")
 
 
+UNDECODABLE = "\ufffd"
+
+
 def _groups_value(value: Any, where: str) -> tuple[str, ...]:
     if isinstance(value, str):
         value = [g.strip() for g in value.split(",") if g.strip()]
     if not isinstance(value, list) or not all(isinstance(g, str) for g in value):
         raise AccessSpecError(f"{where}: 'groups' must be a list of strings")
+    for group in value:
+        if UNDECODABLE in group:  # a byte that is not UTF-8, read as U+FFFD: no reader holds that group
+            raise AccessSpecError(
+                f"{where}: 'groups' names \"{group}\", with bytes that are not UTF-8: fix the file's encoding"
+            )
     return tuple(value)
 
 
@@ -66,7 +74,7 @@ def access_from_fields(fields: Mapping[str, Any], where: str) -> Access | None:
     if isinstance(public, str) and public.strip().lower() in ("true", "false"):
         public = public.strip().lower() == "true"
     if not isinstance(public, bool):
-        raise AccessSpecError(f"{where}: 'public' must be true or false, not {public!r}")
+        raise AccessSpecError(f"{where}: 'public' must be true or false, not \"{public}\"")
     groups = _groups_value(fields["groups"], where) if has_groups else ()
     if public:
         return Access(True, groups)

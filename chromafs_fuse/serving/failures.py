@@ -9,7 +9,7 @@ import os
 import sys
 
 from chromafs_fuse.backends.chroma_store import BackendError, SiteNotFound
-from chromafs_fuse.errors import UsageError
+from chromafs_fuse.errors import UsageError, unexpected
 from chromafs_fuse.tokens import TokenError
 from chromafs_fuse.tree import TreeError
 
@@ -46,7 +46,7 @@ def failure_text(exc: Exception) -> str:
     """The one line saying why a mount could not start."""
     if isinstance(exc, EXPECTED_FAILURES):
         return str(exc)
-    return f"cannot mount: {exc.__class__.__name__}: {exc}"
+    return f"cannot mount: {unexpected(exc)}"
 
 
 def mount_failure(ready_fd: int | None, exc: Exception) -> int:

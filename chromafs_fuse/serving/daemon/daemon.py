@@ -12,6 +12,7 @@ import logging
 from collections.abc import Callable
 
 from chromafs_fuse.config import MountConfig
+from chromafs_fuse.errors import unexpected
 from chromafs_fuse.logs import setup_logging
 from chromafs_fuse.serving.daemon.mount import Mount
 from chromafs_fuse.serving.failures import mount_failure, report_failure
@@ -42,5 +43,5 @@ def run_daemon(
         return report_failure(ready_fd, f"mounting {config.mountpoint} failed: {exc}")
     except Exception as exc:  # never die silently: the log says why
         log.exception("the daemon failed")
-        return report_failure(ready_fd, f"the daemon failed: {exc.__class__.__name__}: {exc}")
+        return report_failure(ready_fd, f"the daemon failed: {unexpected(exc)}")
     return 0

@@ -344,7 +344,9 @@ def _answer(conn: socket.socket, error: str | None = None) -> None:
 
 
 def _problem(error: Exception) -> str:
-    return str(error) or error.__class__.__name__
+    from chromafs_fuse.serving.failures import failure_text
+
+    return failure_text(error)
 
 
 def _listening_socket(socket_path: str) -> socket.socket:

@@ -32,6 +32,7 @@ import trio
 
 from chromafs_fuse.access import Principal
 from chromafs_fuse.config import MountConfig
+from chromafs_fuse.errors import unexpected
 from chromafs_fuse.logs import setup_logging
 from chromafs_fuse.page_cache import PageCache
 from chromafs_fuse.serving.failures import failure_text, report_failure
@@ -204,5 +205,5 @@ def run_serving_process(
         return report_failure(ready_fd, f"mounting the shared mount in {class_root} failed: {exc}")
     except Exception as exc:
         log.exception("the shared mount failed")
-        return report_failure(ready_fd, f"the shared mount failed: {exc.__class__.__name__}: {exc}")
+        return report_failure(ready_fd, f"the serving process failed: {unexpected(exc)}")
     return 0

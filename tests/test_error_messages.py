@@ -1,0 +1,113 @@
+"""Errors a user can act on (issue 38): each command's message says what happened, to which file,
+site or flag, and what to do; none has a traceback, an exception class name or a repr, and a
+failing read-only command writes nothing."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from infra import BIN, Backend, ingest, try_mount
+
+SECRET = "error-messages-secret-0123456789abcdef"
+CLASS_NAME = re.compile(r"\b[A-Z][a-zA-Z]+(Error|Exception)\b|Traceback|\bDecodeError\b")
+REPR = re.compile(r"PosixPath\(|<[a-zA-Z_.]+ object at|\bb'|\\x[0-9a-f]{2}")
+
+
+def readable(message: str) -> None:
+    assert message.strip(), "no message at all"
+    assert not CLASS_NAME.search(message), f"an exception class or traceback: {message}"
+    assert not REPR.search(message), f"a repr: {message}"
+
+
+def chromafs(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(BIN / "chromafs"), *args], capture_output=True, text=True, timeout=120)
+
+
+@pytest.fixture
+def secret(tmp_path: Path) -> Path:
+    path = tmp_path / "secret"
+    path.write_text(SECRET)
+    return path
+
+
+def test_a_token_file_that_is_not_a_jwt_says_so(
+    sample_backend: Callable[..., Backend], secret: Path, mnt: Path, tmp_path: Path
+) -> None:
+    token = tmp_path / "token"
+    token.write_text("hello, this is not a token\n")
+    done = try_mount(mnt, *sample_backend().args, "--token-file", str(token), "--jwt-secret-file", str(secret))
+    assert done.returncode == 1
+    assert "the token is not a JWT" in done.stderr and "check the token file" in done.stderr
+    readable(done.stderr)
+
+
+@pytest.mark.parametrize("command", ["mount", "grep", "search", "status-free"])
+def test_a_mistyped_chroma_path_names_it_and_creates_nothing(command: str, mnt: Path, tmp_path: Path) -> None:
+    """`--chroma-path` naming a directory with no Chroma database: every reader says so and leaves
+    the directory as it was (chromadb would create a 188 KB database there)."""
+    typo = tmp_path / "chromma"
+    typo.mkdir()
+    args = ["--site", "acme", "--chroma-path", str(typo)]
+    if command == "mount":
+        done = try_mount(mnt, *args, "--no-mountd")
+    elif command == "grep":
+        done = chromafs("grep", *args, "token", "/")
+    elif command == "search":
+        done = chromafs("search", *args, "refresh token")
+    else:
+        missing = tmp_path / "nothing-here"
+        done = try_mount(mnt, "--site", "acme", "--chroma-path", str(missing), "--no-mountd")
+        assert not missing.exists(), "a read created the directory"
+        typo = missing
+    assert done.returncode != 0
+    assert f"no Chroma database at {typo}" in done.stderr, done.stderr
+    readable(done.stderr)
+    assert not typo.exists() or list(typo.iterdir()) == [], "a read wrote into the directory"
+
+
+def test_groups_with_bytes_that_are_not_utf8_are_named_and_hide_the_page(tmp_path: Path) -> None:
+    """A `groups:` value with an undecodable byte: the page is hidden from everyone (fail closed)
+    and an error names the file, its line and the value."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "index.md").write_text("# Home\n")
+    (site / "admin.md").write_bytes(b"---\ntitle: Admin\ngroups: [adm\xffin]\n---\n# Admin\n")
+    done = ingest(site, "--site", "odd", "--chroma-path", str(tmp_path / "chroma"), status=3)
+    line = next(line for line in done.stderr.splitlines() if line.startswith("error: admin.md"))
+    assert line.startswith("error: admin.md:3:") and "'groups'" in line and "not UTF-8" in line, line
+    assert "hidden from everyone" in line
+    readable(line)
+
+
+def test_the_sample_sites_ingest_and_mount_errors_are_readable(
+    sample_backend: Callable[..., Backend], secret: Path, mnt: Path, tmp_path: Path
+) -> None:
+    """Common mistakes, each one line that names what to fix."""
+    backend = sample_backend().args
+    cases = {
+        "no such site": try_mount(mnt, *[*backend[:1], "nosuchsite", *backend[2:]], "--no-mountd"),
+        "not a directory": try_mount(tmp_path / "missing", *backend, "--no-mountd"),
+        "no key for a token": try_mount(mnt, *backend, "--token", "a.b.c", "--no-mountd"),
+        "ingest of a missing folder": subprocess.run(
+            [
+                str(BIN / "chromafs-ingest"),
+                str(tmp_path / "no-docs"),
+                "--site",
+                "acme",
+                "--chroma-path",
+                str(tmp_path / "c"),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        ),
+    }
+    for what, done in cases.items():
+        assert done.returncode != 0, what
+        readable(done.stderr)
+    assert not (tmp_path / "c").exists(), "an ingest that read nothing created its Chroma directory"
