@@ -374,3 +374,26 @@ def test_the_server_reports_its_classes_and_sessions_as_metrics(
     assert class_mounts(server) and is_mounted(tmp_path / "anon-1")
     with pytest.raises(OSError), socket.create_connection(("127.0.0.1", port), timeout=2):
         pass
+
+
+def test_a_status_no_state_names_is_removed_by_the_server(
+    shared_server: MountServer, open_session: OpenSession, tmp_path: Path
+) -> None:
+    """The server, not the next `chromafs status`, removes the status files of its class root's
+    sessions that its state does not name (here: a session unmounted while no server ran, and the
+    state lost with it); other servers' files are left alone."""
+    gone = tmp_path / "gone"
+    open_session(gone)
+    runtime = Path("/run/chromafs/mounts")
+
+    def listed() -> set[str]:
+        return {json.loads(p.read_text())["mountpoint"] for p in runtime.glob("session-*.json")}
+
+    assert str(gone) in listed()
+    others = listed() - {str(gone)}
+    shared_server.kill()
+    unmount(gone)
+    (shared_server.class_root / "state.json").unlink()
+    shared_server.start()
+    assert str(gone) not in listed() and others <= listed()
+    assert "ended while no server ran" in shared_server.log.read_text()

@@ -218,6 +218,11 @@ class MountServer:
                 threading.Thread(target=self._answer, args=(conn,), name="request", daemon=True).start()
         finally:
             self.stopping.set()
+            if self.keeper is not None:  # a last pass: sessions unmounted meanwhile leave no status behind
+                try:
+                    self.keeper.housekeep()
+                except Exception:  # stopping anyway: the next server's recovery cleans up
+                    log.exception("the last housekeeping pass failed")
             if metrics is not None:
                 metrics.close()
             with contextlib.suppress(OSError):

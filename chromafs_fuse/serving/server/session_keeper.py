@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import logging
 import os
 import threading
@@ -355,6 +356,7 @@ class SessionKeeper:
                 if not users:
                     log.info("unmounting %s: a class mount no state names, with no session", path)
                     detach(path)
+        self._remove_stale_statuses()
         for session in self.table.sessions.values():
             self._write_status(session)
         self._save()
@@ -403,6 +405,30 @@ class SessionKeeper:
         }
         with contextlib.suppress(OSError):
             write_private_json(path, status)
+
+    def _remove_stale_statuses(self) -> None:
+        """Status files of sessions of this class root that its state no longer names (left by a
+        server that stopped or crashed before their sessions ended): `chromafs status` must not
+        list them. Other servers' files are theirs."""
+        directory = runtime_dir()
+        if not directory:
+            return
+        ours = os.path.join(self.root, "")
+        for name in os.listdir(directory):
+            if not (name.startswith("session-") and name.endswith(".json")):
+                continue
+            path = os.path.join(directory, name)
+            try:
+                with open(path) as f:
+                    status = json.load(f)
+                class_path = str(status["session"]["class_mount"])
+                mountpoint = str(status["mountpoint"])
+            except (OSError, ValueError, KeyError, TypeError):
+                continue
+            if class_path.startswith(ours) and mountpoint not in self.table.sessions:
+                with contextlib.suppress(OSError):
+                    os.unlink(path)
+                    log.info("removed the status of a session that ended while no server ran: %s", mountpoint)
 
     def _remove_status(self, session: Session) -> None:
         path = self._status_path(session)
