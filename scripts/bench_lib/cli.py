@@ -15,13 +15,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench_lib import report
+from bench_lib import multitenant, report
 from bench_lib.corpus import REPO
 from bench_lib.procs import become_subreaper
 from bench_lib.runner import Run, run_corpus
 
 ALL_SYSTEMS = ["tmpfs", "sandbox", "chromafs-embedded", "chromafs-server-redis", "chromafs-mountd"]
-ALL_FIGURES = ["boot", "tools", "memory", "ingest", "sessions", "density"]
+ALL_FIGURES = ["boot", "tools", "memory", "ingest", "sessions", "density", "mountd"]
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -38,7 +38,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument(
         "--figures",
         default=",".join(ALL_FIGURES),
-        help="comma list of boot, tools, memory, ingest, sessions, density (ingest alone: no mounts, no systems)",
+        help="comma list of boot, tools, memory, ingest, sessions, density, mountd (ingest alone: no mounts, no "
+        "systems; mountd, chromafs-mountd as a multi-tenant host, runs once over copies of the sample site: "
+        "alone, no corpus is prepared)",
     )
     p.add_argument(
         "--density-sites",
@@ -46,16 +48,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help="the density figure's steps: sites served at once (each with 2 reader classes)",
     )
     p.add_argument(
-        "--class-mode",
-        choices=("process", "shared"),
-        default="process",
-        help="the density figure's chromafs-mountd --class-mode (default: %(default)s)",
-    )
-    p.add_argument(
-        "--shared-processes",
+        "--serving-processes",
         type=int,
-        default=1,
-        help="the density figure's chromafs-mountd --shared-processes, with --class-mode shared (default: %(default)s)",
+        metavar="N",
+        help="chromafs-mountd --serving-processes of the sessions, density and mountd figures (default: none "
+        "given, the server's own default: one per core)",
     )
     p.add_argument(
         "--baseline",
@@ -87,14 +84,23 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         p.error("--rounds must be at least 2: the spread between rounds is the yardstick")
     if args.boot_runs < 1 or args.mounts < 1:
         p.error("--boot-runs and --mounts must be at least 1")
+    if args.serving_processes is not None and args.serving_processes < 1:
+        p.error("--serving-processes must be at least 1")
     return args
 
 
 def machine() -> dict[str, Any]:
     def first_line(argv: list[str]) -> str:
-        with contextlib.suppress(OSError, subprocess.SubprocessError):
+        with contextlib.suppress(OSError, subprocess.SubprocessError, IndexError):
             return subprocess.run(argv, capture_output=True, text=True, timeout=10).stdout.splitlines()[0]
         return "?"
+
+    def changed(folder: str) -> bool | None:
+        """Whether the working tree's `folder` differs from the commit measured (None: no git)."""
+        with contextlib.suppress(OSError, subprocess.SubprocessError):
+            argv = ["git", "-C", str(REPO), "status", "--porcelain", "--untracked-files=no", folder]
+            return bool(subprocess.run(argv, capture_output=True, text=True, timeout=10, check=True).stdout.strip())
+        return None
 
     cpuinfo = Path("/proc/cpuinfo").read_text().splitlines()
     cpu = next((ln.split(":", 1)[1].strip() for ln in cpuinfo if ln.startswith("model name")), "?")
@@ -112,6 +118,8 @@ def machine() -> dict[str, Any]:
         "grep": first_line(["grep", "--version"]),
         "rg": first_line(["rg", "--version"]),
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "commit": first_line(["git", "-C", str(REPO), "rev-parse", "--short=12", "HEAD"]),
+        "chromafs_fuse_changed": changed("chromafs_fuse"),
         "loadavg_at_start": Path("/proc/loadavg").read_text().split()[:3],
     }
 
@@ -129,10 +137,13 @@ def main(argv: list[str]) -> int:
         if args.baseline:
             run.use_baseline(args.baseline)
             results["baseline"] = run.versions.describe() if run.versions else None
-        if "chromafs-server-redis" in args.systems or "density" in args.figures:
-            run.start_servers()
-        for index, spec in enumerate(args.corpus):
-            results["corpora"].append(run_corpus(run, spec, index))
+        if any(f != "mountd" for f in args.figures):  # the figures measured per corpus
+            if "chromafs-server-redis" in args.systems or "density" in args.figures:
+                run.start_servers()
+            for index, spec in enumerate(args.corpus):
+                results["corpora"].append(run_corpus(run, spec, index))
+        if "mountd" in args.figures:
+            results["mountd"] = multitenant.measure_mountd(run)
     except BaseException as exc:
         print(f"bench: FAILED: {exc.__class__.__name__}: {exc} (cleaning up)", file=sys.stderr, flush=True)
         raise

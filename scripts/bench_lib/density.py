@@ -1,31 +1,30 @@
-"""The "density" figure (issue 30): what the current design costs per site and reader class on
-one host: one `chroma run`, one `redis-server`, one `chromafs-mountd` whose class mounts sessions
-share (as the "sessions" figure runs them).
+"""The "density" figure (issue 30): what the design costs per site and reader class on one host:
+one `chroma run`, one `redis-server`, one `chromafs-mountd` with its own defaults (every reader
+class a view of one of its pool of serving processes, one per core; `scripts/bench
+--serving-processes N` sets the pool), as the "sessions" figure runs it.
 
 Sites are the corpus under many names (ingested once, its records copied: site_copies.py). For
 S sites in turn (--density-sites), each new site gets one session per reader class (anonymous,
-signed in), and a `grep -rl` in it. After each step: the processes serving mounts and their total
-PSS (chromafs-mountd, class daemons, their watchdogs; /proc/PID/smaps_rollup), the PSS per class
-view, the CPU those processes use while idle, p50/p90 of a class's first session (its class
-mount started) and of later sessions of served classes, and of the `grep -rl` in each: a class's
-first (right after its first session, racing its warm-up) and a later session's, with the FUSE
-requests it made and how much of a copy of the site on disk, read at the start, the kernel still
-holds (this VM drops page cache by itself, with no memory pressure). Once, for the first site: how many
-copies of a page the kernel's page cache holds when both classes read it (fincore on the files
-through each class's session; and how much `Cached` - `Shmem` in /proc/meminfo grew while the
-second class opened, grepped and warmed, which other work on the machine blurs). Before all
-that: cold reads per second, 16 readers at once (cold_reads.py). No site is added once
-MemAvailable falls under 4 GiB; the output says where it stopped and why.
+signed in), and a `grep -rl` in it. After each step: the processes under chromafs-mountd and
+their total PSS (the server, its forker, the serving processes; /proc/PID/smaps_rollup), the PSS
+per class view, the CPU those processes use while idle (once the new views' background warm-ups
+are done), p50/p90 of a class's first session and of later sessions of served classes, and of
+the `grep -rl` in each: a class's first (right after its first session, racing its warm-up) and
+a later session's, with the FUSE requests it made and how much of a copy of the site on disk,
+read at the start, the kernel still holds (this VM drops page cache by itself, with no memory
+pressure). Once, for the first site: how many copies of a page the kernel's page cache holds when
+both classes read it (fincore on the files through each class's session; and how much `Cached` -
+`Shmem` in /proc/meminfo grew while the second class opened, grepped and warmed, which other work
+on the machine blurs). Before all that: cold reads per second, 16 readers at once, 16 per-site
+daemons against the pool (cold_reads.py). No site is added once MemAvailable falls under 4 GiB;
+the output says where it stopped and why.
 """
 
 from __future__ import annotations
 
-import contextlib
-import json
 import os
 import random
 import shutil
-import socket
 import time
 from collections import Counter
 from pathlib import Path
@@ -35,7 +34,7 @@ from bench_lib import cold_reads, measure
 from bench_lib import corpus as corpora
 from bench_lib.mounts import _smaps_rollup
 from bench_lib.procs import run_timed
-from bench_lib.sessions import Sessions, _visible_sets
+from bench_lib.sessions import Sessions, _visible_sets, describe_pool
 from bench_lib.site_copies import SiteCopier
 from infra import unmount
 
@@ -93,17 +92,6 @@ def resident_bytes(root: Path, keys: list[str]) -> int:
     return total
 
 
-def wait_warm(class_root: Path, timeout_s: float = 120.0) -> bool:
-    """Until every class mount's log says its warm-up ended (or that it does not warm)."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        logs = [p.read_text(errors="replace") for p in class_root.glob("*.log")]
-        if logs and all("warm in" in t or "not warming" in t or "warm-up stopped" in t for t in logs):
-            return True
-        time.sleep(0.2)
-    return False
-
-
 def wait_shared_warm(class_root: Path, views: int, timeout_s: float = 300.0) -> bool:
     """Until the shared processes' logs name `views` warmed views (or views not warmed)."""
     deadline = time.monotonic() + timeout_s
@@ -117,18 +105,10 @@ def wait_shared_warm(class_root: Path, views: int, timeout_s: float = 300.0) -> 
 
 
 def shared_requests(class_root: Path) -> Counter[str]:
-    """FUSE requests the shared processes answered so far, by operation (statfs aside: a fixed answer)."""
+    """FUSE requests the serving processes answered so far, by operation (statfs aside: a fixed answer)."""
     total: Counter[str] = Counter()
-    for sock_path in class_root.glob("shared*.sock"):
-        with contextlib.suppress(OSError, ValueError), socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-            sock.settimeout(10)
-            sock.connect(str(sock_path))
-            sock.sendall(b'{"op": "describe"}\n')
-            answer = b""
-            while not answer.endswith(b"\n") and (chunk := sock.recv(1 << 20)):
-                answer += chunk
-            requests = json.loads(answer)["requests"]
-            total.update({op: n for op, n in requests.items() if op != "statfs"})
+    for described in describe_pool(class_root):
+        total.update({op: n for op, n in (described.get("requests") or {}).items() if op != "statfs"})
     return total
 
 
@@ -140,14 +120,12 @@ class Density:
         self.workdir.mkdir()
         self.copier = SiteCopier(run.chroma.url, corpus.site, run.redis.url)
         (self.workdir / "classes").mkdir()
-        self.class_mode = run.args.class_mode
         self.sessions = Sessions(
             self.workdir / "classes",
             corpus.site,
             backend,
             class_idle_s=TOKEN_LIFE_S,
-            class_mode=self.class_mode,
-            shared_processes=run.args.shared_processes,
+            serving_processes=run.args.serving_processes,
         )
         self.visible = {name: sorted(keys) for name, keys in _visible_sets(chroma_dir, corpus.site).items()}
         self.sites: list[str] = []
@@ -190,8 +168,6 @@ class Density:
             greps.append(measure.run_tool(measure.command_of("grep -rl"), roots[reader])[0])
             self.served.append((site, reader))
             if first_site:
-                if self.class_mode == "process":  # the shared mount pushes nothing ahead
-                    wait_warm(self.sessions.server.class_root)
                 cached.append(meminfo_kb("Cached") - meminfo_kb("Shmem"))
         return self.page_cache_sharing(roots, cached[1] - cached[0]) if first_site else None
 
@@ -201,7 +177,7 @@ class Density:
         page = 4096
         common_bytes = sum(-(-(self.corpus.source / key).stat().st_size // page) * page for key in common)
         held = {reader: resident_bytes(root, common) for reader, root in roots.items()}
-        # Classes whose files are the same inodes (the shared class mode) hold one copy between them.
+        # Classes whose files are the same inodes (views of one site in a serving process) hold one copy.
         files_of = {reader: [os.stat(root / key)[1:3] for key in common] for reader, root in roots.items()}
         distinct = {tuple(files_of[reader]): reader for reader in roots}
         second = sum((self.corpus.source / key).stat().st_size for key in self.visible["signed-in"])
@@ -226,10 +202,9 @@ class Density:
         for site, reader in self.rng.sample(self.served, min(LATER_SESSIONS, len(self.served))):
             root, took = self.open(site, reader)
             times.append(took)
-            before = shared_requests(class_root) if self.class_mode == "shared" else Counter()
+            before = shared_requests(class_root)
             greps.append(measure.run_tool(measure.command_of("grep -rl"), root)[0])
-            if self.class_mode == "shared":
-                requests.append(shared_requests(class_root) - before)
+            requests.append(shared_requests(class_root) - before)
             unmount(root)
         return times, greps, requests
 
@@ -259,8 +234,8 @@ class Density:
         out["pss_per_class_kb"] = (total - baseline_pss_kb) / classes if classes else None
         if previous is not None and classes > previous["classes"]:
             out["marginal_pss_per_class_kb"] = (total - previous["pss_total_kb"]) / (classes - previous["classes"])
-        if self.class_mode == "shared":  # idle: once the new classes' background warm-ups are done
-            out["warm_ups_done"] = wait_shared_warm(self.sessions.server.class_root, classes)
+        # idle: once the new classes' background warm-ups are done
+        out["warm_ups_done"] = wait_shared_warm(self.sessions.server.class_root, classes)
         out["idle_cpu_percent_of_a_core"] = idle_cpu_percent(pids)
         out["disk_control_resident"] = self.control_resident()
         later, later_greps, grep_requests = self.later_sessions()
@@ -286,8 +261,7 @@ def measure_density(run: Any, corpus: corpora.Corpus, backend: list[str], chroma
     density = Density(run, corpus, backend, chroma_dir)
     facts = corpus.facts
     out: dict[str, Any] = {
-        "class_mode": run.args.class_mode,
-        "shared_processes": run.args.shared_processes,
+        "serving_processes": run.args.serving_processes or "the server's default (one per core)",
         "site_shape": {
             "tree_record_bytes": facts.get("tree_record_bytes"),
             "tree_files": facts.get("tree_files"),
@@ -299,7 +273,9 @@ def measure_density(run: Any, corpus: corpora.Corpus, backend: list[str], chroma
         "steps": [],
     }
     keys = density.visible["anonymous"]
-    out["cold_reads"] = cold_reads.measure(density.workdir / "cold", density.copier, corpus.site, backend, keys)
+    out["cold_reads"] = cold_reads.measure(
+        density.workdir / "cold", density.copier, corpus.site, backend, keys, run.args.serving_processes
+    )
     run.say(f"density: {cold_reads.text_line(out['cold_reads'])}")
     try:
         density.sessions.server.start()
@@ -316,7 +292,22 @@ def measure_density(run: Any, corpus: corpora.Corpus, backend: list[str], chroma
     finally:
         density.sessions.close()
     out["site_copies"] = density.copier.summary()
+    out["bars"] = bars(out)
     return out
+
+
+def bars(result: dict[str, Any]) -> dict[str, bool]:
+    """Against issue 30's bars: the PSS each class view adds (the marginal between steps, else the
+    first step's per class) <= 2 MiB, as many processes at the last step as at the first, every
+    later session's p90 <= 50 ms, and the pool's cold reads at least the per-site daemons'."""
+    steps = result["steps"]
+    per_view = [s.get("marginal_pss_per_class_kb", s.get("pss_per_class_kb")) for s in steps[1:] or steps]
+    return {
+        "pss_per_class_view_le_2MiB": bool(per_view) and all(v is not None and v <= 2048 for v in per_view),
+        "fixed_processes": bool(steps) and steps[-1]["serving_processes"] == steps[0]["serving_processes"],
+        "later_session_p90_le_50ms": bool(steps) and all(s.get("later_session_p90_s", 1) <= 0.05 for s in steps),
+        "cold_reads_pool_ge_daemons": bool(result.get("cold_reads", {}).get("bar_pool_ge_daemons")),
+    }
 
 
 def _median_size(source: Path, keys: list[str]) -> int:
@@ -349,7 +340,7 @@ def text_lines(result: dict[str, Any]) -> list[str]:
         f"signed in {shape['visible_files_signed_in']}), median page {shape['median_page_bytes']} bytes, "
         f"{(shape['visible_bytes_anonymous'] or 0) / 1e6:.2f} MB visible to anonymous, "
         f"tree record {shape['tree_record_bytes']} bytes; 2 reader classes per site; "
-        f"chromafs-mountd --class-mode {result.get('class_mode', 'process')}",
+        f"chromafs-mountd --serving-processes: {result.get('serving_processes', '?')}",
         "  sites classes processes  PSS total  PSS/class   marginal  first session p50/p90  "
         "later p50/p90  1st grep p50/p90  later grep p50/p90  idle CPU  MemAvail",
     ]
@@ -376,4 +367,6 @@ def text_lines(result: dict[str, Any]) -> list[str]:
         )
     lines.append(f"  {cold_reads.text_line(result['cold_reads'])}")
     lines.append(f"  stopped: {result.get('stopped', 'no: every step fitted')}")
+    if "bars" in result:
+        lines.append("  bars: " + ", ".join(f"{k}={'PASS' if v else 'FAIL'}" for k, v in result["bars"].items()))
     return lines

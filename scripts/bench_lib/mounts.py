@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import subprocess
 import sys
 import time
@@ -10,6 +11,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from infra import BIN, child_env, unmount_daemon
+
+# chromafs-mount asks the host's mount server listening here unless told --no-mountd (older
+# versions, as --baseline runs them, know no such flag: it is given only when one listens)
+HOST_MOUNTD_SOCKET = "/run/chromafs/mountd.sock"
 
 
 def _smaps_rollup(pid: int) -> dict[str, int]:
@@ -63,6 +68,8 @@ class Mounter:
             log, pid_file = point.with_suffix(".log"), point.with_suffix(".pid")
             argv = [str(BIN / "chromafs-mount"), str(point), "--site", self.site, *self.backend_args]
             argv += ["--log-file", str(log), "--pid-file", str(pid_file)]
+            if "--mountd" not in self.backend_args and os.path.exists(HOST_MOUNTD_SOCKET):
+                argv.append("--no-mountd")  # a daemon of its own, not a session of the host's mount server
             self.live[point] = None
             started = time.perf_counter()
             proc = subprocess.run(argv, capture_output=True, timeout=180, env=child_env(), stdin=subprocess.DEVNULL)

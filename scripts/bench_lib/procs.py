@@ -5,10 +5,13 @@ The servers it starts (`chroma run`, `redis-server`, `chromafs-mountd`) are in t
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import os
 import subprocess
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 from infra import child_env
 
@@ -44,3 +47,14 @@ def run_checked(argv: list[str], what: str, timeout: float = CMD_TIMEOUT_S) -> T
         tail = result.stderr.decode("utf-8", "replace").strip()[-2000:]
         raise RuntimeError(f"{what} failed (exit {result.returncode}): {tail}")
     return result
+
+
+def subtree(pid: int) -> list[int]:
+    """Every process under `pid` (children of any of its threads, theirs, and so on): under
+    chromafs-mountd, its forker and the serving processes the forker started."""
+    children: list[int] = []
+    with contextlib.suppress(OSError):
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with contextlib.suppress(OSError):
+                children += [int(c) for c in Path(f"/proc/{pid}/task/{task}/children").read_text().split()]
+    return children + [below for child in children for below in subtree(child)]

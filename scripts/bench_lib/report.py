@@ -8,7 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench_lib import density, ingest_speed
+from bench_lib import density, ingest_speed, multitenant
 from bench_lib.measure import TOOLS
 
 SYSTEMS = [
@@ -120,6 +120,12 @@ def text_report(results: dict[str, Any]) -> str:
         if "density" in corpus:
             out.append(f"density ({corpus['name']}):")
             out += density.text_lines(corpus["density"])
+    if "mountd" in results:
+        out.append("")
+        out.append(
+            "mountd, a multi-tenant host (chromafs-mountd; sessions timed from chromafs-mount --mountd to `ls` done):"
+        )
+        out += multitenant.text_lines(results["mountd"])
     out.append("")
     out.append("cold: first run on a fresh mount (sandbox: materialise wall time + first run); warm: best of 3")
     out.append("tmpfs/sandbox memory rows: the size of one copy in /dev/shm (what each extra reader costs)")

@@ -47,7 +47,7 @@ class ChromaTier:
         except BackendError:
             raise
         except Exception as exc:  # the collection vanished (SiteNotFound), ...
-            raise BackendError(f"reading from Chroma failed: {exc!r}") from exc
+            raise BackendError(f"reading from Chroma failed: {exc or 'no reason given'}") from exc
         found: dict[str, bytes] = {}
         corrupt: dict[str, CorruptPage] = {}
         for entry in entries:
