@@ -306,11 +306,11 @@ MOUNTD_OPTIONS = (
     ),
     Option(
         "--class-warm-wait",
-        "no longer used: a new class's pages are always read into the kernel in the background",
+        "a new class's pages are read into the kernel's page cache; its first session waits for that up to "
+        "S seconds, so that its first grep finds them there (default: %(default)s; 0: not at all)",
         type=float,
         default=1.0,
         metavar="S",
-        hidden=True,
     ),
     Option(
         "--metrics-addr",

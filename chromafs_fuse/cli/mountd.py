@@ -61,6 +61,7 @@ def main(argv: list[str] | None = None) -> int:
         args.metrics_addr,
         args.serving_cache_bytes,
         args.serving_processes or None,
+        args.class_warm_wait,
     )
 
 

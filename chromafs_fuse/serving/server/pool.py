@@ -118,8 +118,11 @@ class ServingPool:
     `processes`). Every class of a site is in the same process (a page the classes share is one
     inode); a new site goes to the process serving the fewest."""
 
-    def __init__(self, root: str, start_shared: StartMember, processes: int = 1) -> None:
+    def __init__(self, root: str, start_shared: StartMember, processes: int = 1, warm_wait_s: float = 0.0) -> None:
+        """`warm_wait_s`: how long a new class's first session waits for its pages to be read
+        into the kernel (its first grep then finds them there)."""
         self.root = root
+        self.warm_wait_s = warm_wait_s
         self.processes = [PoolMember(root, index, start_shared) for index in range(processes)]
         self._placing = threading.Lock()
 
@@ -136,7 +139,9 @@ class ServingPool:
         return process
 
     def start(self, key: str, config: MountConfig, reader: Principal, host: HostSnapshot) -> ClassMount:
-        served = dataclasses.replace(config, warm_kernel=True)  # read into the kernel once
+        served = dataclasses.replace(
+            config, warm_kernel=True, warm_wait_s=self.warm_wait_s
+        )  # read into the kernel once
         process = self._place(served)
         device = process.ensure_running(host)
         process.sites.add(site_dir_name(site_key(served)))  # a restarted process serves nothing yet
@@ -146,7 +151,7 @@ class ServingPool:
             "class": {"authenticated": reader.authenticated, "groups": sorted(reader.groups)},
         }
         try:
-            reply = process.control.ask(request, config.session.backend_timeout_s * 3 + 60)
+            reply = process.control.ask(request, config.session.backend_timeout_s * 3 + self.warm_wait_s + 60)
         except (OSError, ValueError) as exc:
             raise SessionError(f"the serving process did not answer: {exc}") from exc
         if not reply.get("ok"):

@@ -40,7 +40,7 @@ from chromafs_fuse.config import MountConfig
 from chromafs_fuse.errors import UsageError
 from chromafs_fuse.serving.server.forker import Forker, ForkerGone, Job
 from chromafs_fuse.serving.server.metrics import MetricsEndpoint
-from chromafs_fuse.serving.server.session_keeper import DEFAULT_IDLE_S
+from chromafs_fuse.serving.server.session_keeper import DEFAULT_IDLE_S, DEFAULT_WARM_WAIT_S
 
 if TYPE_CHECKING:
     import argparse
@@ -377,6 +377,7 @@ def serve_forever(
     metrics_addr: str | None = None,
     shared_cache_bytes: int = DEFAULT_SHARED_CACHE_BYTES,
     serving_processes: int | None = None,
+    class_warm_wait_s: float = DEFAULT_WARM_WAIT_S,
 ) -> int:
     """Serve mount requests, each request's argv parsed by `parse_argv`, until SIGTERM (0) or
     until the forker is gone (1). With
@@ -414,7 +415,8 @@ def serve_forever(
     keeper = None
     if class_root:
         processes = serving_processes or default_serving_processes()
-        keeper = SessionKeeper(class_root, class_idle_s, ServingPool(class_root, start_serving, processes))
+        pool = ServingPool(class_root, start_serving, processes, class_warm_wait_s)
+        keeper = SessionKeeper(class_root, class_idle_s, pool)
     metrics = MetricsEndpoint(metrics_addr, lambda: keeper.snapshot() if keeper else None) if metrics_addr else None
     forker_of.append(Forker.start([listener, *([metrics] if metrics else [])]))  # before any thread starts
     forker = forker_of[0]

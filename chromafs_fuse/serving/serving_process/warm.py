@@ -5,7 +5,7 @@ page cache instead of paying a request per file.
 The kernel keeps what the shared mount's files read (no-open mode, or keep_cache), and a page that
 several views of a site show is one inode, so a page read once through any view is held for every
 view of its site: a site's second class lists its directories and reads only the pages the first
-one did not show. Views are warmed one at a time, by one thread reading as a user would (no page
+one did not show. Views are warmed a few at a time, each by a thread reading as a user would (no page
 is pushed: a read, unlike a kernel store, cannot leave a thread waiting in the kernel on a killed
 process). Views of up to `--warm-max-bytes` visible bytes are warmed (default: a sixteenth of the
 machine's memory); the kernel evicts what it needs. A view removed or switched to a new tree
@@ -18,13 +18,14 @@ import logging
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import trio
 
 log = logging.getLogger("chromafs.shared")
 READ_BYTES = 1 << 20
 QUEUE_VIEWS = 100_000  # views waiting for their warm-up (a few hundred bytes each)
+WARMERS = 4  # views warmed at once, each by a thread reading through the mount
 
 
 @dataclass(frozen=True)
@@ -32,6 +33,7 @@ class WarmJob:
     path: str  # the view's directory in the shared mount
     warmed: set[int]  # inode numbers of the site read already (one set per site, shared by its views)
     current: Callable[[], bool]  # False once the view is removed or switched to another tree
+    done: trio.Event = field(default_factory=trio.Event)  # set once warmed, stopped or failed
 
 
 @dataclass
@@ -88,6 +90,12 @@ class ViewWarmer:
             log.warning("not warming %s: %d views wait for their warm-up", job.path, QUEUE_VIEWS)
 
     async def run(self) -> None:
+        """WARMERS views at a time (a burst of new classes must not queue behind one view)."""
+        async with trio.open_nursery() as nursery:
+            for _ in range(WARMERS):
+                nursery.start_soon(self._warm_each)
+
+    async def _warm_each(self) -> None:
         async for job in self._receive:
             started = time.monotonic()
             try:
@@ -95,6 +103,8 @@ class ViewWarmer:
             except Exception:
                 log.exception("warming %s failed", job.path)
                 continue
+            finally:
+                job.done.set()
             self.warmed_views += 1
             log.info(
                 "warm %s in %.2fs: %d directories listed, %d files (%d bytes) read%s",
