@@ -23,7 +23,12 @@ from chromafs_fuse.backends.chroma_store import ChromaLocation, connect_client
 from chromafs_fuse.blob_pieces import blob_fields, is_chroma_url
 from chromafs_fuse.chunks import DEFAULT_MAX_CHUNK_CHARS, split_page
 from chromafs_fuse.ingest.access_rules import AclRule
-from chromafs_fuse.ingest.chroma_blobs import DEFAULT_CHROMA_BLOB_LIMIT, BlobWriter, delete_blob_pieces
+from chromafs_fuse.ingest.chroma_blobs import (
+    DEFAULT_CHROMA_BLOB_LIMIT,
+    MAX_UPSERT_BYTES,
+    BlobWriter,
+    delete_blob_pieces,
+)
 from chromafs_fuse.ingest.chroma_writes import DEFAULT_RETRIES, RetryingCollection, retried
 from chromafs_fuse.ingest.embedding import embed_with_titles, make_embedder, page_title
 from chromafs_fuse.ingest.retention import (
@@ -192,9 +197,10 @@ def _plan(files: list[SourceFile], options: IngestOptions, summary: IngestSummar
 
 
 class ChunkWriter:
-    """Chunks queued for upsert, written in batches never above the server's bound (whatever a
-    page holds). Chunk ids name the page's sha256: a chunk already stored (an ingest that
-    stopped half way wrote it) is written again only if its text differs."""
+    """Chunks queued for upsert, written in batches never above the server's bound on records
+    nor MAX_UPSERT_BYTES of text (whatever a page holds: Chroma refuses a request of more than
+    40 MiB). Chunk ids name the page's sha256: a chunk already stored (an ingest that stopped
+    half way wrote it) is written again only if its text differs."""
 
     def __init__(
         self, collection: RetryingCollection, embed: Any, batch_size: int, page_field: str, summary: IngestSummary
@@ -209,12 +215,17 @@ class ChunkWriter:
         self._docs: list[str] = []
         self._titles: list[str] = []
         self._meta: list[dict[str, Any]] = []
+        self._bytes = 0
 
     def add(self, chunk_id: str, document: str, title: str, metadata: dict[str, Any]) -> None:
+        size = len(document.encode("utf-8", "surrogatepass"))
+        if self._ids and self._bytes + size > MAX_UPSERT_BYTES:
+            self.flush()
         self._ids.append(chunk_id)
         self._docs.append(document)
         self._titles.append(title)
         self._meta.append(metadata)
+        self._bytes += size
         if len(self._ids) >= self.batch_size:
             self.flush()
 
@@ -240,6 +251,7 @@ class ChunkWriter:
         self.summary.chunks_written += len(todo)
         for pending in (self._ids, self._docs, self._titles, self._meta):
             pending.clear()
+        self._bytes = 0
 
 
 def _open_collection(options: IngestOptions) -> tuple[RetryingCollection, int]:
