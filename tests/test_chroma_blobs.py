@@ -202,3 +202,98 @@ def test_grep_and_search_never_see_the_pieces(
         assert done.returncode in (0, 1), done.stderr
         paths = {json.loads(line)["path"] for line in done.stdout.splitlines()}
         assert paths and paths <= text_pages, paths & BINARIES
+
+
+def small_site(root: Path, files: dict[str, bytes]) -> Path:
+    for rel, data in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_bytes(data)
+    return root
+
+
+def test_a_binary_above_the_limit_is_named_and_the_rest_ingested(ingested: Ingested, tmp_path: Path) -> None:
+    files = {"index.md": b"# Home\n", "small.png": os.urandom(1000), "huge.png": os.urandom(300_000)}
+    files["odd/latin1.md"] = b"# Caf\xe9\n" + b"x" * 300_000
+    site = small_site(tmp_path / "site", files)
+    server = ["--collection", "blobs-limit", "--chroma-url", ingested.server.url]
+    done = ingest_cli(site, *server, "--chroma-blob-limit", "200000")
+    assert done.returncode == 3, done.stderr
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 2, done.stderr
+    for rel, line in zip(("huge.png", "odd/latin1.md"), errors, strict=True):
+        assert line.startswith(f"error: {rel}: ") and line.endswith("(not ingested)"), line
+        assert "--chroma-blob-limit (200000 bytes)" in line and "set --blob-store" in line, line
+    with mounted(tmp_path / "mnt", "--site", SITE, *server, "--no-mountd") as mnt:
+        assert sorted(os.listdir(mnt)) == ["index.md", "small.png"]
+        assert (mnt / "small.png").read_bytes() == files["small.png"]
+
+
+def test_a_page_whose_access_cannot_be_read_is_hidden_from_everyone(
+    ingested: Ingested, token_file: Callable[..., Path], secret_file: Path, tmp_path: Path
+) -> None:
+    """Fail closed: a byte that is not UTF-8 in `public:` hides the page, from the admin too."""
+    files = {"index.md": b"# Home\n", "odd/bad.md": b"---\npublic: f\xe9lse\n---\n# Bad\n\n\xff\n"}
+    site = small_site(tmp_path / "site", files)
+    server = ["--collection", "blobs-closed", "--chroma-url", ingested.server.url]
+    done = ingest_cli(site, *server)
+    assert done.returncode == 3 and "odd/bad.md:2: " in done.stderr and "(hidden from everyone)" in done.stderr
+    admin = reader_args(token_file(["admin"]), secret_file)
+    with mounted(tmp_path / "mnt", "--site", SITE, *server, "--no-mountd", *admin) as mnt:
+        assert sorted(os.listdir(mnt)) == ["index.md"]
+
+
+def pieces_of_file(collection: chromadb.Collection, data: bytes) -> list[str]:
+    sha = hashlib.sha256(data).hexdigest()
+    return sorted(collection.get(where={BLOB_SHA_FIELD: sha}, include=[])["ids"])
+
+
+def test_a_reingest_writes_no_piece_twice_and_drops_those_of_removed_files(ingested: Ingested, tmp_path: Path) -> None:
+    kept, dropped = os.urandom(PIECE_BYTES + 10), os.urandom(5000)
+    site = small_site(tmp_path / "site", {"index.md": b"# Home\n", "kept.bin": kept, "dropped.bin": dropped})
+    (site / "twin.bin").write_bytes(dropped)  # the same bytes under a second name
+    server = ["--collection", "blobs-retire", "--chroma-url", ingested.server.url]
+    report = tmp_path / "report.json"
+    written = lambda: json.loads(report.read_text())["blob_pieces_written"]  # noqa: E731
+    assert ingest_cli(site, *server, "--report", str(report)).returncode == 0
+    assert written() == 3  # two pieces of kept.bin, one shared by dropped.bin and twin.bin
+    assert ingest_cli(site, *server, "--report", str(report)).returncode == 0
+    assert written() == 0
+    collection = chromadb.HttpClient(host="127.0.0.1", port=ingested.server.port).get_collection("blobs-retire")
+    (site / "dropped.bin").unlink()
+    assert ingest_cli(site, *server, "--grace-period", "0").returncode == 0
+    assert len(pieces_of_file(collection, dropped)) == 1  # twin.bin still holds those bytes
+    (site / "twin.bin").unlink()
+    assert ingest_cli(site, *server).returncode == 0  # retired: kept for mounts on the old tree
+    assert len(pieces_of_file(collection, dropped)) == 1
+    assert ingest_cli(site, *server, "--grace-period", "0", "--report", str(report)).returncode == 0
+    assert pieces_of_file(collection, dropped) == []
+    assert json.loads(report.read_text())["retired_blobs_deleted"] == 1
+    assert len(pieces_of_file(collection, kept)) == 2
+    with mounted(tmp_path / "mnt", "--site", SITE, *server, "--no-mountd") as mnt:
+        assert sorted(os.listdir(mnt)) == ["index.md", "kept.bin"]
+        assert (mnt / "kept.bin").read_bytes() == kept
+
+
+def test_a_corrupt_piece_fails_its_range_only(ingested: Ingested, tmp_path: Path) -> None:
+    """Read lazily by range, each piece checked against the tree: a piece whose bytes changed in
+    Chroma fails the reads that reach it, with EIO; the pieces before it are still served."""
+    data = os.urandom(2 * PIECE_BYTES)
+    site = small_site(tmp_path / "site", {"index.md": b"# Home\n", "two.bin": data})
+    server = ["--collection", "blobs-corrupt", "--chroma-url", ingested.server.url]
+    assert ingest_cli(site, *server).returncode == 0
+    collection = chromadb.HttpClient(host="127.0.0.1", port=ingested.server.port).get_collection("blobs-corrupt")
+    piece_id = blob_piece_id(hashlib.sha256(data).hexdigest(), 1)
+    metadata = dict(collection.get(ids=[piece_id], include=["metadatas"])["metadatas"][0])
+    flipped = bytearray(data[PIECE_BYTES:])
+    flipped[7] ^= 1
+    metadata[BLOB_DATA_FIELD] = base64.b64encode(bytes(flipped)).decode()
+    collection.update(ids=[piece_id], metadatas=[metadata])
+    with mounted(tmp_path / "mnt", "--site", SITE, *server, "--no-mountd", "--preload", "off") as mnt:
+        with open(mnt / "two.bin", "rb") as handle:
+            assert handle.read(PIECE_BYTES) == data[:PIECE_BYTES]
+            with pytest.raises(OSError) as failed:
+                handle.read(100)
+        assert failed.value.errno == 5  # EIO
+        log = (tmp_path / "mnt.log").read_text()
+        assert "piece 1 does not match the tree's sha256" in log, log[-2000:]
+        assert (mnt / "index.md").read_bytes() == b"# Home\n"
