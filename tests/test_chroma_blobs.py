@@ -30,12 +30,14 @@ from infra import (
     INGEST,
     SAMPLE_SITE,
     ChromaServer,
+    MountServer,
     child_env,
     copy_subset,
     expected_visible,
     mounted,
     reader_args,
     run,
+    try_mount,
 )
 
 SITE = "acme"  # the tokens' site
@@ -128,6 +130,25 @@ def test_a_server_mount_equals_the_embedded_reference_byte_for_byte(
             assert os.stat(served / rel).st_size == os.stat(reference / rel).st_size
         for rel in BINARIES - visible_to(reader):
             assert not (served / rel).exists()
+
+
+def test_mount_server_sessions_serve_the_same_bytes(
+    ingested: Ingested,
+    start_mount_server: Callable[..., MountServer],
+    token_file: Callable[..., Path],
+    secret_file: Path,
+    tmp_path: Path,
+) -> None:
+    """Each reader's session of chromafs-mountd (a view of a serving process's mount)."""
+    server = start_mount_server()
+    for reader in ("admin", "anonymous"):
+        session = tmp_path / reader
+        session.mkdir()
+        token = reader_flags(reader, token_file, secret_file)
+        done = try_mount(session, *ingested.server_args, "--mountd", str(server.socket), *token)
+        assert done.returncode == 0, done.stderr
+        expected = copy_subset(ingested.source, visible_to(reader), tmp_path / f"expected-{reader}")
+        assert diff(expected, session) == "", reader
 
 
 def test_every_reader_backend_serves_the_bytes(ingested: Ingested, tmp_path: Path) -> None:
@@ -226,6 +247,22 @@ def test_a_binary_above_the_limit_is_named_and_the_rest_ingested(ingested: Inges
     with mounted(tmp_path / "mnt", "--site", SITE, *server, "--no-mountd") as mnt:
         assert sorted(os.listdir(mnt)) == ["index.md", "small.png"]
         assert (mnt / "small.png").read_bytes() == files["small.png"]
+
+
+def test_a_text_file_with_a_line_longer_than_a_request_is_kept_as_a_binary_file(
+    ingested: Ingested, tmp_path: Path
+) -> None:
+    """A minified JSON of 42 MB is one line, so one chunk: more than Chroma takes in one request."""
+    line = b'{"paths": [' + b",".join(b'"/v1/item/%08d"' % i for i in range(2_600_000)) + b"]}"
+    assert len(line) > 41 * 1024 * 1024
+    site = small_site(tmp_path / "site", {"index.md": b"# Home\n", "openapi.min.json": line})
+    server = ["--collection", "blobs-long-line", "--chroma-url", ingested.server.url]
+    done = ingest_cli(site, *server, "--chroma-blob-limit", str(64 * 1024 * 1024))
+    assert done.returncode == 0, done.stderr
+    assert "openapi.min.json: a line longer than 8388608 bytes: kept as a binary file" in done.stderr
+    with mounted(tmp_path / "mnt", "--site", SITE, *server, "--no-mountd") as mnt:
+        cmp = run(["cmp", str(site / "openapi.min.json"), str(mnt / "openapi.min.json")])
+        assert cmp.returncode == 0, cmp.stdout + cmp.stderr
 
 
 def test_a_page_whose_access_cannot_be_read_is_hidden_from_everyone(

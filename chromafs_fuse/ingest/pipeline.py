@@ -39,7 +39,7 @@ from chromafs_fuse.ingest.retention import (
     encode_retired,
     plan_retention,
 )
-from chromafs_fuse.ingest.scan import NOT_INGESTED, Problem, ScanOptions, SourceFile, scan_site
+from chromafs_fuse.ingest.scan import INGESTED, NOT_INGESTED, Problem, ScanOptions, SourceFile, scan_site
 from chromafs_fuse.names import (
     DEFAULT_CHUNK_INDEX_FIELD,
     DEFAULT_PAGE_FIELD,
@@ -178,22 +178,39 @@ def _progress(total: int, enabled: bool, desc: str) -> Any:
     return tqdm(total=total, disable=not enabled, desc=desc, unit="file", leave=False)
 
 
-def _plan(files: list[SourceFile], options: IngestOptions, summary: IngestSummary) -> list[SourceFile]:
-    """The files that will be published: with no blob store, binary files up to
-    --chroma-blob-limit (kept in Chroma itself)."""
-    kept = []
+def _has_line_over(data: bytes, limit: int) -> bool:
+    if len(data) <= limit:
+        return False
+    start = 0
+    while (end := data.find(b"\n", start)) >= 0:
+        if end - start > limit:
+            return True
+        start = end + 1
+    return len(data) - start > limit
+
+
+def _plan(files: list[SourceFile], options: IngestOptions, summary: IngestSummary) -> tuple[list[SourceFile], set[str]]:
+    """The files that will be published, and those of them kept in Chroma itself as binary
+    files: with no blob store, binary files and text files with a line too long for one upsert
+    (a chunk is never cut inside a line), up to --chroma-blob-limit."""
+    kept, in_chroma = [], set()
     limit = options.chroma_blob_limit
     for source in files:
-        if source.text is None and options.blob_store is None and len(source.data) > limit:
-            summary.skipped["binary files above --chroma-blob-limit"] += 1
-            reason = (
-                f"binary file of {len(source.data)} bytes, above --chroma-blob-limit ({limit} bytes) for a file "
-                "kept in Chroma: set --blob-store to serve it"
-            )
-            summary.problems.append(Problem(source.key, reason, NOT_INGESTED))
-            continue
+        if options.blob_store is None and (source.text is None or _has_line_over(source.data, MAX_UPSERT_BYTES)):
+            if len(source.data) > limit:
+                summary.skipped["binary files above --chroma-blob-limit"] += 1
+                reason = (
+                    f"binary file of {len(source.data)} bytes, above --chroma-blob-limit ({limit} bytes) for a "
+                    "file kept in Chroma: set --blob-store to serve it"
+                )
+                summary.problems.append(Problem(source.key, reason, NOT_INGESTED))
+                continue
+            if source.text is not None:
+                reason = f"a line longer than {MAX_UPSERT_BYTES} bytes: kept as a binary file, served byte for byte"
+                summary.problems.append(Problem(source.key, reason, INGESTED))
+            in_chroma.add(source.key)
         kept.append(source)
-    return kept
+    return kept, in_chroma
 
 
 class ChunkWriter:
@@ -278,7 +295,7 @@ def ingest(options: IngestOptions, show_progress: bool = False) -> IngestSummary
     summary = IngestSummary()
     scan = scan_site(ScanOptions(options.source_dir, options.default_access, options.acl_rules, options.include_hidden))
     summary.problems = scan.problems
-    files = _plan(scan.files, options, summary)
+    files, in_chroma = _plan(scan.files, options, summary)
     if not files:  # never replace a site with nothing: a wrong or empty folder leaves it as it was
         summary.seconds = time.monotonic() - started
         return summary
@@ -299,7 +316,7 @@ def ingest(options: IngestOptions, show_progress: bool = False) -> IngestSummary
             entry: dict[str, Any] = source.access.as_tree_fields()
             entry.update(size=len(source.data), sha256=sha, mtime=round(source.mtime, 3))
             wants_blob = source.text is None or len(source.data) > options.large_file_threshold
-            if source.text is None and options.blob_store is None:
+            if source.key in in_chroma:
                 entry["blob"] = blob_fields(source.data, sha)
                 blobs.add(source.key, sha, source.data)
                 summary.chroma_blobs += 1
