@@ -1,5 +1,7 @@
 """Binary files kept in Chroma itself, when a site has no blob store (the records: blob_pieces.py).
 
+Which files: binary files, and text files with a line too long for one upsert (a chunk is never
+cut inside a line), up to --chroma-blob-limit; a larger one is named and not ingested.
 Pieces are written after the chunks and before the tree that points at them, in upserts bounded
 both in records (the server's batch bound) and in bytes (MAX_UPSERT_BYTES), so no file, however
 large within --chroma-blob-limit, makes one request the server refuses. A piece's id names the
@@ -14,6 +16,7 @@ from collections.abc import Iterator, Sequence
 
 from chromafs_fuse.blob_pieces import PIECE_BYTES, piece_count, piece_metadata
 from chromafs_fuse.ingest.chroma_writes import RetryingCollection
+from chromafs_fuse.ingest.scan import INGESTED, NOT_INGESTED, Problem, SourceFile
 from chromafs_fuse.names import BLOB_PIECE_PREFIX, BLOB_SHA_FIELD, blob_piece_id
 
 DEFAULT_CHROMA_BLOB_LIMIT = 32 * 1024 * 1024  # a larger binary file needs a blob store
@@ -21,6 +24,39 @@ MAX_UPSERT_BYTES = 8 * 1024 * 1024  # of file bytes in one upsert (~11 MB of bas
 KEYS_PER_LOOKUP = 200
 
 Piece = tuple[str, str, int]  # (key of a file that holds it, the file's sha256, piece index)
+
+
+def plan_chroma_blobs(files: Sequence[SourceFile], limit: int) -> tuple[set[str], set[str], list[Problem]]:
+    """For a site with no blob store: the keys of the files to keep in Chroma, the keys of those
+    too large for it (not ingested), and the problems to report."""
+    in_chroma, too_large, problems = set(), set(), []
+    for source in files:
+        if source.text is not None and not _has_line_over(source.data, MAX_UPSERT_BYTES):
+            continue
+        if len(source.data) > limit:
+            too_large.add(source.key)
+            reason = (
+                f"binary file of {len(source.data)} bytes, above --chroma-blob-limit ({limit} bytes) for a "
+                "file kept in Chroma: set --blob-store to serve it"
+            )
+            problems.append(Problem(source.key, reason, NOT_INGESTED))
+            continue
+        if source.text is not None:
+            reason = f"a line longer than {MAX_UPSERT_BYTES} bytes: kept as a binary file, served byte for byte"
+            problems.append(Problem(source.key, reason, INGESTED))
+        in_chroma.add(source.key)
+    return in_chroma, too_large, problems
+
+
+def _has_line_over(data: bytes, limit: int) -> bool:
+    if len(data) <= limit:
+        return False
+    start = 0
+    while (end := data.find(b"\n", start)) >= 0:
+        if end - start > limit:
+            return True
+        start = end + 1
+    return len(data) - start > limit
 
 
 class BlobWriter:

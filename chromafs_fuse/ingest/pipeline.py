@@ -28,6 +28,7 @@ from chromafs_fuse.ingest.chroma_blobs import (
     MAX_UPSERT_BYTES,
     BlobWriter,
     delete_blob_pieces,
+    plan_chroma_blobs,
 )
 from chromafs_fuse.ingest.chroma_writes import DEFAULT_RETRIES, RetryingCollection, retried
 from chromafs_fuse.ingest.embedding import embed_with_titles, make_embedder, page_title
@@ -39,7 +40,7 @@ from chromafs_fuse.ingest.retention import (
     encode_retired,
     plan_retention,
 )
-from chromafs_fuse.ingest.scan import INGESTED, NOT_INGESTED, Problem, ScanOptions, SourceFile, scan_site
+from chromafs_fuse.ingest.scan import Problem, ScanOptions, SourceFile, scan_site
 from chromafs_fuse.names import (
     DEFAULT_CHUNK_INDEX_FIELD,
     DEFAULT_PAGE_FIELD,
@@ -178,39 +179,15 @@ def _progress(total: int, enabled: bool, desc: str) -> Any:
     return tqdm(total=total, disable=not enabled, desc=desc, unit="file", leave=False)
 
 
-def _has_line_over(data: bytes, limit: int) -> bool:
-    if len(data) <= limit:
-        return False
-    start = 0
-    while (end := data.find(b"\n", start)) >= 0:
-        if end - start > limit:
-            return True
-        start = end + 1
-    return len(data) - start > limit
-
-
 def _plan(files: list[SourceFile], options: IngestOptions, summary: IngestSummary) -> tuple[list[SourceFile], set[str]]:
-    """The files that will be published, and those of them kept in Chroma itself as binary
-    files: with no blob store, binary files and text files with a line too long for one upsert
-    (a chunk is never cut inside a line), up to --chroma-blob-limit."""
-    kept, in_chroma = [], set()
-    limit = options.chroma_blob_limit
-    for source in files:
-        if options.blob_store is None and (source.text is None or _has_line_over(source.data, MAX_UPSERT_BYTES)):
-            if len(source.data) > limit:
-                summary.skipped["binary files above --chroma-blob-limit"] += 1
-                reason = (
-                    f"binary file of {len(source.data)} bytes, above --chroma-blob-limit ({limit} bytes) for a "
-                    "file kept in Chroma: set --blob-store to serve it"
-                )
-                summary.problems.append(Problem(source.key, reason, NOT_INGESTED))
-                continue
-            if source.text is not None:
-                reason = f"a line longer than {MAX_UPSERT_BYTES} bytes: kept as a binary file, served byte for byte"
-                summary.problems.append(Problem(source.key, reason, INGESTED))
-            in_chroma.add(source.key)
-        kept.append(source)
-    return kept, in_chroma
+    """The files that will be published, and the keys of those kept in Chroma as binary files."""
+    if options.blob_store is not None:
+        return files, set()
+    in_chroma, too_large, problems = plan_chroma_blobs(files, options.chroma_blob_limit)
+    summary.problems += problems
+    if too_large:
+        summary.skipped["binary files above --chroma-blob-limit"] += len(too_large)
+    return [f for f in files if f.key not in too_large], in_chroma
 
 
 class ChunkWriter:
@@ -235,7 +212,7 @@ class ChunkWriter:
         self._bytes = 0
 
     def add(self, chunk_id: str, document: str, title: str, metadata: dict[str, Any]) -> None:
-        size = len(document.encode("utf-8", "surrogatepass"))
+        size = len(document.encode("utf-8"))
         if self._ids and self._bytes + size > MAX_UPSERT_BYTES:
             self.flush()
         self._ids.append(chunk_id)
