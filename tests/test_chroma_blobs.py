@@ -43,7 +43,7 @@ from infra import (
 SITE = "acme"  # the tokens' site
 COLLECTION = "blobs-acme"
 BIG = "data/big.bin"  # three pieces
-# Pages with odd bytes: (bytes, visible to an anonymous reader)
+# Files with odd bytes: (bytes, visible to an anonymous reader)
 ODD = {
     "odd/latin1-public.md": (b"---\npublic: true\ntitle: Caf\xe9\n---\n# Caf\xe9 cr\xe8me\n\nPrix: 5\xa4\n", True),
     "odd/latin1-admin.md": (b"---\ngroups: [admin]\n---\n# R\xe9serv\xe9\n\nna\xefve\n", False),
