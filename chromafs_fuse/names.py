@@ -13,11 +13,21 @@ DEFAULT_PAGE_FIELD = "page_slug"
 DEFAULT_CHUNK_INDEX_FIELD = "chunk_index"
 PAGE_SHA_FIELD = "page_sha256"  # which page version a chunk belongs to
 EMBEDDER_FIELD = "chromafs_embedder"  # on the collection: how chunks were embedded (a query must match)
+BLOB_PIECE_KIND = "blob_piece"  # a piece of a binary file kept in Chroma itself (no blob store)
+BLOB_SHA_FIELD = "chromafs_blob"  # on a blob piece: the sha256 of the whole file
+BLOB_PIECE_FIELD = "chromafs_piece"  # on a blob piece: its index, from 0
+BLOB_DATA_FIELD = "chromafs_data"  # on a blob piece: its bytes, base64
+BLOB_PIECE_PREFIX = "__chromafs_blob__:"  # blob piece ids have no '#': never a chunk's id
 
 
 def chunk_id(page_key: str, page_sha256: str, index: int) -> str:
     """The record id chromafs-ingest gives chunk `index` of one version of a page."""
     return f"{page_key}#{page_sha256[:16]}#{index}"
+
+
+def blob_piece_id(blob_sha256: str, index: int) -> str:
+    """The record id of piece `index` of the binary file whose bytes hash to `blob_sha256`."""
+    return f"{BLOB_PIECE_PREFIX}{blob_sha256}:{index}"
 
 
 MAX_TOKEN_BYTES = 16 * 1024  # a JWT larger than this is refused unread

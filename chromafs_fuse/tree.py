@@ -12,6 +12,7 @@ import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from chromafs_fuse.blob_pieces import check_pointer, is_chroma_url
 from chromafs_fuse.pathrules import InvalidPath, normalize_key
 
 try:  # a tree of 20,000 pages parses several times faster with orjson (a chromadb dependency)
@@ -34,6 +35,7 @@ class BlobPointer:
     url: str
     size: int
     sha256: str | None = None
+    pieces: tuple[str, ...] | None = None  # a `chroma:` file of several pieces: each one's sha256
 
 
 @dataclass(slots=True)  # not frozen: a frozen init costs a third of a 20,000-page tree's parse time
@@ -149,6 +151,12 @@ def _parse_entry(source_key: str, raw: object, group_sets: dict[tuple[str, ...],
         if blob_size is None:
             raise InvalidPath("'blob' has no size")
         blob = BlobPointer(raw_blob["url"], blob_size, _optional_sha256(raw_blob.get("sha256")))
+        if is_chroma_url(blob.url):
+            try:
+                sha, pieces = check_pointer(blob.url, blob.size, blob.sha256, raw_blob.get("pieces"))
+            except ValueError as exc:
+                raise InvalidPath(str(exc)) from None
+            blob = BlobPointer(blob.url, blob.size, sha, pieces)
     size = _optional_int(raw.get("size"), "size")
     sha256 = _optional_sha256(raw.get("sha256"))
     if blob is not None:

@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
-from chromafs_fuse.ingest.retention import RetiredVersion, decode_retired, encode_retired, plan_retention
+from chromafs_fuse.ingest.retention import (
+    RetiredRecord,
+    RetiredVersion,
+    decode_record,
+    decode_retired,
+    encode_retired,
+    plan_retention,
+)
 
 
 def test_replaced_versions_are_kept_for_the_grace_period_then_expire() -> None:
@@ -30,3 +37,16 @@ def test_zero_grace_expires_at_once_and_the_record_round_trips() -> None:
     assert decode_retired(encode_retired(plan.expired)) == plan.expired
     for unreadable in ("", "{", '{"retired": [[1]]}', "[]"):
         assert decode_retired(unreadable) == []
+
+
+def test_binary_files_kept_in_chroma_are_retired_by_sha256_in_the_same_record() -> None:
+    pages = [RetiredVersion("a.md", "v1", 1.0)]
+    blobs = [RetiredVersion("ab" * 32, "ab" * 32, 2.0)]
+    document = encode_retired(pages, blobs)
+    assert decode_record(document) == RetiredRecord(pages, blobs)
+    assert decode_retired(document) == pages
+    assert encode_retired(pages) == '{"retired":[["a.md","v1",1.0]]}'  # no blobs: the record of before
+    assert decode_record(None) == RetiredRecord([], []) and decode_record('{"retired": [], "blobs": [1]}') is None
+    # a file whose bytes are live again (restored, or under another name) is never deleted
+    plan = plan_retention(blobs, {}, {"ab" * 32: "ab" * 32}, 1000.0, 0)
+    assert plan.keep == [] and plan.expired == []

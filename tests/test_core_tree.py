@@ -11,6 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from chromafs_fuse.access import Principal, may_read, visible_entries
+from chromafs_fuse.blob_pieces import PIECE_BYTES
 from chromafs_fuse.inodes import ROOT_INODE, InodeTable
 from chromafs_fuse.pathrules import InvalidPath, normalize_key
 from chromafs_fuse.tree import TreeError, encode_tree_document, parse_tree
@@ -209,3 +210,29 @@ def test_property_the_table_gives_back_every_entry_exactly_and_in_tree_order(raw
         return files + [f for n in ordered if prefix + n not in parsed.entries for f in depth_first(prefix + n + "/")]
 
     assert [table.node(i).path for i in table.file_order] == depth_first("")
+
+
+def test_a_binary_file_kept_in_chroma_points_at_its_pieces() -> None:
+    one, two = "a" * 64, "b" * 64
+    big = PIECE_BYTES + 1
+    tree = {
+        "small.png": {"blob": {"url": f"chroma:{one}", "size": 10, "sha256": one}},
+        "big.bin": {"blob": {"url": f"chroma:{two}", "size": big, "sha256": two, "pieces": [one, two.upper()]}},
+        "no-sha.png": {"blob": {"url": f"chroma:{one}", "size": 10}},
+        "bad-url.png": {"blob": {"url": f"chroma:{one[:-1]}", "size": 10}},
+        "other-sha.png": {"blob": {"url": f"chroma:{one}", "size": 10, "sha256": two}},
+        "no-pieces.bin": {"blob": {"url": f"chroma:{two}", "size": big, "sha256": two}},
+        "short-pieces.bin": {"blob": {"url": f"chroma:{two}", "size": big, "pieces": [one]}},
+        "bad-pieces.bin": {"blob": {"url": f"chroma:{two}", "size": big, "pieces": [one, 7]}},
+    }
+    parsed = parse_tree(encode_tree_document(tree))
+    assert sorted(parsed.entries) == ["big.bin", "no-sha.png", "small.png"]
+    big_blob = parsed.entries["big.bin"].blob
+    assert big_blob is not None and big_blob.pieces == (one, two) and parsed.entries["big.bin"].size == big
+    assert parsed.entries["no-sha.png"].sha256 == one  # the URL names it
+    reasons = dict(parsed.skipped)
+    assert reasons["'bad-url.png'"] == "'blob.url' is not chroma:<64 lower-case hex digits>"
+    assert reasons["'other-sha.png'"] == "'blob.sha256' is not the sha256 its chroma: URL names"
+    for key in ("no-pieces.bin", "short-pieces.bin"):
+        assert reasons[repr(key)] == "'blob.pieces' does not list the sha256 of each of its 2 pieces"
+    assert reasons["'bad-pieces.bin'"] == "'blob.pieces' holds something that is not a 64-digit hex string"

@@ -51,7 +51,7 @@ def test_bad_bytes_and_bad_frontmatter_do_not_stop_the_site(tmp_path: Path) -> N
     files, problems = scan(site)
     assert files["good.md"] == Access(True)
     assert files["latin1.md"] == Access(False, ("admin",)), "access read even when the bytes are not UTF-8"
-    assert problems["latin1.md"] == ("not UTF-8 (byte 27): a binary file (served from the blob store)", INGESTED, 4)
+    assert problems["latin1.md"] == ("not UTF-8 (byte 27): kept as a binary file, served byte for byte", INGESTED, 4)
     assert "broken.md" not in files and problems["broken.md"][1] == HIDDEN and problems["broken.md"][2] == 4
     assert files["title.md"] == Access(True) and problems["title.md"][1] == INGESTED
 

@@ -124,3 +124,26 @@ def test_a_rerun_writes_only_the_chunks_that_are_missing(
     assert written() == len(lost)
     with mounted(mnt, "--site", "rerun", "--chroma-url", chroma_server.url):
         assert {key: (mnt / key).read_bytes() for key in pages} == pages
+
+
+def test_no_upsert_carries_more_than_the_server_takes_in_one_request(
+    chroma_server: ChromaServer, tmp_path: Path, mnt: Path
+) -> None:
+    """Chroma refuses a request of more than 40 MiB: 45 MB of Chinese and emoji text in chunks of
+    4000 characters (fewer chunks than the server's batch bound) goes in several upserts."""
+    import random
+
+    site = tmp_path / "site"
+    site.mkdir()
+    words = ["文档", "搜索", "设置", "令牌", "页面", "目录", "文件", "读取", "😀", "🚀"]
+    rng = random.Random(38)
+    for i in range(45):
+        lines = ["".join(rng.choice(words) for _ in range(400)) for _ in range(820)]
+        (site / f"p{i:02d}.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    total = sum(path.stat().st_size for path in site.iterdir())
+    assert total > 42 * 1024 * 1024
+    proc = run_ingest(site, chroma_server.url, "--max-chunk-chars", "4000", site="payload")
+    assert proc.returncode == 0, proc.stderr
+    with mounted(mnt, "--site", "payload", "--chroma-url", chroma_server.url):
+        done = subprocess.run(["diff", "-r", str(site), str(mnt)], capture_output=True, timeout=300)
+        assert done.returncode == 0, done.stdout[-2000:]

@@ -76,6 +76,9 @@ class FakeBlobs:
         self.seconds_per_block = seconds_per_block
         self.asked: list[int] = []  # offsets
 
+    def block_size(self, entry: PathEntry) -> int:
+        return BLOB_BLOCK
+
     def read_range(self, entry: PathEntry, offset: int, length: int) -> bytes:
         self.asked.append(offset)
         time.sleep(self.seconds_per_block)

@@ -22,6 +22,7 @@ from chromafs_fuse.names import (
     PAGE_SHA_FIELD,
     TREE_RECORD_ID,
     TREE_VERSION_FIELD,
+    blob_piece_id,
     chunk_id,
 )
 
@@ -29,6 +30,7 @@ if TYPE_CHECKING:
     from chromafs_fuse.tree import PathEntry
 
 log = logging.getLogger(__name__)
+PIECES_PER_GET = 8  # blob pieces read in one call: at most ~11 MB of base64 in one answer
 
 
 class BackendError(RuntimeError):
@@ -273,6 +275,23 @@ class ChromaPages:
         except Exception as exc:
             raise BackendError(f"fetching chunks of {what} failed: {exc}") from exc
         return pages
+
+    def fetch_blob_pieces(self, blob_sha256: str, indexes: Sequence[int]) -> dict[int, Mapping[str, Any] | None]:
+        """The metadata of pieces of a binary file kept in Chroma (blob_pieces.py), by index: a
+        primary-key lookup, a few pieces per call. A piece not found is left out."""
+        wanted = {blob_piece_id(blob_sha256, index): index for index in indexes}
+        ids = list(wanted)
+        pieces: dict[int, Mapping[str, Any] | None] = {}
+        try:
+            for start in range(0, len(ids), PIECES_PER_GET):
+                found = self.collection.get(ids=ids[start : start + PIECES_PER_GET], include=["metadatas"])
+                metadatas = found.get("metadatas") or [None] * len(found["ids"])
+                for record_id, metadata in zip(found["ids"], metadatas, strict=False):
+                    if record_id in wanted:
+                        pieces[wanted[record_id]] = metadata
+        except Exception as exc:
+            raise BackendError(f"fetching pieces of blob {blob_sha256[:16]} failed: {exc}") from exc
+        return pieces
 
 
 def _slug_variants(entry: PathEntry) -> list[str]:

@@ -20,6 +20,7 @@ from chromafs_fuse.cli.common import CliError, add_chroma_arguments
 from chromafs_fuse.config import chroma_location, redis_settings
 from chromafs_fuse.errors import unexpected
 from chromafs_fuse.ingest.access_rules import AccessSpecError, parse_acl
+from chromafs_fuse.ingest.chroma_blobs import DEFAULT_CHROMA_BLOB_LIMIT
 from chromafs_fuse.ingest.chroma_writes import DEFAULT_RETRIES, WriteFailed
 from chromafs_fuse.ingest.pipeline import (
     DEFAULT_LARGE_FILE_THRESHOLD,
@@ -58,7 +59,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--blob-store",
         metavar="URL",
-        help="file:///dir or s3://bucket/prefix for binary and large files (default: DIR/chromafs-blobs)",
+        help="file:///dir or s3://bucket/prefix for binary and large files (default: DIR/chromafs-blobs with "
+        "--chroma-path; on a Chroma server, none: binary files are kept in Chroma itself)",
     )
     parser.add_argument("--s3-endpoint-url", help="S3 endpoint (default: AWS_ENDPOINT_URL or AWS)")
     parser.add_argument(
@@ -66,6 +68,14 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=DEFAULT_LARGE_FILE_THRESHOLD,
         help="files above this many bytes go to the blob store",
+    )
+    parser.add_argument(
+        "--chroma-blob-limit",
+        type=int,
+        default=DEFAULT_CHROMA_BLOB_LIMIT,
+        metavar="BYTES",
+        help="with no blob store, binary files up to this many bytes are kept in Chroma itself; a larger one "
+        "is not ingested and named, to be served from a --blob-store (default: %(default)s, 32 MiB)",
     )
     parser.add_argument(
         "--grace-period",
@@ -127,6 +137,8 @@ def main(argv: list[str] | None = None) -> int:
             raise CliError(f"--backend-timeout must be more than 0 seconds, not {args.backend_timeout}")
         if args.retries < 0:
             raise CliError(f"--retries must not be negative, not {args.retries}")
+        if args.chroma_blob_limit < 0:
+            raise CliError(f"--chroma-blob-limit must not be negative, not {args.chroma_blob_limit}")
         if not args.grace_period >= 0:
             raise CliError(f"--grace-period must be 0 or more seconds, not {args.grace_period}")
         rules = []
@@ -151,6 +163,7 @@ def main(argv: list[str] | None = None) -> int:
             max_chunk_chars=args.max_chunk_chars,
             blob_store=open_blob_store(blob_url, args.s3_endpoint_url) if blob_url else None,
             large_file_threshold=args.large_file_threshold,
+            chroma_blob_limit=args.chroma_blob_limit,
             include_hidden=args.include_hidden,
             page_field=args.page_field,
             chunk_index_field=args.chunk_index_field,

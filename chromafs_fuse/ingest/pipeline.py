@@ -4,7 +4,8 @@ Re-running updates the site in place and never lets a reader mix versions:
 new chunks are added under new ids (tagged with the page's sha256), the tree
 record is rewritten, and the old chunks are retired: deleted by a later ingest
 once the grace period has passed (retention.py), so mounts that still serve the
-old tree can read them meanwhile.
+old tree can read them meanwhile. With no blob store, binary files are kept in
+Chroma itself (chroma_blobs.py), and retired the same way.
 """
 
 from __future__ import annotations
@@ -12,25 +13,34 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from chromafs_fuse.backends.blobstore import BlobStore
 from chromafs_fuse.backends.chroma_store import ChromaLocation, connect_client
+from chromafs_fuse.blob_pieces import blob_fields, is_chroma_url
 from chromafs_fuse.chunks import DEFAULT_MAX_CHUNK_CHARS, split_page
-from chromafs_fuse.ingest.access_rules import MARKDOWN_SUFFIXES, AclRule
+from chromafs_fuse.ingest.access_rules import AclRule
+from chromafs_fuse.ingest.chroma_blobs import (
+    DEFAULT_CHROMA_BLOB_LIMIT,
+    MAX_UPSERT_BYTES,
+    BlobWriter,
+    delete_blob_pieces,
+    plan_chroma_blobs,
+)
 from chromafs_fuse.ingest.chroma_writes import DEFAULT_RETRIES, RetryingCollection, retried
 from chromafs_fuse.ingest.embedding import embed_with_titles, make_embedder, page_title
 from chromafs_fuse.ingest.retention import (
     DEFAULT_GRACE_PERIOD_S,
     RetentionPlan,
-    decode_retired,
+    RetiredRecord,
+    decode_record,
     encode_retired,
     plan_retention,
 )
-from chromafs_fuse.ingest.scan import NOT_INGESTED, Problem, ScanOptions, SourceFile, scan_site
+from chromafs_fuse.ingest.scan import Problem, ScanOptions, SourceFile, scan_site
 from chromafs_fuse.names import (
     DEFAULT_CHUNK_INDEX_FIELD,
     DEFAULT_PAGE_FIELD,
@@ -70,6 +80,7 @@ class IngestOptions:
     max_chunk_chars: int = DEFAULT_MAX_CHUNK_CHARS
     blob_store: BlobStore | None = None
     large_file_threshold: int = DEFAULT_LARGE_FILE_THRESHOLD
+    chroma_blob_limit: int = DEFAULT_CHROMA_BLOB_LIMIT  # no blob store: larger binary files are not ingested
     include_hidden: bool = False
     page_field: str = DEFAULT_PAGE_FIELD
     chunk_index_field: str = DEFAULT_CHUNK_INDEX_FIELD
@@ -83,12 +94,16 @@ class IngestSummary:
     pages: int = 0
     chunks_written: int = 0
     bytes: int = 0
-    lazy_files: int = 0
+    lazy_files: int = 0  # in the blob store
+    chroma_blobs: int = 0  # binary files kept in Chroma (no blob store)
+    blob_pieces_written: int = 0
     unchanged: int = 0
     updated: int = 0
     removed: int = 0
     retired_kept: int = 0  # old page versions kept for mounts still on the previous tree
     retired_deleted: int = 0  # old page versions whose grace period had passed: deleted
+    retired_blobs_kept: int = 0  # binary files kept in Chroma that the tree no longer has, kept a while
+    retired_blobs_deleted: int = 0
     seconds: float = 0.0
     skipped: Counter[str] = field(default_factory=Counter)
     problems: list[Problem] = field(default_factory=list)
@@ -113,6 +128,9 @@ class IngestSummary:
             f"old page versions: {self.retired_kept} kept for running mounts, {self.retired_deleted} deleted",
             f"bytes: {self.bytes}",
             f"lazy files (blob store): {self.lazy_files}",
+            f"binary files kept in Chroma: {self.chroma_blobs} ({self.blob_pieces_written} pieces written)",
+            f"old binary files in Chroma: {self.retired_blobs_kept} kept for running mounts,"
+            f" {self.retired_blobs_deleted} deleted",
             f"skipped: {sum(self.skipped.values())}",
         ]
         out += [f"  {count} {reason}" for reason, count in sorted(self.skipped.items())]
@@ -138,6 +156,10 @@ class IngestSummary:
             "retired_deleted": self.retired_deleted,
             "bytes": self.bytes,
             "lazy_files": self.lazy_files,
+            "chroma_blobs": self.chroma_blobs,
+            "blob_pieces_written": self.blob_pieces_written,
+            "retired_blobs_kept": self.retired_blobs_kept,
+            "retired_blobs_deleted": self.retired_blobs_deleted,
             "seconds": round(self.seconds, 3),
             "skipped": dict(self.skipped),
             "errors": len(self.errors),
@@ -157,24 +179,22 @@ def _progress(total: int, enabled: bool, desc: str) -> Any:
     return tqdm(total=total, disable=not enabled, desc=desc, unit="file", leave=False)
 
 
-def _plan(files: list[SourceFile], options: IngestOptions, summary: IngestSummary) -> list[SourceFile]:
-    """The files that will be published: binary files need a blob store."""
-    kept = []
-    for source in files:
-        if source.text is None and options.blob_store is None:
-            summary.skipped["binary files (no --blob-store)"] += 1
-            log.info("skipped %s: binary file and no blob store", source.key)
-            if source.key.lower().endswith(MARKDOWN_SUFFIXES):  # a page the site links to: an error
-                summary.problems.append(Problem(source.key, "binary page and no --blob-store", NOT_INGESTED))
-            continue
-        kept.append(source)
-    return kept
+def _plan(files: list[SourceFile], options: IngestOptions, summary: IngestSummary) -> tuple[list[SourceFile], set[str]]:
+    """The files that will be published, and the keys of those kept in Chroma as binary files."""
+    if options.blob_store is not None:
+        return files, set()
+    in_chroma, too_large, problems = plan_chroma_blobs(files, options.chroma_blob_limit)
+    summary.problems += problems
+    if too_large:
+        summary.skipped["binary files above --chroma-blob-limit"] += len(too_large)
+    return [f for f in files if f.key not in too_large], in_chroma
 
 
 class ChunkWriter:
-    """Chunks queued for upsert, written in batches never above the server's bound (whatever a
-    page holds). Chunk ids name the page's sha256: a chunk already stored (an ingest that
-    stopped half way wrote it) is written again only if its text differs."""
+    """Chunks queued for upsert, written in batches never above the server's bound on records
+    nor MAX_UPSERT_BYTES of text (whatever a page holds: Chroma refuses a request of more than
+    40 MiB). Chunk ids name the page's sha256: a chunk already stored (an ingest that stopped
+    half way wrote it) is written again only if its text differs."""
 
     def __init__(
         self, collection: RetryingCollection, embed: Any, batch_size: int, page_field: str, summary: IngestSummary
@@ -189,12 +209,17 @@ class ChunkWriter:
         self._docs: list[str] = []
         self._titles: list[str] = []
         self._meta: list[dict[str, Any]] = []
+        self._bytes = 0
 
     def add(self, chunk_id: str, document: str, title: str, metadata: dict[str, Any]) -> None:
+        size = len(document.encode("utf-8"))
+        if self._ids and self._bytes + size > MAX_UPSERT_BYTES:
+            self.flush()
         self._ids.append(chunk_id)
         self._docs.append(document)
         self._titles.append(title)
         self._meta.append(metadata)
+        self._bytes += size
         if len(self._ids) >= self.batch_size:
             self.flush()
 
@@ -220,6 +245,7 @@ class ChunkWriter:
         self.summary.chunks_written += len(todo)
         for pending in (self._ids, self._docs, self._titles, self._meta):
             pending.clear()
+        self._bytes = 0
 
 
 def _open_collection(options: IngestOptions) -> tuple[RetryingCollection, int]:
@@ -246,15 +272,18 @@ def ingest(options: IngestOptions, show_progress: bool = False) -> IngestSummary
     summary = IngestSummary()
     scan = scan_site(ScanOptions(options.source_dir, options.default_access, options.acl_rules, options.include_hidden))
     summary.problems = scan.problems
-    files = _plan(scan.files, options, summary)
+    files, in_chroma = _plan(scan.files, options, summary)
     if not files:  # never replace a site with nothing: a wrong or empty folder leaves it as it was
         summary.seconds = time.monotonic() - started
         return summary
     embed, dimensions = make_embedder(options.embedder)
     collection, batch_size = _open_collection(options)
-    old_pages = _existing_pages(collection)
+    old_tree = _existing_tree(collection)
+    # Only pages stored as chunks count: a page that was a blob must get chunks written.
+    old_pages = {key: entry for key, entry in old_tree.items() if entry.blob is None}
     writer = ChunkWriter(collection, embed, batch_size, options.page_field, summary)
     writer.dimensions = dimensions
+    blobs = BlobWriter(collection, batch_size)
 
     tree: dict[str, dict[str, Any]] = {}
     with _progress(len(files), show_progress, f"ingest {options.site}") as bar:
@@ -264,7 +293,11 @@ def ingest(options: IngestOptions, show_progress: bool = False) -> IngestSummary
             entry: dict[str, Any] = source.access.as_tree_fields()
             entry.update(size=len(source.data), sha256=sha, mtime=round(source.mtime, 3))
             wants_blob = source.text is None or len(source.data) > options.large_file_threshold
-            if wants_blob and options.blob_store is not None:
+            if source.key in in_chroma:
+                entry["blob"] = blob_fields(source.data, sha)
+                blobs.add(source.key, sha, source.data)
+                summary.chroma_blobs += 1
+            elif wants_blob and options.blob_store is not None:
                 url, _ = options.blob_store.put(source.data)
                 entry["blob"] = {"url": url, "size": len(source.data), "sha256": sha}
                 summary.lazy_files += 1
@@ -289,9 +322,10 @@ def ingest(options: IngestOptions, show_progress: bool = False) -> IngestSummary
                 writer.add(chunk_id(source.key, sha, index), chunk, title, metadata)
         writer.flush()
     dimensions = writer.dimensions
+    zero_vector = [0.0] * (dimensions or len(embed([""])[0]))
+    summary.blob_pieces_written = blobs.write(zero_vector)
 
     summary.tree_document = encode_tree_document(tree)
-    zero_vector = [0.0] * (dimensions or len(embed([""])[0]))
     collection.upsert(
         "upsert of the path tree",
         ids=[TREE_RECORD_ID],
@@ -307,7 +341,7 @@ def ingest(options: IngestOptions, show_progress: bool = False) -> IngestSummary
         embeddings=[zero_vector],
     )
     summary.removed = sum(1 for k in old_pages if k not in tree)
-    _retire_old_versions(collection, options, old_pages, tree, zero_vector, batch_size, summary)
+    _retire_old_versions(collection, options, old_tree, tree, zero_vector, batch_size, summary)
     summary.seconds = time.monotonic() - started
     return summary
 
@@ -315,61 +349,76 @@ def ingest(options: IngestOptions, show_progress: bool = False) -> IngestSummary
 def _retire_old_versions(
     collection: RetryingCollection,
     options: IngestOptions,
-    old_pages: dict[str, PathEntry],
+    old_tree: dict[str, PathEntry],
     tree: dict[str, dict[str, Any]],
     zero_vector: list[float],
     batch_size: int,
     summary: IngestSummary,
 ) -> None:
-    """Record the page versions this ingest replaced, and delete the chunks of those retired
-    longer ago than the grace period. The record is written with every retired version before
-    anything is deleted, and again after, so a crash in between leaves nothing untracked."""
+    """Record the page versions and the binary files kept in Chroma that this ingest replaced,
+    and delete the chunks and pieces of those retired longer ago than the grace period. The
+    record is written with every retired version before anything is deleted, and again after,
+    so a crash in between leaves nothing untracked."""
     live = {k: e["sha256"] for k, e in tree.items() if "blob" not in e}
     # A page of a tree written by another tool has no sha256: its chunks are retired as "".
-    replaced = {k: old.sha256 or "" for k, old in old_pages.items() if live.get(k) != old.sha256}
-    plan = plan_retention(_read_retired(collection), replaced, live, time.time(), options.grace_period_s)
-    summary.retired_kept = len(plan.keep)
-    summary.retired_deleted = len(plan.expired)
-    if not plan.keep and not plan.expired and not replaced:
+    replaced = {k: old.sha256 or "" for k, old in old_tree.items() if old.blob is None and live.get(k) != old.sha256}
+    live_blobs = {sha: sha for sha in _chroma_blobs(tree.values())}
+    old_blobs = {e.blob.sha256 for e in old_tree.values() if e.blob and e.blob.sha256 and is_chroma_url(e.blob.url)}
+    replaced_blobs = {sha: sha for sha in old_blobs if sha not in live_blobs}
+    record, now, grace = _read_retired(collection), time.time(), options.grace_period_s
+    plan = plan_retention(record.pages, replaced, live, now, grace)
+    blob_plan = plan_retention(record.blobs, replaced_blobs, live_blobs, now, grace)
+    summary.retired_kept, summary.retired_deleted = len(plan.keep), len(plan.expired)
+    summary.retired_blobs_kept, summary.retired_blobs_deleted = len(blob_plan.keep), len(blob_plan.expired)
+    if not (plan.keep or plan.expired or replaced or blob_plan.keep or blob_plan.expired or replaced_blobs):
         return
-    _write_retired(collection, [*plan.keep, *plan.expired], zero_vector)
+    _write_retired(collection, [*plan.keep, *plan.expired], [*blob_plan.keep, *blob_plan.expired], zero_vector)
     if plan.expired:
         _delete_expired_chunks(collection, options.page_field, plan, live, batch_size)
-        _write_retired(collection, plan.keep, zero_vector)
+    if blob_plan.expired:
+        delete_blob_pieces(collection, [v.sha256 for v in blob_plan.expired], batch_size)
+    if plan.expired or blob_plan.expired:
+        _write_retired(collection, plan.keep, blob_plan.keep, zero_vector)
 
 
-def _read_retired(collection: RetryingCollection) -> list[Any]:
+def _chroma_blobs(entries: Iterable[dict[str, Any]]) -> set[str]:
+    """The sha256s of the binary files kept in Chroma among these tree entries."""
+    return {e["blob"]["sha256"] for e in entries if "blob" in e and is_chroma_url(e["blob"]["url"])}
+
+
+def _read_retired(collection: RetryingCollection) -> RetiredRecord:
     result = collection.get("read of the retired versions", ids=[RETIRED_RECORD_ID], include=["documents"])
     if not result["ids"]:
-        return []
+        return RetiredRecord([], [])
     document = (result["documents"] or [None])[0]
-    versions = decode_retired(document if isinstance(document, str) else None)
-    if document and not versions and document != encode_retired([]):
-        log.warning("the record of retired page versions is unreadable; their chunks are left in place")
-    return versions
+    record = decode_record(document if isinstance(document, str) else None)
+    if record is None:
+        log.warning("the record of retired page versions is unreadable; their chunks and pieces are left in place")
+        return RetiredRecord([], [])
+    return record
 
 
-def _write_retired(collection: RetryingCollection, versions: Sequence[Any], zero_vector: list[float]) -> None:
+def _write_retired(
+    collection: RetryingCollection, versions: Sequence[Any], blobs: Sequence[Any], zero_vector: list[float]
+) -> None:
     collection.upsert(
         "upsert of the retired versions",
         ids=[RETIRED_RECORD_ID],
-        documents=[encode_retired(versions)],
+        documents=[encode_retired(versions, blobs)],
         metadatas=[{RECORD_KIND_FIELD: RETIRED_RECORD_KIND, FORMAT_FIELD: FORMAT_VERSION}],
         embeddings=[zero_vector],
     )
 
 
-def _existing_pages(collection: RetryingCollection) -> dict[str, PathEntry]:
+def _existing_tree(collection: RetryingCollection) -> dict[str, PathEntry]:
     result = collection.get("read of the path tree", ids=[TREE_RECORD_ID], include=["documents"])
     if not result["ids"] or not result["documents"] or not isinstance(result["documents"][0], str):
         return {}
     try:
-        tree = parse_tree(result["documents"][0])
+        return parse_tree(result["documents"][0]).entries
     except TreeError:
         log.warning("the existing path tree is unreadable; every page is rewritten")
         return {}
-    # Only pages stored as chunks count: a page that was a blob must get chunks written.
-    return {key: entry for key, entry in tree.entries.items() if entry.blob is None}
 
 
 def _delete_expired_chunks(

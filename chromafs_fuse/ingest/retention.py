@@ -5,6 +5,9 @@ tree; mounts move to the new tree within their refresh interval. Until they have
 still serving the old tree may need the old chunks, so they are *retired*, not deleted:
 their (page, sha256) and the time the new tree was published are kept in a record of the
 collection, and a later ingest deletes them once the grace period has passed.
+
+Binary files kept in Chroma itself (blob_pieces.py) are retired the same way, by their sha256
+alone (files with the same bytes share their pieces): a version is the pair (sha256, sha256).
 """
 
 from __future__ import annotations
@@ -56,21 +59,35 @@ def plan_retention(
     return RetentionPlan(keep, expired)
 
 
-def encode_retired(versions: Iterable[RetiredVersion]) -> str:
-    return json.dumps(
-        {"retired": [[v.key, v.sha256, round(v.retired_at, 3)] for v in versions]},
-        separators=(",", ":"),
-        ensure_ascii=False,
-    )
+@dataclass(frozen=True, slots=True)
+class RetiredRecord:
+    pages: list[RetiredVersion]
+    blobs: list[RetiredVersion]  # binary files kept in Chroma: key and sha256 both the file's sha256
+
+
+def encode_retired(versions: Iterable[RetiredVersion], blobs: Iterable[RetiredVersion] = ()) -> str:
+    record: dict[str, object] = {"retired": [[v.key, v.sha256, round(v.retired_at, 3)] for v in versions]}
+    retired_blobs = [[v.sha256, round(v.retired_at, 3)] for v in blobs]
+    if retired_blobs:
+        record["blobs"] = retired_blobs
+    return json.dumps(record, separators=(",", ":"), ensure_ascii=False)
+
+
+def decode_record(document: str | None) -> RetiredRecord | None:
+    """The retired page versions and binary files in the record; None when it is unreadable
+    (what it named is then left in place: the safe side). No record is an empty one."""
+    if not document:
+        return RetiredRecord([], [])
+    try:
+        record = json.loads(document)
+        pages = [RetiredVersion(str(key), str(sha), float(at)) for key, sha, at in record["retired"]]
+        blobs = [RetiredVersion(str(sha), str(sha), float(at)) for sha, at in record.get("blobs", [])]
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return None
+    return RetiredRecord(pages, blobs)
 
 
 def decode_retired(document: str | None) -> list[RetiredVersion]:
-    """The retired versions in the record; an unreadable record counts as empty (its chunks
-    are then left in place: the safe side)."""
-    if not document:
-        return []
-    try:
-        rows = json.loads(document)["retired"]
-        return [RetiredVersion(str(key), str(sha), float(at)) for key, sha, at in rows]
-    except (ValueError, KeyError, TypeError):
-        return []
+    """The retired page versions in the record; an unreadable record counts as empty."""
+    record = decode_record(document)
+    return record.pages if record is not None else []

@@ -223,7 +223,7 @@ def _page_text(key: str, data: bytes, problems: list[Problem]) -> tuple[str | No
         if not markdown:
             return None, None
         line = data.count(b"\n", 0, exc.start) + 1
-        reason = f"not UTF-8 (byte {exc.start}): a binary file (served from the blob store)"
+        reason = f"not UTF-8 (byte {exc.start}): kept as a binary file, served byte for byte"
         problems.append(Problem(key, reason, INGESTED, line))
         return None, data.decode("utf-8", "replace")
     nul = text.find("\x00")

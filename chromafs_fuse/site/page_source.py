@@ -32,9 +32,10 @@ from chromafs_fuse.backends.redis_cache import RedisCache
 from chromafs_fuse.chunks import DEFAULT_JOINER
 from chromafs_fuse.filesystem import PageTimedOut, PageUnavailable
 from chromafs_fuse.page_cache import PageCache
-from chromafs_fuse.site.tiers import BlobTier, PageTier
+from chromafs_fuse.site.tiers import BLOB_BLOCK, BlobTier, PageTier
 from chromafs_fuse.site.tiers.blob import BlobStoreTier
 from chromafs_fuse.site.tiers.chroma import ChromaTier
+from chromafs_fuse.site.tiers.chroma_blob import ChromaBlobTier
 from chromafs_fuse.site.tiers.inflight import Claim, InFlight
 from chromafs_fuse.site.tiers.memory import MemoryTier, block_key, memory_key
 from chromafs_fuse.site.tiers.redis import RedisTier
@@ -44,7 +45,6 @@ __all__ = ["BLOB_BLOCK", "PageSource", "PageTimedOut", "PageUnavailable", "Tiere
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-BLOB_BLOCK = 128 * 1024  # a lazy file is fetched in ranged requests of this size
 PRELOAD_DEADLINES = 3  # a preload batch (many pages) may take this many --backend-timeouts
 Loaded = dict[str, bytes | PageUnavailable]
 
@@ -188,25 +188,27 @@ class TieredPages:
         return result
 
     async def _read_blob(self, entry: PathEntry, offset: int, size: int) -> bytes:
-        """A range of a lazy file from fixed-size blocks, each fetched by one ranged request
-        and kept in memory."""
+        """A range of a lazy file from fixed-size blocks (the blob tier's size for it), each
+        fetched by one ranged request and kept in memory."""
         assert entry.blob is not None
         end = min(offset + size, entry.blob.size)
         if end <= offset:
             return b""
-        first, last = offset // BLOB_BLOCK, (end - 1) // BLOB_BLOCK
-        parts = [await self._blob_block(entry, block) for block in range(first, last + 1)]
-        start = offset - first * BLOB_BLOCK
+        block_size = self.blobs.block_size(entry)
+        first, last = offset // block_size, (end - 1) // block_size
+        parts = [await self._blob_block(entry, block, block_size) for block in range(first, last + 1)]
+        start = offset - first * block_size
         return b"".join(parts)[start : start + (end - offset)]
 
-    async def _blob_block(self, entry: PathEntry, block: int) -> bytes:
+    async def _blob_block(self, entry: PathEntry, block: int, block_size: int) -> bytes:
         assert entry.blob is not None
-        return await self._once(block_key(entry.blob.url, block), partial(self._load_block, entry, block))
+        key = block_key(entry.blob.url, block)
+        return await self._once(key, partial(self._load_block, entry, block, block_size))
 
-    async def _load_block(self, entry: PathEntry, block: int) -> bytes:
+    async def _load_block(self, entry: PathEntry, block: int, block_size: int) -> bytes:
         assert entry.blob is not None
-        offset = block * BLOB_BLOCK
-        data = await self._in_thread(self._blob_range, entry, offset, min(BLOB_BLOCK, entry.blob.size - offset))
+        offset = block * block_size
+        data = await self._in_thread(self._blob_range, entry, offset, min(block_size, entry.blob.size - offset))
         self.memory.put(block_key(entry.blob.url, block), data)
         return data
 
@@ -349,7 +351,8 @@ class TieredPages:
 
 
 class PageSource(TieredPages):
-    """The page tiers of a site: memory, Redis (when configured), Chroma, the blob store."""
+    """The page tiers of a site: memory, Redis (when configured), Chroma, the blob store (or
+    Chroma's blob pieces, for a `chroma:` URL)."""
 
     def __init__(
         self,
@@ -369,7 +372,7 @@ class PageSource(TieredPages):
         self._chroma = ChromaTier(open_chroma, joiner)
         stores: list[PageTier] = [RedisTier(shared, site)] if shared is not None else []
         stores.append(self._chroma)
-        blobs = BlobStoreTier(BlobReader(s3_endpoint_url))
+        blobs = BlobStoreTier(BlobReader(s3_endpoint_url), ChromaBlobTier(self._chroma.client))
         super().__init__(MemoryTier(cache), stores, blobs, tree_version, timeout_s, max_backend_threads)
 
     def chroma(self) -> ChromaPages:

@@ -13,6 +13,8 @@ from typing import Protocol
 
 from chromafs_fuse.tree import PathEntry
 
+BLOB_BLOCK = 128 * 1024  # a lazy file in a blob store is fetched in ranged requests of this size
+
 
 class PageTier(Protocol):
     """A store of whole pages, asked after memory."""
@@ -33,6 +35,10 @@ class BlobTier(Protocol):
     """Where lazy files' bytes are: read by range, one request each."""
 
     name: str
+
+    def block_size(self, entry: PathEntry) -> int:
+        """The entry's blocks: what one request fetches and memory keeps."""
+        ...
 
     def read_range(self, entry: PathEntry, offset: int, length: int) -> bytes:
         """Exactly `length` bytes at `offset` of the entry's blob, or BlobError."""
