@@ -121,7 +121,7 @@ def test_exit_status_and_report(tmp_path: Path) -> None:
     report_path = tmp_path / "report.json"
     errors = run_ingest(site, chroma, "--report", str(report_path))
     assert errors.returncode == 3, errors.stderr
-    assert 'error: broken.md:2: frontmatter: \'public\' must be true or false, not "maybe" (hidden from everyone)' in (
+    assert "error: broken.md:2: frontmatter: 'public' must be true or false, not \"maybe\" (hidden from everyone)" in (
         errors.stderr
     )
     report = json.loads(report_path.read_text())
@@ -129,7 +129,7 @@ def test_exit_status_and_report(tmp_path: Path) -> None:
     by_path = {p["path"]: p for p in report["problems"]}
     assert by_path["broken.md"] == {
         "path": "broken.md",
-        "reason": 'frontmatter: \'public\' must be true or false, not "maybe"',
+        "reason": "frontmatter: 'public' must be true or false, not \"maybe\"",
         "outcome": HIDDEN,
         "line": 2,
         "severity": "error",
