@@ -111,3 +111,22 @@ def test_the_sample_sites_ingest_and_mount_errors_are_readable(
         assert done.returncode != 0, what
         readable(done.stderr)
     assert not (tmp_path / "c").exists(), "an ingest that read nothing created its Chroma directory"
+
+
+def test_each_problem_file_gets_one_line_with_its_final_outcome(tmp_path: Path) -> None:
+    """A page that is not UTF-8 and whose access cannot be read: one line, and one entry in the
+    report, saying it is hidden from everyone (not a warning that it was served, then an error)."""
+    import json
+
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "index.md").write_text("# Home\n")
+    (site / "odd.md").write_bytes(b"---\npublic: f\xfflse\n---\n# Odd\n")
+    report = tmp_path / "report.json"
+    done = ingest(site, "--site", "odd", "--chroma-path", str(tmp_path / "chroma"), "--report", str(report), status=3)
+    lines = [line for line in done.stderr.splitlines() if "odd.md" in line]
+    assert len(lines) == 1, done.stderr
+    assert lines[0].startswith("error: odd.md:2: ") and lines[0].endswith("(hidden from everyone)"), lines[0]
+    readable(lines[0])
+    problems = [p for p in json.loads(report.read_text())["problems"] if p["path"] == "odd.md"]
+    assert len(problems) == 1 and problems[0]["outcome"] == "hidden from everyone"

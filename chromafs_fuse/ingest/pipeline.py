@@ -40,7 +40,7 @@ from chromafs_fuse.ingest.retention import (
     encode_retired,
     plan_retention,
 )
-from chromafs_fuse.ingest.scan import Problem, ScanOptions, SourceFile, scan_site
+from chromafs_fuse.ingest.scan import Problem, ScanOptions, SourceFile, one_per_file, scan_site
 from chromafs_fuse.names import (
     DEFAULT_CHUNK_INDEX_FIELD,
     DEFAULT_PAGE_FIELD,
@@ -273,6 +273,7 @@ def ingest(options: IngestOptions, show_progress: bool = False) -> IngestSummary
     scan = scan_site(ScanOptions(options.source_dir, options.default_access, options.acl_rules, options.include_hidden))
     summary.problems = scan.problems
     files, in_chroma = _plan(scan.files, options, summary)
+    summary.problems = one_per_file(summary.problems)
     if not files:  # never replace a site with nothing: a wrong or empty folder leaves it as it was
         summary.seconds = time.monotonic() - started
         return summary

@@ -67,6 +67,27 @@ class Problem:
         return {**asdict(self), "severity": "error" if self.is_error else "warning"}
 
 
+OUTCOME_ORDER = (INGESTED, ACCESS_FROM_ACL, HIDDEN, NOT_INGESTED)  # from served as its source says to not at all
+
+
+def one_per_file(problems: list[Problem]) -> list[Problem]:
+    """Each file's problems as one, in the order the files first had one: its final outcome (the
+    furthest from being served as its source says), every reason that still holds then (the same
+    one once; what a file that is not ingested at all was going to be served as does not), and
+    the line of the first that names one."""
+    by_path: dict[str, list[Problem]] = {}
+    for problem in problems:
+        by_path.setdefault(problem.path, []).append(problem)
+    merged = []
+    for path, found in by_path.items():
+        outcome = max((p.outcome for p in found), key=OUTCOME_ORDER.index)
+        kept = [p for p in found if not (outcome == NOT_INGESTED and p.outcome == INGESTED)]
+        reasons = list(dict.fromkeys(p.reason for p in kept))
+        line = next((p.line for p in kept if p.line), None)
+        merged.append(Problem(path, "; ".join(reasons), outcome, line))
+    return merged
+
+
 @dataclass(slots=True)
 class SourceFile:
     key: str
@@ -260,6 +281,6 @@ def _decide(
             outcome = ACCESS_FROM_ACL if access is not None else HIDDEN
             problems.append(Problem(key, detail, outcome, line))
     if access is None:
-        log.warning("%s: access cannot be read; served to nobody", key)
+        log.debug("%s: access cannot be read; served to nobody", key)  # its problem line says so
         return None
     return SourceFile(key, data, text, access, mtime)
