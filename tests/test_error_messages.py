@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from infra import BIN, Backend, ingest, try_mount
+from infra import BIN, SAMPLE_SITE, Backend, ingest, try_mount
 
 SECRET = "error-messages-secret-0123456789abcdef"
 CLASS_NAME = re.compile(r"\b[A-Z][a-zA-Z]+(Error|Exception)\b|Traceback|\bDecodeError\b")
@@ -130,3 +130,37 @@ def test_each_problem_file_gets_one_line_with_its_final_outcome(tmp_path: Path) 
     readable(lines[0])
     problems = [p for p in json.loads(report.read_text())["problems"] if p["path"] == "odd.md"]
     assert len(problems) == 1 and problems[0]["outcome"] == "hidden from everyone"
+
+
+def test_each_command_words_a_bad_flag_or_an_unusable_path(tmp_path: Path) -> None:
+    """chromafs-mountd, chromafs-ingest and chromafs: a flag or path they cannot use, one line each."""
+    chroma = tmp_path / "chroma"
+    ingest(SAMPLE_SITE, "--site", "acme", "--chroma-path", str(chroma), "--quiet")
+
+    def run(*argv: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([str(BIN / argv[0]), *argv[1:]], capture_output=True, text=True, timeout=120)
+
+    site = ["--site", "acme", "--chroma-path", str(chroma)]
+    cases = {
+        "mountd on a socket path it cannot make": (
+            run("chromafs-mountd", "--socket", "/proc/no-such-dir/mountd.sock"),
+            "/proc/no-such-dir",
+        ),
+        "mountd pool out of range": (run("chromafs-mountd", "--serving-processes", "999"), "--serving-processes"),
+        "ingest blob store": (
+            run("chromafs-ingest", str(SAMPLE_SITE), *site, "--blob-store", "ftp://nowhere"),
+            "ftp://nowhere",
+        ),
+        "grep with a bad pattern": (run("chromafs", "grep", *site, "("), "bad pattern"),
+        "grep with a bad Redis URL": (run("chromafs", "grep", *site, "--redis-url", "bad://x", "token"), "--redis-url"),
+        "search of a site that is not there": (
+            run("chromafs", "search", "--site", "nosuch", "--chroma-path", str(chroma), "q"),
+            "nosuch",
+        ),
+    }
+    for what, (done, named) in cases.items():
+        assert done.returncode != 0, what
+        assert named in done.stderr, f"{what}: {done.stderr}"
+        last = done.stderr.strip().splitlines()[-1]  # argparse's usage lines come first
+        assert named in last and "Traceback" not in done.stderr, f"{what}: {done.stderr}"
+        readable(last)

@@ -53,6 +53,15 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_preload_chroma:
         import chromadb  # noqa: F401  - no threads start at import, so forking stays safe
     shared = os.geteuid() == 0 and not args.isolated_only  # binds need CAP_SYS_ADMIN
+    try:
+        return serve(args, shared)
+    except OSError as exc:  # the socket or the class root cannot be made: a path, a permission
+        where = exc.filename or args.socket
+        print(f"chromafs-mountd: cannot listen on {args.socket}: {where}: {exc.strerror or exc}", file=sys.stderr)
+        return 1
+
+
+def serve(args: argparse.Namespace, shared: bool) -> int:
     return serve_forever(
         args.socket,
         parse_request_argv,

@@ -43,10 +43,9 @@ def retried(
         exc = state.outcome.exception() if state.outcome else None
         wait = state.next_action.sleep if state.next_action else 0.0
         log.warning(
-            "%s: %s: %s; trying again in %.0f s (try %d of %d)",
+            "%s: %s; trying again in %.0f s (try %d of %d)",
             what,
-            exc.__class__.__name__,
-            exc,
+            exc or "no reason given",
             wait,
             state.attempt_number + 1,
             retries + 1,
@@ -67,7 +66,7 @@ def retried(
                 return method(**kwargs)
     except Exception as exc:
         tries = f"after {retries + 1} tries" if is_transient(exc) else "(not retried)"
-        raise WriteFailed(f"{what} failed {tries}: {exc.__class__.__name__}: {exc}") from exc
+        raise WriteFailed(f"{what} failed {tries}: {exc or 'no reason given'}") from exc
     raise AssertionError("unreachable")
 
 
