@@ -15,9 +15,9 @@ read at the start, the kernel still holds (this VM drops page cache by itself, w
 pressure). Once, for the first site: how many copies of a page the kernel's page cache holds when
 both classes read it (fincore on the files through each class's session; and how much `Cached` -
 `Shmem` in /proc/meminfo grew while the second class opened, grepped and warmed, which other work
-on the machine blurs). Before all that: cold reads per second, 16 readers at once, 16 per-site
-daemons against the pool (cold_reads.py). No site is added once MemAvailable falls under 4 GiB;
-the output says where it stopped and why.
+on the machine blurs). Before all that: the same `grep -rl` over a tmpfs copy of one site, and
+cold reads per second, 16 readers at once, 16 per-site daemons against the pool (cold_reads.py).
+No site is added once MemAvailable falls under 4 GiB; the output says where it stopped and why.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from typing import Any
 
 from bench_lib import cold_reads, measure
 from bench_lib import corpus as corpora
+from bench_lib.mount_server import cmdline
 from bench_lib.mounts import _smaps_rollup
 from bench_lib.procs import run_timed
 from bench_lib.sessions import Sessions, _visible_sets, describe_pool
@@ -230,6 +231,7 @@ class Density:
         classes = len(self.served)
         total = pss_kb(pids)
         out.update(sites=len(self.sites), classes=classes, serving_processes=len(pids), pss_total_kb=total)
+        out["process_kinds"] = dict(Counter(_kind(pid) for pid in pids))
         out["pss_mountd_alone_kb"] = baseline_pss_kb
         out["pss_per_class_kb"] = (total - baseline_pss_kb) / classes if classes else None
         if previous is not None and classes > previous["classes"]:
@@ -272,6 +274,9 @@ def measure_density(run: Any, corpus: corpora.Corpus, backend: list[str], chroma
         },
         "steps": [],
     }
+    if corpus.tmpfs_copy is not None:  # the same grep -rl over a tmpfs copy of one site: the floor
+        grep = measure.command_of("grep -rl")
+        out["tmpfs_grep_s"] = min(measure.run_tool(grep, corpus.tmpfs_copy)[0] for _ in range(3))
     keys = density.visible["anonymous"]
     out["cold_reads"] = cold_reads.measure(
         density.workdir / "cold", density.copier, corpus.site, backend, keys, run.args.serving_processes
@@ -310,6 +315,13 @@ def bars(result: dict[str, Any]) -> dict[str, bool]:
     }
 
 
+def _kind(pid: int) -> str:
+    """A process by its title's first word: chromafs-shared (a serving process), or the
+    interpreter's name (the server and its forker)."""
+    words = cmdline(pid).split()
+    return os.path.basename(words[0]) if words else "?"
+
+
 def _median_size(source: Path, keys: list[str]) -> int:
     sizes = sorted((source / key).stat().st_size for key in keys)
     return sizes[len(sizes) // 2] if sizes else 0
@@ -345,6 +357,13 @@ def text_lines(result: dict[str, Any]) -> list[str]:
         "later p50/p90  1st grep p50/p90  later grep p50/p90  idle CPU  MemAvail",
     ]
     lines += [f"  {step_line(step)}" for step in result["steps"]]
+    if "tmpfs_grep_s" in result:
+        lines.append(f"  grep -rl over a tmpfs copy of one site: {result['tmpfs_grep_s'] * 1000:.1f} ms (best of 3)")
+    for step in result["steps"]:
+        if "process_kinds" in step:
+            lines.append(
+                f"  {step['sites']} sites: processes under chromafs-mountd and itself: {step['process_kinds']}"
+            )
     for step in result["steps"]:
         if "later_session_grep_requests" in step:
             counts = step["later_session_grep_requests"]
