@@ -8,6 +8,10 @@ from __future__ import annotations
 import os
 import select
 import time
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 READY = b"READY\n"
 OK_LINE = b'{"ok": true}\n'
@@ -24,53 +28,47 @@ def answer_line(error: str | None = None) -> bytes:
 
 def wait_for_answer(fd: int, wait_s: float) -> tuple[bool, str]:
     """Read the mount server's answer from `fd`: (True, "") for OK_LINE, else (False, why)."""
-    ok, line = _read_line(fd, wait_s)
-    if not ok:
-        return False, line or "the mount server closed the connection"
-    if line.encode() + b"\n" == OK_LINE:
+    data = _read_until(fd, wait_s, lambda data: data.endswith(b"\n"))
+    if data is None:
+        return False, "the mount server did not answer in time"
+    if data == OK_LINE:
         return True, ""
+    text = data.decode("utf-8", "replace").strip()
+    if not text:
+        return False, "the mount server closed the connection"
     import json
 
     try:
-        answer = json.loads(line)
+        answer = json.loads(text)
         return bool(answer.get("ok")), str(answer.get("error") or "")
     except (ValueError, AttributeError):
-        return False, line.strip()
-
-
-def _read_line(fd: int, wait_s: float) -> tuple[bool, str]:
-    data = b""
-    deadline = time.monotonic() + wait_s
-    while not data.endswith(b"\n"):
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            return False, "the mount server did not answer in time"
-        ready, _, _ = select.select([fd], [], [], remaining)
-        if not ready:
-            continue
-        chunk = os.read(fd, 65536)
-        if not chunk:
-            return (bool(data), data.decode("utf-8", "replace").rstrip("\n"))
-        data += chunk
-    return True, data.decode("utf-8", "replace").rstrip("\n")
+        return False, text
 
 
 def wait_for_ready(fd: int, wait_s: float) -> tuple[bool, str]:
     """Read a daemon's or server's report from `fd`: (True, "") once it says READY, or
     (False, reason) when it reports a failure, closes, or the deadline passes."""
-    message = b""
+    data = _read_until(fd, wait_s, lambda data: data.startswith(READY))
+    if data is None:
+        return False, "the daemon did not become ready in time"
+    if data.startswith(READY):
+        return True, ""
+    return False, data.decode("utf-8", "replace").strip()
+
+
+def _read_until(fd: int, wait_s: float, done: Callable[[bytes], bool]) -> bytes | None:
+    """What `fd` gives until `done` says so or it closes; None when `wait_s` passes first."""
+    data = b""
     deadline = time.monotonic() + wait_s
-    while not message.startswith(READY):
+    while not done(data):
         remaining = deadline - time.monotonic()
         if remaining <= 0:
-            return False, "the daemon did not become ready in time"
+            return None
         ready, _, _ = select.select([fd], [], [], remaining)
         if not ready:
             continue
-        chunk = os.read(fd, 4096)
+        chunk = os.read(fd, 65536)
         if not chunk:
             break
-        message += chunk
-    if message.startswith(READY):
-        return True, ""
-    return False, message.decode("utf-8", "replace").strip()
+        data += chunk
+    return data

@@ -10,8 +10,8 @@ import time
 import pyfuse3
 import trio
 
+from chromafs_fuse.serving.binds import binds_of
 from chromafs_fuse.serving.process import sd_notify
-from chromafs_fuse.serving.server.binds import binds_of
 from chromafs_fuse.serving.status import utc_text
 
 log = logging.getLogger("chromafs.mount")

@@ -26,8 +26,8 @@ from typing import Any
 
 from chromafs_fuse.access import Principal
 from chromafs_fuse.config import MountConfig
+from chromafs_fuse.serving.binds import detach, mounted_devices
 from chromafs_fuse.serving.process import process_start
-from chromafs_fuse.serving.server.binds import detach, mounted_devices
 from chromafs_fuse.serving.server.session_keeper import HostSnapshot, SessionError
 from chromafs_fuse.serving.server.session_table import ClassMount
 from chromafs_fuse.serving.serving_process.process import member_paths

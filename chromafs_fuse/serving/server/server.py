@@ -108,14 +108,14 @@ def _become_daemon(cwd: str, title: str) -> None:
     setproctitle.setproctitle(title)
 
 
-def serve_isolated(conn_fd: int, *, cwd: str, config: MountConfig, token: str | None) -> int:
-    """In a forked child: an `--isolated` session's own daemon; it reports to the client on `conn_fd`."""
+def serve_isolated(ready_fd: int, *, cwd: str, config: MountConfig, token: str | None) -> int:
+    """In a forked child: an `--isolated` session's own daemon; it reports READY or why not on `ready_fd`."""
     from chromafs_fuse.serving.daemon.daemon import run_daemon
 
     _become_daemon(cwd, f"chromafs-mount {config.mountpoint} --site {config.site}")
     # exactly the caller's token (its client read the caller's environment): never the server's
     # own CHROMAFS_TOKEN or CHROMAFS_TOKEN_FILE
-    return run_daemon(config, conn_fd, background=True, read_token=lambda: token)
+    return run_daemon(config, ready_fd, background=True, read_token=lambda: token)
 
 
 def serve_pool_process(ready_fd: int, *, class_root: str, index: int, cache_bytes: int, idle_exit_s: float) -> int:

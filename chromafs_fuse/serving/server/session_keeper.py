@@ -30,8 +30,8 @@ from typing import Protocol
 
 from chromafs_fuse.access import Principal
 from chromafs_fuse.config import MountConfig, mount_settings
+from chromafs_fuse.serving.binds import bind_read_only, detach, mounted_devices
 from chromafs_fuse.serving.process import process_start
-from chromafs_fuse.serving.server.binds import bind_read_only, detach, mounted_devices
 from chromafs_fuse.serving.server.session_table import ClassMount, Session, SessionTable, class_key
 from chromafs_fuse.serving.server.state_journal import StateJournal
 from chromafs_fuse.serving.status import runtime_dir, utc_text, write_private_json
