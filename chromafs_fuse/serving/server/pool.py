@@ -118,12 +118,12 @@ class ServingPool:
     `processes`). Every class of a site is in the same process (a page the classes share is one
     inode); a new site goes to the process serving the fewest."""
 
-    def __init__(self, root: str, start_shared: StartMember, processes: int = 1, warm_wait_s: float = 0.0) -> None:
+    def __init__(self, root: str, start_member: StartMember, processes: int = 1, warm_wait_s: float = 0.0) -> None:
         """`warm_wait_s`: how long a new class's first session waits for its pages to be read
         into the kernel (its first grep then finds them there)."""
         self.root = root
         self.warm_wait_s = warm_wait_s
-        self.processes = [PoolMember(root, index, start_shared) for index in range(processes)]
+        self.processes = [PoolMember(root, index, start_member) for index in range(processes)]
         self._placing = threading.Lock()
 
     def _process_of(self, path: str) -> PoolMember | None:

@@ -55,7 +55,7 @@ ParseArgv = Callable[[list[str]], "argparse.Namespace"]
 log = logging.getLogger("chromafs.mountd")
 MAX_REQUEST_BYTES = 256 * 1024
 DEFAULT_SOCKET = "/run/chromafs/mountd.sock"
-DEFAULT_SHARED_CACHE_BYTES = 256 * 1024 * 1024
+DEFAULT_SERVING_CACHE_BYTES = 256 * 1024 * 1024
 MAX_CONCURRENT_REQUESTS = 256  # beyond this a request waits for a thread (it is never refused)
 HOUSEKEEPING_S = 0.5
 _CALLERS_CWD = threading.Lock()
@@ -375,7 +375,7 @@ def serve_forever(
     class_root: str | None = None,
     class_idle_s: float = DEFAULT_IDLE_S,
     metrics_addr: str | None = None,
-    shared_cache_bytes: int = DEFAULT_SHARED_CACHE_BYTES,
+    serving_cache_bytes: int = DEFAULT_SERVING_CACHE_BYTES,
     serving_processes: int | None = None,
     class_warm_wait_s: float = DEFAULT_WARM_WAIT_S,
 ) -> int:
@@ -383,7 +383,7 @@ def serve_forever(
     until the forker is gone (1). With
     `class_root` (root only), sessions are binds of reader-class views of the pool's serving
     processes (`serving_processes` of them, default one per core, each page memory
-    `shared_cache_bytes`); without it, or for `--isolated`, each session gets a daemon."""
+    `serving_cache_bytes`); without it, or for `--isolated`, each session gets a daemon."""
     from chromafs_fuse.serving.handshake import wait_for_ready
     from chromafs_fuse.serving.server.pool import ServingPool
     from chromafs_fuse.serving.server.session_keeper import SessionError, SessionKeeper
@@ -399,7 +399,7 @@ def serve_forever(
             kwargs = {
                 "class_root": class_root,
                 "index": index,
-                "cache_bytes": shared_cache_bytes,
+                "cache_bytes": serving_cache_bytes,
                 "idle_exit_s": class_idle_s + ORPHAN_GRACE_S,  # ends by itself, with no server to stop it
             }
             try:
