@@ -307,7 +307,8 @@ MOUNTD_OPTIONS = (
     Option(
         "--class-warm-wait",
         "a new class's pages are read into the kernel's page cache; its first session waits for that up to "
-        "S seconds, so that its first grep finds them there (default: %(default)s; 0: not at all)",
+        "S seconds when no other class warms, so that its first grep finds them there "
+        "(default: %(default)s; 0: not at all)",
         type=float,
         default=1.0,
         metavar="S",

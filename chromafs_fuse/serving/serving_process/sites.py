@@ -133,29 +133,29 @@ class ServedSites:
             self.fs.add(site.key, name, fs)
             site.views[name] = ServedView(name, reader, fs)
             log.info("view %s/%s: %s, %d files", site.directory, name, reader.describe(), table.file_count)
-            job = self._warm(site, name)
-            if job is not None and config.warm_wait_s > 0:
+            job, alone = self._warm(site, name)
+            if job is not None and alone and config.warm_wait_s > 0:
                 # the class's first session waits for its pages to be in the kernel (bounded):
-                # its first grep then finds them there
+                # its first grep then finds them there. Only when no other view warms: in a burst
+                # of new classes, answering comes first and the warm-ups follow.
                 with trio.move_on_after(config.warm_wait_s):
                     await job.done.wait()
         return f"{site.directory}/{name}"
 
-    def _warm(self, site: ServedSite, name: str) -> WarmJob | None:
+    def _warm(self, site: ServedSite, name: str) -> tuple[WarmJob | None, bool]:
         """With --warm-kernel (a mount server's classes), the view's pages read in the background;
-        the job (None: the view is not warmed)."""
+        the job (None: the view is not warmed), and whether it is the only view warming."""
         view = site.views[name]
         fs = view.fs
         if not should_warm_kernel(site.config, True, fs.table):  # reads need no watchdog: "pushing" holds
-            return None
+            return None, False
 
         def current() -> bool:
             return site.views.get(name) is view and view.fs is fs
 
         path = f"{self.mountpoint}/{site.directory}/{name}"
         job = WarmJob(path, site.warmed, current)
-        self.warmer.offer(job)
-        return job
+        return job, self.warmer.offer(job)
 
     def serves(self, directory: str) -> bool:
         """Whether a site of this directory name has a view here."""

@@ -82,12 +82,17 @@ class ViewWarmer:
         self._send, self._receive = trio.open_memory_channel[WarmJob](QUEUE_VIEWS)
         self.warmed_views = 0
 
-    def offer(self, job: WarmJob) -> None:
-        """On the loop: warm this view once the ones before it are warm (dropped when too many wait)."""
+    def offer(self, job: WarmJob) -> bool:
+        """On the loop: warm this view once the ones before it are warm (dropped when too many
+        wait). True when it is the only view warming: no other view's warm-up is ahead of it or
+        shares the machine with it (in a burst of new classes, none is worth waiting for)."""
+        alone = self._send.statistics().tasks_waiting_receive == WARMERS
         try:
             self._send.send_nowait(job)
         except trio.WouldBlock:
             log.warning("not warming %s: %d views wait for their warm-up", job.path, QUEUE_VIEWS)
+            return False
+        return alone
 
     async def run(self) -> None:
         """WARMERS views at a time (a burst of new classes must not queue behind one view)."""

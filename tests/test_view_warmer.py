@@ -1,0 +1,68 @@
+"""The serving process's warm-up policy without a mount: a new class's first session waits for
+its view's warm-up only when no other view warms (a burst of new classes is answered first)."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import trio
+
+from chromafs_fuse.serving.serving_process.warm import WARMERS, ViewWarmer, WarmJob
+
+
+def _tree(root: Path, files: int) -> Path:
+    root.mkdir()
+    for i in range(files):
+        (root / f"page-{i}.md").write_bytes(b"x" * 100)
+    return root
+
+
+def test_only_a_view_warming_alone_is_waited_for(tmp_path: Path) -> None:
+    release = threading.Event()
+    seen: list[bool] = []
+    held = _tree(tmp_path / "held", 1)
+
+    def current_until_released() -> bool:
+        release.wait(10)  # the first views' warm-ups stay busy until the test has offered the rest
+        return True
+
+    async def main() -> None:
+        warmer = ViewWarmer()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(warmer.run)
+            await trio.sleep(0.05)  # every warmer waits for a job
+            first = WarmJob(str(held), set(), current_until_released)
+            seen.append(warmer.offer(first))
+            await trio.sleep(0.05)
+            for n in range(WARMERS + 1):  # beside a busy warmer, then queued behind all of them
+                seen.append(warmer.offer(WarmJob(str(_tree(tmp_path / f"v{n}", 1)), set(), lambda: True)))
+            release.set()
+            with trio.fail_after(10):
+                await first.done.wait()
+            await trio.sleep(0.2)
+            seen.append(warmer.offer(WarmJob(str(_tree(tmp_path / "later", 2)), set(), lambda: True)))
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
+    assert seen == [True] + [False] * (WARMERS + 1) + [True]
+
+
+def test_a_view_is_read_once_per_site(tmp_path: Path) -> None:
+    root = _tree(tmp_path / "view", 3)
+    warmed: set[int] = set()
+    jobs = [WarmJob(str(root), warmed, lambda: True) for _ in range(2)]
+
+    async def main() -> None:
+        warmer = ViewWarmer()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(warmer.run)
+            await trio.sleep(0.05)
+            for job in jobs:
+                warmer.offer(job)
+                with trio.fail_after(10):
+                    await job.done.wait()
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
+    assert len(warmed) == 3  # the second job found every inode read by the first
