@@ -6,6 +6,7 @@ Each request's argv is parsed here too, by chromafs-mount's own parser, handed t
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import os
 import sys
@@ -22,8 +23,15 @@ log = logging.getLogger("chromafs.mountd")
 
 
 def parse_request_argv(argv: list[str]) -> argparse.Namespace:
-    """A request's argv as chromafs-mount parses it (SystemExit when it is wrong)."""
-    return mount_parser().parse_args(argv)
+    """A request's argv as chromafs-mount parses it (SystemExit when it is wrong). Requests are
+    parsed one at a time (the server holds the caller's working directory meanwhile), so one
+    parser serves them all: building it costs more than parsing."""
+    return _request_parser().parse_args(argv)
+
+
+@functools.cache
+def _request_parser() -> argparse.ArgumentParser:
+    return mount_parser()
 
 
 def build_parser() -> argparse.ArgumentParser:
