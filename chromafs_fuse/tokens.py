@@ -74,15 +74,17 @@ def principal_from_token(token: str | None, key: VerificationKey | None, site: s
             options={"require": ["exp"], "verify_aud": False},
         )
     except jwt.ExpiredSignatureError as exc:
-        raise TokenError("token has expired") from exc
+        raise TokenError("token has expired: ask for a new one") from exc
     except jwt.ImmatureSignatureError as exc:
-        raise TokenError("token is not valid yet (nbf/iat in the future)") from exc
+        raise TokenError("token is not valid yet (nbf/iat in the future): check this machine's clock") from exc
     except jwt.MissingRequiredClaimError as exc:
         raise TokenError(f"token has no '{exc.claim}' claim") from exc
     except jwt.InvalidAlgorithmError as exc:
         raise TokenError(f"token algorithm is not allowed (expected {', '.join(key.algorithms)})") from exc
     except jwt.InvalidSignatureError as exc:
-        raise TokenError("token signature is invalid") from exc
+        raise TokenError(
+            "token signature is invalid: it was not signed with the key of --jwt-secret-file/--jwt-public-key"
+        ) from exc
     except jwt.DecodeError as exc:
         raise TokenError("the token is not a JWT (three base64url parts joined by dots): check the token file") from exc
     except jwt.InvalidTokenError as exc:
@@ -92,7 +94,7 @@ def principal_from_token(token: str | None, key: VerificationKey | None, site: s
     audiences = [audience] if isinstance(audience, str) else audience if isinstance(audience, list) else []
     if token_site is not None:
         if token_site != site:
-            raise TokenError("token is for another site")
+            raise TokenError(f"token is for site '{token_site}', not '{site}': use a token of site '{site}'")
     elif site not in audiences:
         raise TokenError("token has no 'site' (or 'aud') claim for this site")
     groups = claims.get("groups", [])

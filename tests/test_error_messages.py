@@ -164,3 +164,125 @@ def test_each_command_words_a_bad_flag_or_an_unusable_path(tmp_path: Path) -> No
         last = done.stderr.strip().splitlines()[-1]  # argparse's usage lines come first
         assert named in last and "Traceback" not in done.stderr, f"{what}: {done.stderr}"
         readable(last)
+
+
+@pytest.mark.parametrize("path", ["alone", "mount server"])
+def test_every_reader_mistake_is_one_readable_line(
+    path: str,
+    sample_backend: Callable[..., Backend],
+    secret_file: Path,
+    make_token: Callable[..., str],
+    start_mount_server: Callable[..., object],
+    tmp_path: Path,
+) -> None:
+    """The mistakes a reader makes, through `chromafs-mount` alone and through the host's mount
+    server: each fails with one line naming what to fix, and nothing is left mounted."""
+    import time
+
+    from infra import free_port, is_mounted
+
+    backend = sample_backend().args
+    where = ["--no-mountd"] if path == "alone" else ["--mountd", str(start_mount_server().socket)]  # type: ignore[attr-defined]
+    keys = ["--jwt-secret-file", str(secret_file)]
+
+    def token(**claims: object) -> list[str]:
+        file = tmp_path / f"token-{len(list(tmp_path.glob('token-*')))}"
+        file.write_text(make_token(**claims))
+        return ["--token-file", str(file), *keys]
+
+    a_file = tmp_path / "a-file"
+    a_file.write_text("not a directory\n")
+    busy = tmp_path / "busy"
+    busy.mkdir()
+    dead_chroma = f"http://127.0.0.1:{free_port()}"
+    cases: dict[str, tuple[Path, list[str], str]] = {
+        "an expired token": (tmp_path / "m1", [*backend, *token(exp=int(time.time()) - 60)], "expired"),
+        "another site's token": (tmp_path / "m2", [*backend, *token(site="acme-staging")], "acme-staging"),
+        "a token signed with another key": (
+            tmp_path / "m3",
+            [*backend, "--token", jwt_signed_elsewhere(), *keys],
+            "signature",
+        ),
+        "a missing token file": (
+            tmp_path / "m4",
+            [*backend, "--token-file", str(tmp_path / "no-token"), *keys],
+            str(tmp_path / "no-token"),
+        ),
+        "a Chroma server that is down": (
+            tmp_path / "m5",
+            ["--site", "acme", "--chroma-url", dead_chroma, "--backend-timeout", "2"],
+            dead_chroma.removeprefix("http://"),
+        ),
+        "a mountpoint that is a file": (a_file, backend, str(a_file)),
+    }
+    for what, (mountpoint, args, named) in cases.items():
+        if mountpoint != a_file:
+            mountpoint.mkdir(exist_ok=True)
+        done = try_mount(mountpoint, *args, *where)
+        assert done.returncode != 0, f"{what}: mounted"
+        lines = done.stderr.strip().splitlines()
+        assert len(lines) == 1, f"{what}: {done.stderr}"
+        assert named in lines[0], f"{what}: {lines[0]}"
+        readable(lines[0])
+        assert not is_mounted(mountpoint), f"{what}: left mounted"
+
+
+def jwt_signed_elsewhere() -> str:
+    import jwt
+
+    claims = {"sub": "x", "site": "acme", "exp": 2_000_000_000}
+    return jwt.encode(claims, "another-secret-0123456789abcdef0123", "HS256")
+
+
+def test_ingest_and_readers_say_which_backend_is_down(tmp_path: Path) -> None:
+    """A Chroma or Redis that does not answer, and a source that is not a folder: one line naming
+    the URL or the path, for the ingest and for `chromafs grep`/`search`; nothing is created."""
+    from infra import free_port
+
+    def run(*argv: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([str(BIN / argv[0]), *argv[1:]], capture_output=True, text=True, timeout=180)
+
+    dead_chroma = f"127.0.0.1:{free_port()}"
+    dead_redis = f"127.0.0.1:{free_port()}"
+    chroma = tmp_path / "chroma"
+    ingest(SAMPLE_SITE, "--site", "acme", "--chroma-path", str(chroma), "--quiet")
+    a_file = tmp_path / "page.md"
+    a_file.write_text("# a page\n")
+    cases = {
+        "ingest into a Chroma that is down": (
+            run("chromafs-ingest", str(SAMPLE_SITE), "--site", "acme", "--chroma-url", f"http://{dead_chroma}"),
+            dead_chroma,
+        ),
+        "ingest with a Redis that is down (its Chroma written: exit 0, a warning)": (
+            run(
+                "chromafs-ingest",
+                str(SAMPLE_SITE),
+                "--site",
+                "acme",
+                "--chroma-path",
+                str(tmp_path / "other"),
+                "--redis-url",
+                f"redis://{dead_redis}/0",
+            ),
+            dead_redis,
+        ),
+        "ingest of a file, not a folder": (
+            run("chromafs-ingest", str(a_file), "--site", "acme", "--chroma-path", str(tmp_path / "third")),
+            str(a_file),
+        ),
+        "grep of a Chroma that is down": (
+            run("chromafs", "grep", "--site", "acme", "--chroma-url", f"http://{dead_chroma}", "token", "/"),
+            dead_chroma,
+        ),
+        "search of a Chroma that is down": (
+            run("chromafs", "search", "--site", "acme", "--chroma-url", f"http://{dead_chroma}", "token"),
+            dead_chroma,
+        ),
+    }
+    for what, (done, named) in cases.items():
+        assert done.returncode == (0 if "exit 0" in what else 1 if "ingest" in what else 2), f"{what}: {done.stderr}"
+        last = done.stderr.strip().splitlines()[-1]
+        assert named in last, f"{what}: {done.stderr}"
+        assert "Traceback" not in done.stderr, f"{what}: {done.stderr}"
+        readable(last)
+    assert not (tmp_path / "third").exists(), "an ingest that read nothing created its Chroma directory"

@@ -148,9 +148,9 @@ def test_mcp_over_http_takes_each_requests_token(
         assert over_http(url, None, files) == (False, on_mount(mounts["anon"][1]))
         assert over_http(url, make_token(["billing"]), files) == (False, on_mount(mounts["billing"][1]))
         error, message = over_http(url, make_token(["billing"], exp=int(time.time()) - 60), files)
-        assert error and message.endswith("token refused: token has expired")
+        assert error and "token refused: token has expired" in message
         error, message = over_http(url, make_token(["admin"]) + "x", files)
-        assert error and message.endswith("token refused: token signature is invalid")
+        assert error and "token refused: token signature is invalid" in message
 
 
 def test_an_mcp_session_stops_reading_when_its_token_expires(

@@ -74,7 +74,8 @@ def test_mount_through_the_server(
             str(mountd),
             *reader_args(token_file(["admin"], exp=int(time.time()) - 10), secret_file),
         )
-        assert expired.returncode == 1 and expired.stderr.strip() == "chromafs-mount: token has expired"
+        assert expired.returncode == 1
+        assert expired.stderr.strip() == "chromafs-mount: token has expired: ask for a new one"
         assert not is_mounted(tmp_path / "bad")
     finally:
         for m in mounts:

@@ -132,7 +132,7 @@ class ChromaServer:
             return f"no answer within {self.timeout_s:g} s"
         if isinstance(exc, http.client.RemoteDisconnected):
             return "the server closed the connection without answering"
-        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else repr(exc)
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc) or "no reason given"
         return f"no answer: {reason}"
 
 

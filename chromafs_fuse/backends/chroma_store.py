@@ -125,7 +125,9 @@ def _open_http_collection(location: ChromaLocation, timeout_s: float) -> Any:
     except CollectionNotFound as exc:
         raise SiteNotFound(f"no collection {location.collection!r} in Chroma at {location.describe()}") from exc
     except Exception as exc:  # ChromaHttpError, ChromaUnreachable, a malformed answer
-        raise BackendError(f"cannot open Chroma at {location.describe()}: {exc}") from exc
+        raise BackendError(
+            f"cannot open Chroma at {location.describe()}: {exc} (is the Chroma server up? check --chroma-url)"
+        ) from exc
 
 
 def _bound_http_timeout(client: Any, timeout_s: float) -> None:

@@ -188,7 +188,13 @@ def main(argv: list[str] | None = None) -> int:
             if not publish_tree(
                 shared, args.site, location.collection, document, version, args.tree_ttl, INGEST_PATIENCE_S
             ):
-                log.warning("the new path tree could not be published to Redis; mounts see it within --tree-ttl")
+                log.warning(
+                    "the new path tree could not be published to Redis at %s (it did not answer for %.0f s); "
+                    "mounts read it from Chroma within --tree-ttl (%d s): check --redis-url",
+                    shared.target.describe(),
+                    INGEST_PATIENCE_S,
+                    args.tree_ttl,
+                )
     except (CliError, AccessSpecError, BlobError, WriteFailed) as exc:
         print(f"chromafs-ingest: {exc}", file=sys.stderr)
         return 1
