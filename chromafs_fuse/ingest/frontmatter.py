@@ -81,7 +81,10 @@ def _yaml_error_text(exc: Exception) -> str:
         code = exc.character if isinstance(exc.character, int) else ord(exc.character)
         return f"not valid YAML: character U+{code:04X} is not allowed"
     problem = getattr(exc, "problem", None)
-    return f"not valid YAML: {problem}" if problem else f"not valid YAML: {exc.__class__.__name__}"
+    if problem:
+        return f"not valid YAML: {problem}"
+    first = str(exc).strip().splitlines()[:1]
+    return f"not valid YAML: {first[0]}" if first else "not valid YAML"
 
 
 def read_frontmatter(text: str) -> Frontmatter | None:
