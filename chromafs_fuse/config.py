@@ -1,9 +1,11 @@
 """Typed, frozen configuration, built once from flags, environment and mount options.
 
 `SessionConfig` is what any reader of a site needs (a mount, `chromafs grep`);
-`MountConfig` adds what a mount needs. The CLIs build them from their argparse
-Namespace with `from_args` and pass them down; nothing below the CLI reads the Namespace.
-The flags, and the defaults of the fields they set, are declared once, in options.py.
+`MountConfig` adds what a mount needs; `ServerConfig` is chromafs-mountd's. The CLIs build them
+from their argparse Namespace with `from_args` and pass them down; nothing below the CLI reads the
+Namespace. Each flag is declared once, in options.py: a field set by a flag names it
+(`from_flag`), and takes from the table its default and the bounds its value is checked against;
+`from_args` reads every such field the same way and spells out only what is derived.
 """
 
 from __future__ import annotations
@@ -13,11 +15,48 @@ import dataclasses
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from chromafs_fuse.backends.chroma_store import ChromaLocation
 from chromafs_fuse.errors import UsageError
-from chromafs_fuse.options import DEFAULTS
+from chromafs_fuse.options import (
+    DEFAULTS,
+    MOUNT_OPTIONS,
+    MOUNTD_OPTIONS,
+    REFRESH_INTERVAL_S,
+    REFRESH_INTERVAL_WITH_REDIS_S,
+    Option,
+    checked_value,
+    find,
+)
+
+_NO_DEFAULT = object()
+
+
+def from_flag(flag: str, options: tuple[Option, ...] = MOUNT_OPTIONS, default: object = _NO_DEFAULT) -> Any:
+    """A field set by `flag` of `options`, its default the table's (or `default`)."""
+    value = find(flag, options).default if default is _NO_DEFAULT else default
+    return dataclasses.field(default=value, metadata={"flag": flag, "options": options})
+
+
+def required_flag(flag: str, options: tuple[Option, ...] = MOUNT_OPTIONS) -> Any:
+    """A field set by `flag`, with no default."""
+    return dataclasses.field(metadata={"flag": flag, "options": options})
+
+
+def flag_values(cls: type, args: argparse.Namespace) -> dict[str, Any]:
+    """Every field of the dataclass `cls` set by a flag, read from `args` and checked against the
+    flag's bounds (UsageError naming the flag)."""
+    values: dict[str, Any] = {}
+    for field in dataclasses.fields(cls):
+        if "flag" not in field.metadata:
+            continue
+        option = find(field.metadata["flag"], field.metadata["options"])
+        try:
+            values[field.name] = checked_value(option, getattr(args, option.dest))
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+    return values
 
 
 def chroma_location(args: argparse.Namespace) -> ChromaLocation:
@@ -67,40 +106,25 @@ def redis_settings(
 
 @dataclass(frozen=True, slots=True)
 class SessionConfig:
-    site: str
-    chroma: ChromaLocation
-    page_field: str
-    chunk_index_field: str
-    chunk_joiner: str = DEFAULTS["--chunk-joiner"]
-    cache_bytes: int = DEFAULTS["--cache-bytes"]
-    backend_timeout_s: float = DEFAULTS["--backend-timeout"]
-    s3_endpoint_url: str | None = None
-    redis: RedisSettings | None = None
-    jwt_secret_file: str | None = None
-    jwt_public_key: str | None = None
+    site: str = required_flag("--site")
+    chroma: ChromaLocation = dataclasses.field()  # --chroma-path or --chroma-url, and the environment
+    page_field: str = required_flag("--page-field")
+    chunk_index_field: str = required_flag("--chunk-index-field")
+    chunk_joiner: str = from_flag("--chunk-joiner")
+    cache_bytes: int = from_flag("--cache-bytes")
+    backend_timeout_s: float = from_flag("--backend-timeout")
+    s3_endpoint_url: str | None = from_flag("--s3-endpoint-url")
+    redis: RedisSettings | None = None  # --redis-url and its flags
+    jwt_secret_file: str | None = from_flag("--jwt-secret-file")
+    jwt_public_key: str | None = from_flag("--jwt-public-key")
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> SessionConfig:
-        if args.backend_timeout <= 0:
-            raise UsageError("--backend-timeout must be more than 0 seconds")
-        if args.cache_bytes < 0:
-            raise UsageError("--cache-bytes must not be negative")
+        values = flag_values(cls, args)
         redis = None
         if args.redis_url:
             redis = redis_settings(args.redis_url, args.redis_prefix, args.redis_ca, args.tree_ttl, args.redis_ttl)
-        return cls(
-            site=args.site,
-            chroma=chroma_location(args),
-            page_field=args.page_field,
-            chunk_index_field=args.chunk_index_field,
-            chunk_joiner=args.chunk_joiner,
-            cache_bytes=args.cache_bytes,
-            backend_timeout_s=args.backend_timeout,
-            s3_endpoint_url=args.s3_endpoint_url,
-            redis=redis,
-            jwt_secret_file=args.jwt_secret_file,
-            jwt_public_key=args.jwt_public_key,
-        )
+        return cls(chroma=chroma_location(args), redis=redis, **values)
 
 
 Preload = Literal["auto", "on", "off"]
@@ -111,22 +135,23 @@ class MountConfig:
     session: SessionConfig
     mountpoint: str  # absolute
     fuse_options: tuple[str, ...] = ()  # from -o, as given; the daemon adds its own and drops rw
-    cache_timeout_s: float = DEFAULTS["--cache-timeout"]
-    preload: Preload = DEFAULTS["--preload"]
-    preload_max_bytes: int = DEFAULTS["--preload-max-bytes"]
-    readahead_pages: int = DEFAULTS["--readahead-pages"]
-    push_pages: bool = DEFAULTS["--push-pages"]
-    warm_kernel: bool = DEFAULTS["--warm-kernel"]  # after mounting: list every directory, push every page
-    warm_wait_s: float = DEFAULTS["--warm-wait"]  # how long READY waits for that warm-up (0: in the background)
-    warm_max_bytes: int = DEFAULTS["--warm-max-bytes"]  # larger sites are not warmed (0: a sixteenth of the memory)
-    idle_exit_s: float = DEFAULTS["--idle-exit"]  # unmount once no bind of this mount has stood this long (0: never)
-    pid_file: str | None = None
-    log_file: str | None = None
-    log_level: str = DEFAULTS["--log-level"]
-    log_format: Literal["text", "json"] = DEFAULTS["--log-format"]
-    metrics_addr: str | None = None
-    refresh_interval_s: float = 5.0  # 0: the tree stays as mounted (--refresh-interval's default, 1 with Redis)
-    search_dir: str | None = None  # a hidden directory whose files are semantic searches
+    cache_timeout_s: float = from_flag("--cache-timeout")
+    preload: Preload = from_flag("--preload")
+    preload_max_bytes: int = from_flag("--preload-max-bytes")
+    readahead_pages: int = from_flag("--readahead-pages")
+    push_pages: bool = from_flag("--push-pages")
+    warm_kernel: bool = from_flag("--warm-kernel")  # after mounting: list every directory, push every page
+    warm_wait_s: float = from_flag("--warm-wait")  # how long READY waits for that warm-up (0: in the background)
+    warm_max_bytes: int = from_flag("--warm-max-bytes")  # larger sites are not warmed (0: a sixteenth of the memory)
+    idle_exit_s: float = from_flag("--idle-exit")  # unmount once no bind of this mount has stood this long (0: never)
+    pid_file: str | None = from_flag("--pid-file")
+    log_file: str | None = from_flag("--log-file")
+    log_level: str = from_flag("--log-level")
+    log_format: Literal["text", "json"] = from_flag("--log-format")
+    metrics_addr: str | None = from_flag("--metrics-addr")
+    # 0: the tree stays as mounted; not given: 1 s with Redis, 5 s without
+    refresh_interval_s: float = from_flag("--refresh-interval", default=REFRESH_INTERVAL_S)
+    search_dir: str | None = from_flag("--search-dir")  # a hidden directory whose files are semantic searches
 
     @property
     def site(self) -> str:
@@ -136,42 +161,17 @@ class MountConfig:
     def from_args(cls, args: argparse.Namespace) -> MountConfig:
         """From chromafs-mount's flags; the mountpoint is made absolute against the current
         directory (the caller's, for a mount server's request)."""
-        if args.readahead_pages < 0:
-            raise UsageError("--readahead-pages must not be negative")
-        if args.warm_wait < 0:
-            raise UsageError("--warm-wait must not be negative")
-        if args.warm_max_bytes < 0 or args.idle_exit < 0:
-            raise UsageError("--warm-max-bytes and --idle-exit must not be negative")
-        if args.cache_timeout < 0:
-            raise UsageError("--cache-timeout must not be negative")
-        if args.search_dir is not None and (args.search_dir in ("", ".", "..") or "/" in args.search_dir):
-            raise UsageError(f"--search-dir wants a name without /, not {args.search_dir!r}")
-        refresh = args.refresh_interval
-        if refresh is None:
-            refresh = 1.0 if args.redis_url else 5.0  # a GET of a few bytes, or a query to Chroma
-        if refresh < 0:
-            raise UsageError("--refresh-interval must not be negative")
-        options = tuple(o.strip() for group in args.options for o in group.split(",") if o.strip())
+        values = flag_values(cls, args)
+        search_dir = values["search_dir"]
+        if search_dir is not None and (search_dir in ("", ".", "..") or "/" in search_dir):
+            raise UsageError(f"--search-dir wants a name without /, not {search_dir!r}")
+        if values["refresh_interval_s"] is None:
+            values["refresh_interval_s"] = REFRESH_INTERVAL_WITH_REDIS_S if args.redis_url else REFRESH_INTERVAL_S
         return cls(
             session=SessionConfig.from_args(args),
             mountpoint=os.path.abspath(args.mountpoint),
-            fuse_options=options,
-            cache_timeout_s=args.cache_timeout,
-            preload=args.preload,
-            preload_max_bytes=args.preload_max_bytes,
-            readahead_pages=args.readahead_pages,
-            push_pages=args.push_pages,
-            warm_kernel=args.warm_kernel,
-            warm_wait_s=args.warm_wait,
-            warm_max_bytes=args.warm_max_bytes,
-            idle_exit_s=args.idle_exit,
-            pid_file=args.pid_file,
-            log_file=args.log_file,
-            log_level=args.log_level,
-            log_format=args.log_format,
-            metrics_addr=args.metrics_addr,
-            refresh_interval_s=refresh,
-            search_dir=args.search_dir,
+            fuse_options=tuple(o.strip() for group in args.options for o in group.split(",") if o.strip()),
+            **values,
         )
 
     def to_dict(self) -> dict[str, object]:
@@ -206,3 +206,21 @@ def mount_settings(config: MountConfig) -> dict[str, object]:
     for name in ("jwt_secret_file", "jwt_public_key"):
         settings["session"].pop(name)
     return settings
+
+
+@dataclass(frozen=True, slots=True)
+class ServerConfig:
+    """chromafs-mountd's settings."""
+
+    socket: str = from_flag("--socket", MOUNTD_OPTIONS)
+    class_root: str = from_flag("--class-root", MOUNTD_OPTIONS)
+    class_idle_s: float = from_flag("--class-idle", MOUNTD_OPTIONS)
+    class_warm_wait_s: float = from_flag("--class-warm-wait", MOUNTD_OPTIONS)
+    metrics_addr: str | None = from_flag("--metrics-addr", MOUNTD_OPTIONS)
+    serving_processes: int = from_flag("--serving-processes", MOUNTD_OPTIONS)  # 0: one per core
+    serving_cache_bytes: int = from_flag("--serving-cache-bytes", MOUNTD_OPTIONS)
+    isolated_only: bool = from_flag("--isolated-only", MOUNTD_OPTIONS)  # no class views: a daemon per session
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> ServerConfig:
+        return cls(**flag_values(cls, args))

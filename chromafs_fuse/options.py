@@ -1,9 +1,10 @@
 """Every flag of chromafs-mount, chromafs-mountd and the session commands, declared once.
 
-From this table cli/common.py builds the argparse flags, config.py takes its defaults, the mount
-client's quick path (cli/mount_request.py) takes the names it may read without argparse, and
-mount.fuse.chromafs (cli/mount_helper.py) takes its `-o` option names ('_' for '-').
-tests/test_options.py keeps all of them equal to the table.
+From this table cli/common.py builds the argparse flags; config.py takes its fields' defaults,
+the flag each field is read from and the bounds it checks (`checked_value`); the mount server takes
+its defaults (`MOUNTD_DEFAULTS`); the mount client's quick path (cli/mount_request.py) takes the
+names it may read without argparse; and mount.fuse.chromafs (cli/mount_helper.py) takes its `-o`
+option names ('_' for '-'). tests/test_options.py keeps all of them equal to the table.
 
 Standard library only, and not even dataclasses or typing: the mount client imports this on its
 fast path.
@@ -38,7 +39,9 @@ class Option:
         "hidden",
         "kind",
         "metavar",
+        "minimum",
         "name",
+        "positive",
         "quick",
         "required",
         "store_as",
@@ -64,6 +67,8 @@ class Option:
         fstab: bool = True,
         quick: bool = True,
         store_as: str | None = None,
+        minimum: float | None = None,
+        positive: bool = False,
     ) -> None:
         assert kind in KINDS, kind
         self.name = name  # the flag, e.g. --cache-bytes
@@ -82,6 +87,8 @@ class Option:
         self.fstab = fstab and not hidden  # a mount.fuse.chromafs -o option
         self.quick = quick and not hidden  # the mount client's quick path reads it (else the full parser)
         self.store_as = store_as
+        self.minimum = minimum  # a smaller value is refused (checked_value)
+        self.positive = positive  # 0 and less are refused (checked_value)
 
     @property
     def dest(self) -> str:
@@ -146,8 +153,9 @@ SESSION_OPTIONS = (
         "in-process page cache bound (the kernel page cache and Redis sit on either side of it)",
         type=int,
         default=32 * MIB,
+        minimum=0,
     ),
-    Option("--backend-timeout", "seconds before a backend call fails", type=float, default=10.0),
+    Option("--backend-timeout", "seconds before a backend call fails", type=float, default=10.0, positive=True),
     Option("--s3-endpoint-url", "S3 endpoint for lazy files (default: AWS_ENDPOINT_URL or AWS)"),
     Option(
         "--redis-url",
@@ -181,7 +189,7 @@ MOUNT_OPTIONS = (
         store_as="options",
         fstab=False,  # mount.fuse.chromafs passes on the FUSE options of its own -o
     ),
-    Option("--cache-timeout", "kernel entry/attr cache seconds", type=float, default=3600.0),
+    Option("--cache-timeout", "kernel entry/attr cache seconds", type=float, default=3600.0, minimum=0),
     Option(
         "--preload",
         "warm start: once mounted, load every visible page into memory in the background (auto: sites up to "
@@ -197,6 +205,7 @@ MOUNT_OPTIONS = (
         type=int,
         default=64 * MIB,
         deprecated=("--prefetch-max-bytes",),
+        minimum=0,
     ),
     Option("--log-file", "log here (default: stderr in the foreground; syslog, else a file, in the background)"),
     Option(
@@ -205,6 +214,7 @@ MOUNT_OPTIONS = (
         "ones read next, in one batch (0: off); the warm start at mount is --preload",
         type=int,
         default=32,
+        minimum=0,
     ),
     Option(
         "--push-pages",
@@ -226,6 +236,7 @@ MOUNT_OPTIONS = (
         type=int,
         default=0,
         metavar="N",
+        minimum=0,
     ),
     Option(
         "--idle-exit",
@@ -234,6 +245,7 @@ MOUNT_OPTIONS = (
         type=float,
         default=0.0,
         metavar="S",
+        minimum=0,
     ),
     Option(
         "--search-dir",
@@ -246,12 +258,14 @@ MOUNT_OPTIONS = (
         type=float,
         default=0.0,
         metavar="S",
+        minimum=0,
     ),
     Option(
         "--refresh-interval",
         "check for a re-ingested tree every S seconds, switch to it (default 1 with Redis, 5 without; 0: never)",
         type=float,
         metavar="S",
+        minimum=0,
     ),
     Option("--pid-file", "write the daemon's PID here while it serves"),
     Option("--log-format", "one line per event", choices=("text", "json"), default="text"),
@@ -279,8 +293,7 @@ MOUNT_OPTIONS = (
     Option("--ready-fd", type=int, hidden=True),
 )
 
-# chromafs-mountd's (each request's argv is chromafs-mount's). The defaults are serving/'s (a test
-# keeps them equal): DEFAULT_SOCKET, DEFAULT_CLASS_ROOT, DEFAULT_IDLE_S, DEFAULT_WARM_WAIT_S.
+# chromafs-mountd's (each request's argv is chromafs-mount's): config.py's ServerConfig.
 MOUNTD_OPTIONS = (
     Option(
         "--socket",
@@ -303,6 +316,7 @@ MOUNTD_OPTIONS = (
         type=float,
         default=300.0,
         metavar="S",
+        minimum=0,
     ),
     Option(
         "--class-warm-wait",
@@ -312,6 +326,7 @@ MOUNTD_OPTIONS = (
         type=float,
         default=1.0,
         metavar="S",
+        minimum=0,
     ),
     Option(
         "--metrics-addr",
@@ -342,6 +357,7 @@ MOUNTD_OPTIONS = (
         type=int,
         default=256 * MIB,
         deprecated=("--shared-cache-bytes",),
+        minimum=0,
     ),
 )
 
@@ -356,6 +372,24 @@ def find(name: str, options: Iterable[Option] = MOUNT_OPTIONS) -> Option:
 
 # chromafs-mount's flag -> its default, as config.py's fields take it (no environment)
 DEFAULTS: dict[str, Any] = {option.name: option.default for option in MOUNT_OPTIONS}
+# chromafs-mountd's flag -> its default
+MOUNTD_DEFAULTS: dict[str, Any] = {option.name: option.default for option in MOUNTD_OPTIONS}
+# --refresh-interval's default: a version read in Redis is a GET of a few bytes; without Redis, a
+# query to Chroma
+REFRESH_INTERVAL_WITH_REDIS_S = 1.0
+REFRESH_INTERVAL_S = 5.0
+
+
+def checked_value(option: Option, value: Any) -> Any:
+    """`value` of `option` (parsed), or ValueError saying which bound it breaks."""
+    if value is None or option.type not in (int, float):
+        return value
+    if option.positive and value <= 0:
+        raise ValueError(f"{option.name} must be more than 0")
+    if option.minimum is not None and value < option.minimum:
+        raise ValueError(f"{option.name} must not be negative" if option.minimum == 0 else
+                         f"{option.name} must be at least {option.minimum:g}")  # fmt: skip
+    return value
 
 
 def quick_path_names(options: Iterable[Option] = MOUNT_OPTIONS) -> tuple[frozenset[str], frozenset[str]]:

@@ -5,6 +5,7 @@ helper and the configuration's defaults. None of them may declare an option of i
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,8 @@ from chromafs_fuse.cli.chromafs import build_parser as chromafs_parser
 from chromafs_fuse.cli.common import add_session_arguments
 from chromafs_fuse.cli.mount import build_parser as mount_parser
 from chromafs_fuse.cli.mountd import build_parser as mountd_parser
-from chromafs_fuse.config import MountConfig, RedisSettings, SessionConfig, chroma_location
+from chromafs_fuse.config import MountConfig, RedisSettings, ServerConfig, SessionConfig, chroma_location
+from chromafs_fuse.errors import UsageError
 from chromafs_fuse.options import (
     MOUNT_OPTIONS,
     MOUNTD_OPTIONS,
@@ -25,8 +27,6 @@ from chromafs_fuse.options import (
     fstab_names,
     quick_path_names,
 )
-from chromafs_fuse.serving.server import server as mountd
-from chromafs_fuse.serving.server import session_keeper as class_mounts
 
 HELP = {"-h", "--help"}
 ENV = ("CHROMAFS_SITE", "CHROMAFS_REDIS_URL", "CHROMAFS_REDIS_CA", "CHROMAFS_MOUNTD_SOCKET", "CHROMAFS_CLASS_ROOT")
@@ -134,10 +134,31 @@ def test_config_defaults_are_the_tables(tmp_path: Path) -> None:
 
 
 def test_the_mount_servers_defaults_are_the_tables() -> None:
-    assert find("--socket", MOUNTD_OPTIONS).default == mountd.DEFAULT_SOCKET == mount_request.HOST_MOUNTD_SOCKET
-    assert find("--class-root", MOUNTD_OPTIONS).default == class_mounts.DEFAULT_CLASS_ROOT
-    assert find("--class-idle", MOUNTD_OPTIONS).default == class_mounts.DEFAULT_IDLE_S
-    assert find("--class-warm-wait", MOUNTD_OPTIONS).default == class_mounts.DEFAULT_WARM_WAIT_S
+    assert find("--socket", MOUNTD_OPTIONS).default == ServerConfig().socket == mount_request.HOST_MOUNTD_SOCKET
+    args = mountd_parser().parse_args([])
+    assert ServerConfig.from_args(args) == ServerConfig()
+    assert ServerConfig().class_root == find("--class-root", MOUNTD_OPTIONS).default
+    assert ServerConfig().class_warm_wait_s == find("--class-warm-wait", MOUNTD_OPTIONS).default
+
+
+def test_every_config_field_set_by_a_flag_names_one_of_the_table() -> None:
+    """A field's flag, default and bounds are the table's: a negative value of a bounded flag is
+    refused with the flag's name, whichever config reads it."""
+    for cls in (SessionConfig, MountConfig, ServerConfig):
+        for field in dataclasses.fields(cls):
+            if "flag" in field.metadata:
+                option = find(field.metadata["flag"], field.metadata["options"])
+                if field.default is not dataclasses.MISSING and field.name != "refresh_interval_s":
+                    assert field.default == option.default, field.name
+    for flag in ("--readahead-pages", "--cache-timeout", "--warm-wait", "--idle-exit", "--cache-bytes"):
+        args = mount_parser().parse_args(["/m", "--site", "a", "--chroma-path", "/c", flag, "-1"])
+        with pytest.raises(UsageError, match=f"^{flag} must not be negative$"):
+            MountConfig.from_args(args)
+    args = mount_parser().parse_args(["/m", "--site", "a", "--chroma-path", "/c", "--backend-timeout", "0"])
+    with pytest.raises(UsageError, match=r"^--backend-timeout must be more than 0$"):
+        MountConfig.from_args(args)
+    with pytest.raises(UsageError, match=r"^--class-idle must not be negative$"):
+        ServerConfig.from_args(mountd_parser().parse_args(["--class-idle", "-1"]))
 
 
 def test_old_names_still_work_and_say_so(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

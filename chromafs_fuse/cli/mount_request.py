@@ -9,10 +9,10 @@ import os
 import sys
 
 from chromafs_fuse.errors import UsageError
-from chromafs_fuse.options import deprecated_names, quick_path_names
+from chromafs_fuse.options import MOUNTD_DEFAULTS, deprecated_names, quick_path_names
 from chromafs_fuse.serving.handshake import wait_for_answer
 
-HOST_MOUNTD_SOCKET = "/run/chromafs/mountd.sock"  # chromafs-mountd's default --socket
+HOST_MOUNTD_SOCKET: str = MOUNTD_DEFAULTS["--socket"]
 FALL_BACK_ERRNOS = frozenset({2, 13, 111})  # ENOENT, EACCES, ECONNREFUSED: no host server for us
 FLAGS, VALUE_OPTIONS = quick_path_names()  # chromafs-mount's options the quick path reads itself
 RENAMED = deprecated_names()  # old flag -> new flag

@@ -13,6 +13,8 @@ import sys
 
 from chromafs_fuse.cli.common import add_options
 from chromafs_fuse.cli.mount import build_parser as mount_parser
+from chromafs_fuse.config import ServerConfig
+from chromafs_fuse.errors import UsageError
 from chromafs_fuse.logs import setup_logging
 from chromafs_fuse.options import MOUNTD_OPTIONS
 from chromafs_fuse.serving.process import limit_malloc_arenas
@@ -49,6 +51,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not 0 <= args.serving_processes <= MAX_SERVING_PROCESSES:
         parser.error(f"--serving-processes wants a number from 1 to {MAX_SERVING_PROCESSES} (0: one per core)")
+    try:
+        config = ServerConfig.from_args(args)
+    except UsageError as exc:
+        parser.error(str(exc))
     setup_logging(args.log_level, args.log_file)
     if args.class_mode == "process":
         log.warning("--class-mode process is gone: every class is served by the pool of serving processes")
@@ -60,26 +66,13 @@ def main(argv: list[str] | None = None) -> int:
 
     if not args.no_preload_chroma:
         import chromadb  # noqa: F401  - no threads start at import, so forking stays safe
-    shared = os.geteuid() == 0 and not args.isolated_only  # binds need CAP_SYS_ADMIN
+    class_views = os.geteuid() == 0 and not config.isolated_only  # binds need CAP_SYS_ADMIN
     try:
-        return serve(args, shared)
+        return serve_forever(config, parse_request_argv, class_views)
     except OSError as exc:  # the socket or the class root cannot be made: a path, a permission
         where = exc.filename or args.socket
         print(f"chromafs-mountd: cannot listen on {args.socket}: {where}: {exc.strerror or exc}", file=sys.stderr)
         return 1
-
-
-def serve(args: argparse.Namespace, shared: bool) -> int:
-    return serve_forever(
-        args.socket,
-        parse_request_argv,
-        args.class_root if shared else None,
-        args.class_idle,
-        args.metrics_addr,
-        args.serving_cache_bytes,
-        args.serving_processes or None,
-        args.class_warm_wait,
-    )
 
 
 if __name__ == "__main__":

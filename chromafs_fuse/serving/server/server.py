@@ -36,11 +36,10 @@ from typing import TYPE_CHECKING
 
 import setproctitle
 
-from chromafs_fuse.config import MountConfig
+from chromafs_fuse.config import MountConfig, ServerConfig
 from chromafs_fuse.errors import UsageError
 from chromafs_fuse.serving.server.forker import Forker, ForkerGone, Job
 from chromafs_fuse.serving.server.metrics import MetricsEndpoint
-from chromafs_fuse.serving.server.session_keeper import DEFAULT_IDLE_S, DEFAULT_WARM_WAIT_S
 
 if TYPE_CHECKING:
     import argparse
@@ -54,8 +53,6 @@ ParseArgv = Callable[[list[str]], "argparse.Namespace"]
 
 log = logging.getLogger("chromafs.mountd")
 MAX_REQUEST_BYTES = 256 * 1024
-DEFAULT_SOCKET = "/run/chromafs/mountd.sock"
-DEFAULT_SERVING_CACHE_BYTES = 256 * 1024 * 1024
 MAX_CONCURRENT_REQUESTS = 256  # beyond this a request waits for a thread (it is never refused)
 HOUSEKEEPING_S = 0.5
 _CALLERS_CWD = threading.Lock()
@@ -369,38 +366,27 @@ def _listening_socket(socket_path: str) -> socket.socket:
     return server
 
 
-def serve_forever(
-    socket_path: str,
-    parse_argv: ParseArgv,
-    class_root: str | None = None,
-    class_idle_s: float = DEFAULT_IDLE_S,
-    metrics_addr: str | None = None,
-    serving_cache_bytes: int = DEFAULT_SERVING_CACHE_BYTES,
-    serving_processes: int | None = None,
-    class_warm_wait_s: float = DEFAULT_WARM_WAIT_S,
-) -> int:
+def serve_forever(config: ServerConfig, parse_argv: ParseArgv, class_views: bool) -> int:
     """Serve mount requests, each request's argv parsed by `parse_argv`, until SIGTERM (0) or
-    until the forker is gone (1). With
-    `class_root` (root only), sessions are binds of reader-class views of the pool's serving
-    processes (`serving_processes` of them, default one per core, each page memory
-    `serving_cache_bytes`); without it, or for `--isolated`, each session gets a daemon."""
+    until the forker is gone (1). With `class_views` (root only), sessions are binds of
+    reader-class views of the pool's serving processes in `config.class_root`; without, or for
+    `--isolated`, each session gets a daemon."""
     from chromafs_fuse.serving.handshake import wait_for_ready
     from chromafs_fuse.serving.server.pool import ServingPool
     from chromafs_fuse.serving.server.session_keeper import SessionError, SessionKeeper
 
-    listener = _listening_socket(socket_path)
+    listener = _listening_socket(config.socket)
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # children are reaped by the kernel
     forker_of: list[Forker] = []
 
     def start_serving(index: int) -> int:
-        assert class_root is not None
         ours, theirs = socket.socketpair()
         with ours, theirs:
             kwargs = {
-                "class_root": class_root,
+                "class_root": config.class_root,
                 "index": index,
-                "cache_bytes": serving_cache_bytes,
-                "idle_exit_s": class_idle_s + ORPHAN_GRACE_S,  # ends by itself, with no server to stop it
+                "cache_bytes": config.serving_cache_bytes,
+                "idle_exit_s": config.class_idle_s + ORPHAN_GRACE_S,  # ends by itself, with no server to stop it
             }
             try:
                 pid = forker_of[0].spawn(Job(serve_pool_process, kwargs), [theirs.fileno()])
@@ -413,19 +399,21 @@ def serve_forever(
         return pid
 
     keeper = None
-    if class_root:
-        processes = serving_processes or default_serving_processes()
-        pool = ServingPool(class_root, start_serving, processes, class_warm_wait_s)
-        keeper = SessionKeeper(class_root, class_idle_s, pool)
-    metrics = MetricsEndpoint(metrics_addr, lambda: keeper.snapshot() if keeper else None) if metrics_addr else None
+    if class_views:
+        processes = config.serving_processes or default_serving_processes()
+        pool = ServingPool(config.class_root, start_serving, processes, config.class_warm_wait_s)
+        keeper = SessionKeeper(config.class_root, config.class_idle_s, pool)
+    metrics = None
+    if config.metrics_addr:
+        metrics = MetricsEndpoint(config.metrics_addr, lambda: keeper.snapshot() if keeper else None)
     forker_of.append(Forker.start([listener, *([metrics] if metrics else [])]))  # before any thread starts
     forker = forker_of[0]
-    server = MountServer(socket_path, parse_argv, forker, keeper, listener)
+    server = MountServer(config.socket, parse_argv, forker, keeper, listener)
 
     def stop(_signum: int, _frame: object) -> None:
         server.stop()
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
-    log.info("listening on %s%s", socket_path, f"; class views in {class_root}" if class_root else "")
+    log.info("listening on %s%s", config.socket, f"; class views in {config.class_root}" if keeper else "")
     return server.serve(metrics)

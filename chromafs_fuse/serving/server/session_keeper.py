@@ -37,9 +37,6 @@ from chromafs_fuse.serving.server.state_journal import StateJournal
 from chromafs_fuse.serving.status import runtime_dir, utc_text, write_private_json
 
 log = logging.getLogger("chromafs.mountd")
-DEFAULT_CLASS_ROOT = "/run/chromafs/classes"
-DEFAULT_IDLE_S = 300.0
-DEFAULT_WARM_WAIT_S = 1.0
 
 
 class SessionError(Exception):
