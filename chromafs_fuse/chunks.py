@@ -11,11 +11,13 @@ import hashlib
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from chromafs_fuse.errors import Corrupt
+
 DEFAULT_JOINER = "\n"
 DEFAULT_MAX_CHUNK_CHARS = 2000
 
 
-class CorruptPage(ValueError):
+class CorruptPage(Corrupt, ValueError):
     """The stored chunks of a page do not make a whole page."""
 
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
 
 from chromafs_fuse.attributes import BLOCK_SIZE, AttributeMaker
+from chromafs_fuse.errors import FsError, Unavailable
 from chromafs_fuse.inodes import InodeTable, Node
 from chromafs_fuse.readahead import ReadScheduler
 from chromafs_fuse.search_dir import SEARCH_INODE, SearchDir
@@ -28,15 +29,7 @@ from chromafs_fuse.tree import PathEntry
 A = TypeVar("A")  # the attributes the filesystem answers with (see AttributeMaker)
 
 
-class FsError(Exception):
-    """A request fails with this errno."""
-
-    def __init__(self, code: int) -> None:
-        super().__init__(errno.errorcode.get(code, str(code)))
-        self.errno = code
-
-
-class PageUnavailable(Exception):
+class PageUnavailable(Unavailable):
     """The page cannot be served now (corrupt, backend down, timed out): the read fails with EIO."""
 
 

@@ -18,11 +18,12 @@ from typing import Any
 
 import numpy as np
 
+from chromafs_fuse.errors import Refused
 from chromafs_fuse.names import EMBEDDER_FIELD, FORMAT_FIELD, PAGE_SHA_FIELD
 from chromafs_fuse.tree import PathEntry
 
 
-class SearchError(Exception):
+class SearchError(Refused):
     """A search that cannot run; the message says why."""
 
 

@@ -16,6 +16,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Generic, Protocol, TypeVar
 
+from chromafs_fuse.errors import Corrupt
 from chromafs_fuse.inodes import ROOT_INODE, InodeScope, InodeTable
 
 SITE_DIR_TAG = "\0site\0"
@@ -29,7 +30,7 @@ class HasTable(Protocol):
 V = TypeVar("V", bound=HasTable)
 
 
-class InodeClash(Exception):
+class InodeClash(Corrupt):
     """Two different nodes hashed to one inode number: the view cannot join this mount."""
 
 

@@ -15,10 +15,11 @@ from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
 from cryptography.hazmat.primitives.serialization import load_pem_public_key
 
 from chromafs_fuse.access import Principal
+from chromafs_fuse.errors import AccessDenied
 from chromafs_fuse.names import MAX_TOKEN_BYTES
 
 
-class TokenError(ValueError):
+class TokenError(AccessDenied, ValueError):
     """The token cannot be used; the message is safe to print (holds no token)."""
 
 

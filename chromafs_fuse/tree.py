@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from chromafs_fuse.blob_pieces import check_pointer, is_chroma_url
+from chromafs_fuse.errors import Corrupt
 from chromafs_fuse.pathrules import InvalidPath, normalize_key
 
 try:  # a tree of 20,000 pages parses several times faster with orjson (a chromadb dependency)
@@ -24,7 +25,7 @@ except ImportError:  # pragma: no cover
 MAX_CHUNKS = 1 << 31
 
 
-class TreeError(ValueError):
+class TreeError(Corrupt, ValueError):
     """The tree record cannot be used at all: the site is refused."""
 
 

@@ -17,10 +17,12 @@ from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import unquote, urlparse
 
+from chromafs_fuse.errors import Unavailable
+
 log = logging.getLogger(__name__)
 
 
-class BlobError(RuntimeError):
+class BlobError(Unavailable, RuntimeError):
     """A blob could not be read or written."""
 
 

@@ -30,6 +30,7 @@ from typing import Any
 from urllib.parse import quote, urlparse
 
 from chromafs_fuse import __version__
+from chromafs_fuse.errors import NotFound, Unavailable
 
 API_PATH = "/api/v2"
 log = logging.getLogger(__name__)
@@ -40,21 +41,21 @@ DEFAULT_INCLUDE = ("documents", "metadatas")
 TESTED_SERVER_VERSIONS = ((1, 0), (1, 5))
 
 
-class ChromaHttpError(RuntimeError):
-    """Chroma answered with an error status; `kind` is Chroma's error name (NotFoundError, ...)."""
+class ChromaHttpError(Unavailable, RuntimeError):
+    """Chroma answered with an error status; `error_name` is Chroma's (NotFoundError, ...)."""
 
-    def __init__(self, status: int, kind: str, message: str) -> None:
+    def __init__(self, status: int, error_name: str, detail: str) -> None:
         self.status = status
-        self.kind = kind
-        self.message = message
-        super().__init__(f"HTTP {status} {kind or _reason(status)}: {message}")
+        self.error_name = error_name
+        self.detail = detail
+        super().__init__(f"HTTP {status} {error_name or _reason(status)}: {detail}")
 
 
-class CollectionNotFound(ChromaHttpError):
+class CollectionNotFound(NotFound, ChromaHttpError):
     """The tenant and database exist, the collection does not."""
 
 
-class ChromaUnreachable(RuntimeError):
+class ChromaUnreachable(Unavailable, RuntimeError):
     """No answer: connection refused, dropped or timed out."""
 
 
@@ -176,11 +177,11 @@ class HttpCollection:
         try:
             model = server.request("GET", f"{base}/collections/{_segment(name)}")
         except ChromaHttpError as exc:
-            if exc.status == 404 and (exc.kind == "NotFoundError" or "does not exist" in exc.message):
+            if exc.status == 404 and (exc.error_name == "NotFoundError" or "does not exist" in exc.detail):
                 # The server answers the same for a missing tenant or database: say which.
                 server.request("GET", f"/tenants/{_segment(tenant)}")
                 server.request("GET", base)
-                raise CollectionNotFound(exc.status, exc.kind, exc.message) from exc
+                raise CollectionNotFound(exc.status, exc.error_name, exc.detail) from exc
             raise
         if not isinstance(model, dict) or not isinstance(model.get("id"), str):
             raise ChromaHttpError(200, "", f"collection lookup answered without an id: {_snippet(model)}")

@@ -16,6 +16,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from chromafs_fuse.backends.deadline import with_deadline
+from chromafs_fuse.errors import NotFound, Unavailable
 from chromafs_fuse.names import (
     DEFAULT_CHUNK_INDEX_FIELD,
     DEFAULT_PAGE_FIELD,
@@ -33,11 +34,11 @@ log = logging.getLogger(__name__)
 PIECES_PER_GET = 8  # blob pieces read in one call: at most ~11 MB of base64 in one answer
 
 
-class BackendError(RuntimeError):
+class BackendError(Unavailable, RuntimeError):
     """Chroma could not be reached or answered with an error."""
 
 
-class SiteNotFound(RuntimeError):
+class SiteNotFound(NotFound, RuntimeError):
     """The collection or its tree record does not exist."""
 
 

@@ -19,13 +19,15 @@ from dataclasses import dataclass
 from typing import Any, Literal
 from urllib.parse import unquote, urlsplit
 
+from chromafs_fuse.errors import UsageError
+
 Kind = Literal["single", "cluster", "sentinel"]
 DEFAULT_PORT = 6379
 SENTINEL_PORT = 26379
 
 
-class RedisURLError(ValueError):
-    pass
+class RedisURLError(UsageError, ValueError):
+    """A --redis-url that names no Redis."""
 
 
 @dataclass(frozen=True, slots=True)

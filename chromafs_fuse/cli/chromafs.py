@@ -169,14 +169,7 @@ def main(argv: list[str] | None = None) -> int:
 
     args = build_parser().parse_args(argv)
     setup_logging(args.log_level, None)
-    from chromafs_fuse.chunks import CorruptPage
-    from chromafs_fuse.cli.common import CliError
-    from chromafs_fuse.errors import unexpected
-    from chromafs_fuse.filesystem import PageUnavailable
-    from chromafs_fuse.search import SearchError
-    from chromafs_fuse.serving.failures import EXPECTED_FAILURES
-    from chromafs_fuse.site.view import ViewError
-    from chromafs_fuse.tokens import TokenError
+    from chromafs_fuse.errors import ChromafsError, unexpected
 
     try:
         if args.command == "status":
@@ -186,8 +179,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "mcp":
             return run_mcp(args)
         return run_grep(args)
-    except (CliError, TokenError, CorruptPage, PageUnavailable, SearchError, ViewError, *EXPECTED_FAILURES) as exc:
-        print(f"chromafs {args.command}: {exc}", file=sys.stderr)
+    except ChromafsError as exc:
+        print(f"chromafs {args.command}: {exc.message}", file=sys.stderr)
         return 2
     except Exception as exc:
         logging.getLogger("chromafs").debug("the command failed", exc_info=True)

@@ -15,13 +15,13 @@ import re
 import sys
 from pathlib import Path
 
-from chromafs_fuse.backends.blobstore import BlobError, open_blob_store
+from chromafs_fuse.backends.blobstore import open_blob_store
 from chromafs_fuse.cli.common import CliError, add_chroma_arguments
 from chromafs_fuse.config import chroma_location, redis_settings
-from chromafs_fuse.errors import unexpected
-from chromafs_fuse.ingest.access_rules import AccessSpecError, parse_acl
+from chromafs_fuse.errors import ChromafsError, unexpected
+from chromafs_fuse.ingest.access_rules import parse_acl
 from chromafs_fuse.ingest.chroma_blobs import DEFAULT_CHROMA_BLOB_LIMIT
-from chromafs_fuse.ingest.chroma_writes import DEFAULT_RETRIES, WriteFailed
+from chromafs_fuse.ingest.chroma_writes import DEFAULT_RETRIES
 from chromafs_fuse.ingest.pipeline import (
     DEFAULT_LARGE_FILE_THRESHOLD,
     DEFAULT_WRITE_TIMEOUT_S,
@@ -195,9 +195,9 @@ def main(argv: list[str] | None = None) -> int:
                     INGEST_PATIENCE_S,
                     args.tree_ttl,
                 )
-    except (CliError, AccessSpecError, BlobError, WriteFailed) as exc:
-        print(f"chromafs-ingest: {exc}", file=sys.stderr)
-        return 1
+    except ChromafsError as exc:
+        print(f"chromafs-ingest: {exc.message}", file=sys.stderr)
+        return exc.exit_status
     except Exception as exc:  # backend failures: one line, not a traceback
         log.debug("ingest failed", exc_info=True)
         print(f"chromafs-ingest: {unexpected(exc)}", file=sys.stderr)

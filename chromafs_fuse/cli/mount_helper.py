@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import sys
 
+from chromafs_fuse.errors import UsageError
 from chromafs_fuse.options import deprecated_names, fstab_name, fstab_names
 
 RENAMED = deprecated_names()
@@ -54,8 +55,8 @@ def mount_flags() -> tuple[set[str], set[str]]:
     return set(valued), set(switches)
 
 
-class HelperError(ValueError):
-    pass
+class HelperError(UsageError, ValueError):
+    """An fstab line or -o option that cannot be used."""
 
 
 def translate(source: str, mountpoint: str, options: str) -> list[str]:

@@ -23,8 +23,9 @@ from pydantic import Field
 
 from chromafs_fuse.access import Principal
 from chromafs_fuse.config import SessionConfig
+from chromafs_fuse.errors import ChromafsError
 from chromafs_fuse.grep import GrepQuery
-from chromafs_fuse.search import SearchError, hit_line
+from chromafs_fuse.search import hit_line
 from chromafs_fuse.site.follower import TreeFollower, follow_in_thread
 from chromafs_fuse.site.loader import LoadedSite, SiteLoader, verify_reader
 from chromafs_fuse.site.tables import PrunedTables, prune
@@ -128,8 +129,8 @@ def build_server(views: Views, embedder: str | None = None) -> MCPServer:
     def answer(ctx: Context, work: Any) -> str:
         try:
             return work(views.view(ctx))
-        except (ViewError, SearchError) as exc:
-            raise ToolError(str(exc)) from None
+        except ChromafsError as exc:  # a view's refusal, a backend down, a corrupt page: its message
+            raise ToolError(exc.message) from None
 
     @server.tool(name="list", annotations=READ_ONLY, description="A directory's entries, as `ls -p` (dirs end in /).")
     def list_directory(ctx: Context, path: SitePath = "/") -> str:

@@ -19,6 +19,8 @@ import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from chromafs_fuse.errors import UsageError
+
 DOCS = "/docs"
 PATH = "/usr/local/bin:/usr/bin:/bin"
 ROOT_LINKS = ("bin", "lib", "lib32", "lib64", "libx32", "sbin")  # merged-/usr links, or directories
@@ -70,7 +72,7 @@ _LD_W_ABS, _JEQ_K, _JGE_K, _RET_K = 0x20, 0x15, 0x35, 0x06
 _ALLOW, _ERRNO_EPERM = 0x7FFF0000, 0x00050000 | 1
 
 
-class SandboxError(Exception):
+class SandboxError(UsageError):
     """The sandbox cannot be set up here; the message says why."""
 
 

@@ -22,12 +22,13 @@ from typing import Any
 import json5
 import yaml
 
+from chromafs_fuse.errors import UsageError
 from chromafs_fuse.ingest.frontmatter import ACCESS_KEYS, Frontmatter, read_frontmatter
 
 MARKDOWN_SUFFIXES = (".md", ".mdx", ".markdown")
 
 
-class AccessSpecError(ValueError):
+class AccessSpecError(UsageError, ValueError):
     """A frontmatter block or ACL rule that cannot be understood."""
 
 

@@ -15,13 +15,15 @@ from typing import Any
 import httpx
 from tenacity import RetryCallState, Retrying, retry_if_exception, stop_after_attempt, wait_exponential
 
+from chromafs_fuse.errors import Unavailable
+
 log = logging.getLogger("chromafs.ingest")
 DEFAULT_RETRIES = 5
 MAX_BACKOFF_S = 30.0
 _TRANSIENT = (httpx.TimeoutException, httpx.NetworkError, httpx.RemoteProtocolError, ConnectionError, TimeoutError)
 
 
-class WriteFailed(Exception):
+class WriteFailed(Unavailable):
     """A call to Chroma failed on every try; the message names the call."""
 
 

@@ -8,10 +8,7 @@ import logging
 import os
 import sys
 
-from chromafs_fuse.backends.chroma_store import BackendError, SiteNotFound
-from chromafs_fuse.errors import UsageError, unexpected
-from chromafs_fuse.tokens import TokenError
-from chromafs_fuse.tree import TreeError
+from chromafs_fuse.errors import ChromafsError, unexpected
 
 log = logging.getLogger("chromafs.mount")
 
@@ -38,19 +35,16 @@ def exit_now(status: int) -> None:
     os._exit(status)
 
 
-# failures before the mount serves, reported as one line without a traceback
-EXPECTED_FAILURES = (UsageError, TokenError, BackendError, SiteNotFound, TreeError)
-
-
 def failure_text(exc: Exception) -> str:
-    """The one line saying why a mount could not start."""
-    if isinstance(exc, EXPECTED_FAILURES):
-        return str(exc)
+    """The one line saying why a mount could not start (a ChromafsError's message; anything
+    else is a bug, worded as one)."""
+    if isinstance(exc, ChromafsError):
+        return exc.message
     return f"cannot mount: {unexpected(exc)}"
 
 
 def mount_failure(ready_fd: int | None, exc: Exception) -> int:
     """Report why a mount could not start (logged, and sent to `ready_fd` or printed); 1."""
-    if not isinstance(exc, EXPECTED_FAILURES):
+    if not isinstance(exc, ChromafsError):
         log.error("cannot mount", exc_info=exc)
     return report_failure(ready_fd, failure_text(exc))

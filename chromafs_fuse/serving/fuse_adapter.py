@@ -1,8 +1,8 @@
 """The pyfuse3 Operations adapter: forwards kernel requests to a DocsFilesystem.
 
-Every handler goes through `_request`, which counts the request, times it, maps FsError to
-its errno and turns any other exception into EIO with a log line: a bug costs one request,
-never the mount. What a request answers, attributes included, is the filesystem's
+Every handler goes through `_request`, which counts the request, times it, maps a
+ChromafsError to its errno (logged at its level) and turns any other exception into EIO with its
+traceback: a bug costs one request, never the mount. What a request answers, attributes included, is the filesystem's
 (chromafs_fuse/filesystem.py); attributes become pyfuse3 objects here (`entry_attributes`),
 once per node, and the filesystem keeps them.
 
@@ -27,7 +27,8 @@ from typing import Any, TypeVar
 import pyfuse3
 
 from chromafs_fuse.attributes import AttributeMaker, Attributes
-from chromafs_fuse.filesystem import DocsFilesystem, FsError
+from chromafs_fuse.errors import ChromafsError, FsError
+from chromafs_fuse.filesystem import DocsFilesystem
 from chromafs_fuse.inodes import InodeTable
 from chromafs_fuse.stats import LatencyHistogram
 
@@ -80,11 +81,13 @@ def _request(name: str) -> Callable[[Callable[..., Awaitable[R]]], Callable[...,
             started = time.perf_counter()
             try:
                 return await handler(self, *args)
-            except FsError as exc:
-                raise pyfuse3.FUSEError(exc.errno) from None
             except pyfuse3.FUSEError:
                 raise
-            except Exception:
+            except ChromafsError as exc:
+                if log.isEnabledFor(exc.level):
+                    log.log(exc.level, "%s of inode %s: %s", name, args[0] if args else "-", exc.message)
+                raise pyfuse3.FUSEError(exc.errno) from None
+            except Exception:  # a bug: its traceback, and EIO for the caller
                 log.exception("%s%r failed", name, args[:2])
                 raise pyfuse3.FUSEError(errno.EIO) from None
             finally:

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from chromafs_fuse.access import Principal
+from chromafs_fuse.errors import Refused
 from chromafs_fuse.grep import GrepQuery, candidate_pages, grep_page
 from chromafs_fuse.inodes import Node
 from chromafs_fuse.tree import PathEntry
@@ -29,7 +30,7 @@ if TYPE_CHECKING:
 BATCH = 5000  # chunks read per call of a semantic search
 
 
-class ViewError(Exception):
+class ViewError(Refused):
     """A request the view refuses; the message names only what the caller asked for."""
 
 

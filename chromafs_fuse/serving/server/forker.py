@@ -26,6 +26,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from chromafs_fuse.errors import Unavailable
 from chromafs_fuse.serving.process import process_start
 
 log = logging.getLogger("chromafs.mountd")
@@ -50,7 +51,7 @@ class Job:
     kwargs: dict[str, Any]
 
 
-class ForkerGone(OSError):
+class ForkerGone(Unavailable):
     """The forker process is gone: no child can be started."""
 
 
@@ -89,7 +90,7 @@ class Forker:
                 answer = self._sock.recv(PID.size)
             except OSError as exc:
                 self.gone.set()
-                raise ForkerGone(exc.errno, f"the mount server's forker is gone: {exc}") from exc
+                raise ForkerGone(f"the mount server's forker is gone: {exc.strerror or exc}") from exc
         if len(answer) != PID.size:
             self.gone.set()
             raise ForkerGone("the mount server's forker is gone")

@@ -30,6 +30,7 @@ from typing import Protocol
 
 from chromafs_fuse.access import Principal
 from chromafs_fuse.config import MountConfig, mount_settings
+from chromafs_fuse.errors import Refused
 from chromafs_fuse.serving.binds import bind_read_only, detach, mounted_devices
 from chromafs_fuse.serving.process import process_start
 from chromafs_fuse.serving.server.session_table import ClassMount, Session, SessionTable, class_key
@@ -39,7 +40,7 @@ from chromafs_fuse.serving.status import runtime_dir, utc_text, write_private_js
 log = logging.getLogger("chromafs.mountd")
 
 
-class SessionError(Exception):
+class SessionError(Refused):
     """A session cannot be opened; the message goes back to the caller."""
 
 

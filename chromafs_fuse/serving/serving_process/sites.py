@@ -24,6 +24,7 @@ import trio
 from chromafs_fuse.access import Principal, visible_entries
 from chromafs_fuse.attributes import AttributeMaker
 from chromafs_fuse.config import MountConfig, RedisSettings, mount_settings
+from chromafs_fuse.errors import Refused
 from chromafs_fuse.filesystem import DocsFilesystem
 from chromafs_fuse.inodes import InodeScope, InodeTable
 from chromafs_fuse.page_cache import PageCache
@@ -43,7 +44,7 @@ from chromafs_fuse.tree_diff import diff_tables
 log = logging.getLogger("chromafs.shared")
 
 
-class ServeError(Exception):
+class ServeError(Refused):
     """A view cannot be served; the message goes back to the mount server."""
 
 
