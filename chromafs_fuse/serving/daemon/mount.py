@@ -165,7 +165,7 @@ class Mount:
         scheduler = self.fs.scheduler
         token = trio.lowlevel.current_trio_token()
         self.pusher = KernelPusher(
-            pyfuse3.store_pages,
+            pyfuse3.store_pages,  # type: ignore[attr-defined]  # only chromafs's pyfuse3 build has it (scripts/build_pyfuse3.py), not the stub; may_push checked
             lambda: token.run_sync_soon(scheduler.take_outcomes, idempotent=True),
             len(self.fs.table.file_order),
         )
