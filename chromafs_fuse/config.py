@@ -13,7 +13,7 @@ import dataclasses
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from chromafs_fuse.backends.chroma_store import ChromaLocation
 from chromafs_fuse.errors import UsageError
@@ -181,8 +181,8 @@ class MountConfig:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, object]) -> MountConfig:
-        fields = dict(data)
-        session = dict(fields.pop("session"))  # type: ignore[call-overload]
+        fields: dict[str, Any] = dict(data)  # JSON as to_dict wrote it
+        session = dict(fields.pop("session"))
         chroma = dict(session.pop("chroma"))
         redis = session.pop("redis")
         session_config = SessionConfig(
@@ -190,8 +190,8 @@ class MountConfig:
             redis=RedisSettings(**redis) if redis is not None else None,
             **session,
         )
-        fields["fuse_options"] = tuple(fields.get("fuse_options") or ())  # type: ignore[arg-type]
-        return cls(session=session_config, **fields)  # type: ignore[arg-type]
+        fields["fuse_options"] = tuple(fields.get("fuse_options") or ())
+        return cls(session=session_config, **fields)
 
 
 PER_SESSION_SETTINGS = ("mountpoint", "pid_file", "log_file", "log_level", "log_format", "metrics_addr")
