@@ -39,9 +39,9 @@ def from_flag(flag: str, options: tuple[Option, ...] = MOUNT_OPTIONS, default: o
     return dataclasses.field(default=value, metadata={"flag": flag, "options": options})
 
 
-def required_flag(flag: str, options: tuple[Option, ...] = MOUNT_OPTIONS) -> Any:
-    """A field set by `flag`, with no default."""
-    return dataclasses.field(metadata={"flag": flag, "options": options})
+def flag(flag: str, options: tuple[Option, ...] = MOUNT_OPTIONS) -> dict[str, Any]:
+    """The metadata of a field set by `flag` with no default: `dataclasses.field(metadata=flag(...))`."""
+    return {"flag": flag, "options": options}
 
 
 def flag_values(cls: type, args: argparse.Namespace) -> dict[str, Any]:
@@ -106,10 +106,10 @@ def redis_settings(
 
 @dataclass(frozen=True, slots=True)
 class SessionConfig:
-    site: str = required_flag("--site")
-    chroma: ChromaLocation = dataclasses.field()  # --chroma-path or --chroma-url, and the environment
-    page_field: str = required_flag("--page-field")
-    chunk_index_field: str = required_flag("--chunk-index-field")
+    site: str = dataclasses.field(metadata=flag("--site"))
+    chroma: ChromaLocation  # --chroma-path or --chroma-url, and the environment
+    page_field: str = dataclasses.field(metadata=flag("--page-field"))
+    chunk_index_field: str = dataclasses.field(metadata=flag("--chunk-index-field"))
     chunk_joiner: str = from_flag("--chunk-joiner")
     cache_bytes: int = from_flag("--cache-bytes")
     backend_timeout_s: float = from_flag("--backend-timeout")
@@ -181,8 +181,8 @@ class MountConfig:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, object]) -> MountConfig:
-        fields = dict(data)
-        session = dict(fields.pop("session"))  # type: ignore[call-overload]
+        fields: dict[str, Any] = dict(data)  # JSON as to_dict wrote it
+        session = dict(fields.pop("session"))
         chroma = dict(session.pop("chroma"))
         redis = session.pop("redis")
         session_config = SessionConfig(
@@ -190,8 +190,8 @@ class MountConfig:
             redis=RedisSettings(**redis) if redis is not None else None,
             **session,
         )
-        fields["fuse_options"] = tuple(fields.get("fuse_options") or ())  # type: ignore[arg-type]
-        return cls(session=session_config, **fields)  # type: ignore[arg-type]
+        fields["fuse_options"] = tuple(fields.get("fuse_options") or ())
+        return cls(session=session_config, **fields)
 
 
 PER_SESSION_SETTINGS = ("mountpoint", "pid_file", "log_file", "log_level", "log_format", "metrics_addr")

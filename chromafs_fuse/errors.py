@@ -46,33 +46,33 @@ class ChromafsError(Exception):
 class UsageError(ChromafsError):
     """A user-facing failure of any chromafs command: printed as one line, exit status 1."""
 
-    kind = "usage"
+    kind: ClassVar[Kind] = "usage"
     errno = errnos.EINVAL
     level = WARNING
 
 
 class AccessDenied(ChromafsError):
-    kind = "denied"
+    kind: ClassVar[Kind] = "denied"
     errno = errnos.EACCES
     level = WARNING
 
 
 class NotFound(ChromafsError):
-    kind = "not_found"
+    kind: ClassVar[Kind] = "not_found"
     errno = errnos.ENOENT
     level = WARNING
 
 
 class Unavailable(ChromafsError):
-    kind = "unavailable"
+    kind: ClassVar[Kind] = "unavailable"
 
 
 class Corrupt(ChromafsError):
-    kind = "corrupt"
+    kind: ClassVar[Kind] = "corrupt"
 
 
 class Refused(ChromafsError):
-    kind = "refused"
+    kind: ClassVar[Kind] = "refused"
     level = WARNING
 
 

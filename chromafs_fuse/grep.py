@@ -57,7 +57,7 @@ def candidate_pages(pages: ChromaPages, entries: Sequence[PathEntry], query: Gre
         try:
             result: dict[str, Any] = pages.collection.get(
                 where={pages.page_field: {"$in": batch}},
-                where_document=query.document_filter(),  # type: ignore[arg-type]
+                where_document=query.document_filter(),
                 include=["metadatas"],
             )
         except Exception as exc:  # e.g. a regex Chroma's engine does not accept

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # imported where used: a command that does not log starts sooner
+    import logging
 
 
 def default_log_file() -> str:
@@ -50,7 +54,7 @@ def setup_logging(level: str, log_file: str | None, background: bool = False, js
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
-def _json_formatter_class() -> type:
+def _json_formatter_class() -> type[logging.Formatter]:
     import json
     import logging
 
@@ -72,5 +76,5 @@ def _json_formatter_class() -> type:
     return _JsonFormatter
 
 
-def JsonFormatter() -> object:
+def JsonFormatter() -> logging.Formatter:
     return _json_formatter_class()()

@@ -43,7 +43,7 @@ def normalize_key(raw: object) -> str:
         part = ".." if "/../" in f"/{key}/" else "."
         raise InvalidPath(f"path has a '{part}' component")
     if len(encoded) > MAX_NAME_BYTES:  # only then can one component be too long
-        for part in encoded.split(b"/"):
-            if len(part) > MAX_NAME_BYTES:
+        for component in encoded.split(b"/"):
+            if len(component) > MAX_NAME_BYTES:
                 raise InvalidPath(f"a path component is longer than {MAX_NAME_BYTES} bytes")
     return key

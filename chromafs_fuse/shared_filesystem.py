@@ -28,7 +28,8 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Generic, TypeVar
 
 from chromafs_fuse.attributes import BLOCK_SIZE, DAEMON_OWNER, DIR_MODE, Attributes
-from chromafs_fuse.filesystem import DocsFilesystem, FsError, FsStats, OpenReply
+from chromafs_fuse.errors import FsError
+from chromafs_fuse.filesystem import DocsFilesystem, FsStats, OpenReply
 from chromafs_fuse.inodes import InodeTable
 from chromafs_fuse.shared_views import SharedNamespace
 

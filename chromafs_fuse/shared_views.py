@@ -59,16 +59,16 @@ def _site_inode(site: str) -> int:
 
 
 @dataclass(slots=True)
-class _Site:
+class _Site(Generic[V]):
     inode: int
-    views: dict[str, object] = field(default_factory=dict)  # name -> view
+    views: dict[str, V] = field(default_factory=dict)  # name -> view
 
 
 class SharedNamespace(Generic[V]):
     """Which view answers for an inode, and the listing of the top two levels."""
 
     def __init__(self) -> None:
-        self._sites: dict[str, _Site] = {}
+        self._sites: dict[str, _Site[V]] = {}
         self._site_by_inode: dict[int, str] = {}
         self._route: dict[int, V] = {}  # every node of every view -> a view holding it
         self._holders: dict[int, list[V]] = {}  # file inodes held by more than one view
@@ -83,10 +83,11 @@ class SharedNamespace(Generic[V]):
         old = self._sites[site].views.get(name) if site in self._sites else None
         self._check(site, view, old)
         if old is not None:
-            self._drop_routes(old)  # type: ignore[arg-type]
+            self._drop_routes(old)
         entry = self._sites.get(site)
         if entry is None:
-            entry = self._sites[site] = _Site(_site_inode(site))
+            entry = _Site(_site_inode(site))
+            self._sites[site] = entry
             self._site_by_inode[entry.inode] = site
         entry.views[name] = view
         table = view.table
@@ -103,14 +104,14 @@ class SharedNamespace(Generic[V]):
         view = entry.views.pop(name, None) if entry else None
         if view is None:
             return None
-        self._drop_routes(view)  # type: ignore[arg-type]
+        self._drop_routes(view)
         assert entry is not None
         if not entry.views:
             del self._sites[site]
             del self._site_by_inode[entry.inode]
-        return view  # type: ignore[return-value]
+        return view
 
-    def _check(self, site: str, view: V, old: object) -> None:
+    def _check(self, site: str, view: V, old: V | None) -> None:
         """Refuse a view whose nodes hash onto a node of another view that is not the same page."""
         table = view.table
         for index in range(len(table)):
@@ -175,7 +176,7 @@ class SharedNamespace(Generic[V]):
             pairs = [(site.encode(), entry.inode) for site, entry in self._sites.items()]
         else:
             entry = self._sites[self._site_by_inode[inode]]
-            pairs = [(name.encode(), view.table.inode_at(0)) for name, view in entry.views.items()]  # type: ignore[attr-defined]
+            pairs = [(name.encode(), view.table.inode_at(0)) for name, view in entry.views.items()]
         return sorted(pairs)
 
     def top_lookup(self, parent: int, name: bytes) -> int | None:
@@ -187,12 +188,12 @@ class SharedNamespace(Generic[V]):
             entry = self._sites.get(text)
             return entry.inode if entry else None
         view = self._sites[self._site_by_inode[parent]].views.get(text)
-        return view.table.inode_at(0) if view is not None else None  # type: ignore[attr-defined]
+        return view.table.inode_at(0) if view is not None else None
 
     def view(self, site: str, name: str) -> V | None:
         entry = self._sites.get(site_dir_name(site))
-        return entry.views.get(name) if entry else None  # type: ignore[return-value]
+        return entry.views.get(name) if entry else None
 
     def views(self) -> list[tuple[str, str, V]]:
         """(site directory, view name, view) of every view."""
-        return [(site, name, view) for site, e in self._sites.items() for name, view in e.views.items()]  # type: ignore[misc]
+        return [(site, name, view) for site, e in self._sites.items() for name, view in e.views.items()]

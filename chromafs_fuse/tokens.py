@@ -25,7 +25,7 @@ class TokenError(AccessDenied, ValueError):
 
 @dataclass(frozen=True)
 class VerificationKey:
-    key: object
+    key: bytes | ed25519.Ed25519PublicKey | rsa.RSAPublicKey | ec.EllipticCurvePublicKey  # a secret, or a public key
     algorithms: Sequence[str]
 
 
@@ -70,7 +70,7 @@ def principal_from_token(token: str | None, key: VerificationKey | None, site: s
     try:
         claims = jwt.decode(
             token,
-            key.key,  # type: ignore[arg-type]
+            key.key,
             algorithms=list(key.algorithms),
             options={"require": ["exp"], "verify_aud": False},
         )

@@ -17,7 +17,8 @@ import trio
 
 from chromafs_fuse.access import Principal, visible_entries
 from chromafs_fuse.attributes import DAEMON_OWNER, DIR_MODE, FILE_MODE, AttributeMaker, Attributes, keep_record
-from chromafs_fuse.filesystem import DocsFilesystem, FsError, PageUnavailable
+from chromafs_fuse.errors import FsError
+from chromafs_fuse.filesystem import DocsFilesystem, PageUnavailable
 from chromafs_fuse.inodes import ROOT_INODE, InodeTable
 from chromafs_fuse.readahead import ReadScheduler
 from chromafs_fuse.search_dir import SEARCH_INODE, SearchDir

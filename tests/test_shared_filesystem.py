@@ -14,7 +14,8 @@ from test_filesystem import PAGES, TREE, FakePages
 
 from chromafs_fuse.access import Principal, visible_entries
 from chromafs_fuse.attributes import DIR_MODE, FILE_MODE, AttributeMaker, Attributes, keep_record
-from chromafs_fuse.filesystem import DocsFilesystem, FsError
+from chromafs_fuse.errors import FsError
+from chromafs_fuse.filesystem import DocsFilesystem
 from chromafs_fuse.inodes import ROOT_INODE, InodeTable
 from chromafs_fuse.readahead import ReadScheduler
 from chromafs_fuse.shared_filesystem import SHARED_STATS, SharedFilesystem

@@ -174,7 +174,7 @@ class RedisCache:
             self.misses += 1
             return None
         self.hits += 1
-        return bytes(value)  # type: ignore[arg-type]
+        return bytes(value)
 
     def get_many(self, keys: Sequence[str]) -> list[bytes | None]:
         if not keys or not self._usable():
@@ -185,7 +185,7 @@ class RedisCache:
             self._failed(exc)
             return [None] * len(keys)
         self._succeeded()
-        out = [None if v is None else bytes(v) for v in values]  # type: ignore[union-attr]
+        out = [None if v is None else bytes(v) for v in values]
         self.hits += sum(1 for v in out if v is not None)
         self.misses += sum(1 for v in out if v is None)
         return out

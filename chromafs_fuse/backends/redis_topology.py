@@ -128,7 +128,6 @@ def open_client(target: RedisTarget, timeout_s: float, ca_file: str | None = Non
     if target.kind == "single":
         extra = {"ssl_ca_certs": ca_file} if target.tls and ca_file else {}
         return redis.Redis.from_url(target.url, retry_on_timeout=False, **timeouts, **extra)
-    auth = {"username": target.username, "password": target.password}
     if target.kind == "cluster":
         from redis.cluster import ClusterNode, RedisCluster
 
@@ -136,11 +135,19 @@ def open_client(target: RedisTarget, timeout_s: float, ca_file: str | None = Non
             startup_nodes=[ClusterNode(host, port) for host, port in target.nodes],
             require_full_coverage=False,  # a master down costs its slots, not the whole cache
             retry=Retry(NoBackoff(), 1),  # one more try after the slot map is refreshed, no more
+            username=target.username,
+            password=target.password,
             **timeouts,
             **tls,
-            **auth,
         )
     from redis.sentinel import Sentinel
 
     sentinels = Sentinel(list(target.nodes), sentinel_kwargs={**timeouts, **tls}, **timeouts, **tls)
-    return sentinels.master_for(target.service, db=target.db, retry=Retry(NoBackoff(), 0), **timeouts, **auth)
+    return sentinels.master_for(
+        target.service,
+        db=target.db,
+        retry=Retry(NoBackoff(), 0),
+        username=target.username,
+        password=target.password,
+        **timeouts,
+    )

@@ -11,7 +11,7 @@ import argparse
 import os
 import sys
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, cast
 
 from chromafs_fuse.errors import UsageError
 from chromafs_fuse.options import CHROMA_OPTIONS, SESSION_OPTIONS, Option
@@ -42,7 +42,8 @@ def _keywords(option: Option) -> dict[str, Any]:
     if option.kind == "toggle":
         return {**keywords, "action": argparse.BooleanOptionalAction, "default": default}
     if option.kind == "append":
-        return {**keywords, "action": "append", "default": list(default or ())}  # argparse copies it on append
+        # argparse copies it on append; an append option's default is a tuple of strings (options.py)
+        return {**keywords, "action": "append", "default": list(cast("Iterable[str]", default or ()))}
     keywords.update(default=default, type=option.type, choices=option.choices, metavar=option.metavar)
     if option.required and not default:
         keywords["required"] = True

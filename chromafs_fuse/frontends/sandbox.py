@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import os
 import struct
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from chromafs_fuse.errors import UsageError
@@ -125,8 +125,8 @@ class Sandbox:
     def home(self) -> str:
         return f"/home/{self.user}"
 
-    def bwrap_argv(self, environ: dict[str, str] | None = None) -> list[str]:
-        environ = os.environ if environ is None else environ  # type: ignore[assignment]
+    def bwrap_argv(self, environ: Mapping[str, str] | None = None) -> list[str]:
+        env = os.environ if environ is None else environ
         argv = ["bwrap", "--unshare-all", "--uid", str(self.uid), "--gid", str(self.uid)]
         argv += ["--die-with-parent", "--cap-drop", "ALL", "--clearenv"]
         if self.new_session:
@@ -134,8 +134,8 @@ class Sandbox:
         argv += ["--setenv", "PATH", PATH, "--setenv", "HOME", self.home, "--setenv", "USER", self.user]
         argv += ["--setenv", "PS1", r"\u@docs:\w\$ "]
         for name in PASSED_ENV:
-            if environ.get(name):
-                argv += ["--setenv", name, environ[name]]
+            if env.get(name):
+                argv += ["--setenv", name, env[name]]
         argv += ["--ro-bind", "/usr", "/usr"]
         for name in ROOT_LINKS:
             host = "/" + name

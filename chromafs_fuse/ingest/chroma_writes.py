@@ -29,10 +29,11 @@ class WriteFailed(Unavailable):
 
 def is_transient(exc: BaseException) -> bool:
     """A failure that another try may not meet: a timeout, a refused or dropped connection."""
-    while exc is not None:
-        if isinstance(exc, _TRANSIENT):
+    cause: BaseException | None = exc
+    while cause is not None:
+        if isinstance(cause, _TRANSIENT):
             return True
-        exc = exc.__cause__ or exc.__context__  # type: ignore[assignment]
+        cause = cause.__cause__ or cause.__context__
     return False
 
 

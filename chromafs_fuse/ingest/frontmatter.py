@@ -23,7 +23,7 @@ import re
 import tomllib
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
@@ -56,11 +56,21 @@ class Frontmatter:
         return bool(self.unreadable & {ANY_KEY, *ACCESS_KEYS})
 
 
-class _TextDatesLoader(yaml.CSafeLoader if yaml.__with_libyaml__ else yaml.SafeLoader):  # type: ignore[misc]
+if TYPE_CHECKING:  # one static base for mypy: both loaders have SafeConstructor's methods
+    _SafeLoader = yaml.SafeLoader
+else:
+    _SafeLoader = yaml.CSafeLoader if yaml.__with_libyaml__ else yaml.SafeLoader
+
+
+class _TextDatesLoader(_SafeLoader):
     """Safe YAML with timestamps kept as text: `date: 2019-29-11` is a valid document."""
 
 
-_TextDatesLoader.add_constructor("tag:yaml.org,2002:timestamp", _TextDatesLoader.construct_yaml_str)
+def _timestamp_as_text(loader: _TextDatesLoader, node: yaml.Node) -> str:
+    return loader.construct_yaml_str(node)
+
+
+_TextDatesLoader.add_constructor("tag:yaml.org,2002:timestamp", _timestamp_as_text)
 
 
 def _load_yaml(text: str) -> Any:

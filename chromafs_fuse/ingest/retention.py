@@ -53,7 +53,8 @@ def plan_retention(
         if live.get(version.key) == version.sha256:
             continue
         first[pair] = min(first.get(pair, version.retired_at), version.retired_at)
-    keep, expired = [], []
+    keep: list[RetiredVersion] = []
+    expired: list[RetiredVersion] = []
     for (key, sha), at in sorted(first.items()):
         (expired if now - at >= grace_s else keep).append(RetiredVersion(key, sha, at))
     return RetentionPlan(keep, expired)

@@ -21,8 +21,8 @@ import importlib.util
 import logging
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any, Concatenate, Generic, NoReturn, ParamSpec, TypeVar
 
 import pyfuse3
 
@@ -30,11 +30,15 @@ from chromafs_fuse.attributes import AttributeMaker, Attributes
 from chromafs_fuse.errors import ChromafsError, FsError
 from chromafs_fuse.filesystem import DocsFilesystem
 from chromafs_fuse.inodes import InodeTable
+from chromafs_fuse.served import ServedFilesystem
 from chromafs_fuse.stats import LatencyHistogram
 
 log = logging.getLogger(__name__)
 R = TypeVar("R")
-Filesystem = DocsFilesystem[pyfuse3.EntryAttributes]
+P = ParamSpec("P")
+S = TypeVar("S", bound="FuseAdapter[Any]")
+F = TypeVar("F", bound=ServedFilesystem[pyfuse3.EntryAttributes])  # what the adapter forwards to
+Filesystem = DocsFilesystem[pyfuse3.EntryAttributes]  # a mount's own (serving/daemon/)
 
 
 def pyfuse3_passes_inode() -> bool:
@@ -71,16 +75,19 @@ def table_attributes(table: InodeTable, time_ns: int, timeout_s: float) -> list[
     return attribute_maker(timeout_s, time_ns).table(table)
 
 
-def _request(name: str) -> Callable[[Callable[..., Awaitable[R]]], Callable[..., Awaitable[R]]]:
+Handler = Callable[Concatenate[S, P], Coroutine[Any, Any, R]]  # a request handler of FuseAdapter
+
+
+def _request(name: str) -> Callable[[Handler[S, P, R]], Handler[S, P, R]]:
     """Count, time and guard one handler; the only place errors become errnos."""
 
-    def decorate(handler: Callable[..., Awaitable[R]]) -> Callable[..., Awaitable[R]]:
+    def decorate(handler: Handler[S, P, R]) -> Handler[S, P, R]:
         @functools.wraps(handler)
-        async def guarded(self: FuseAdapter, *args: Any) -> R:
+        async def guarded(self: S, *args: P.args, **kwargs: P.kwargs) -> R:
             self.requests[name] += 1
             started = time.perf_counter()
             try:
-                return await handler(self, *args)
+                return await handler(self, *args, **kwargs)
             except pyfuse3.FUSEError:
                 raise
             except ChromafsError as exc:
@@ -98,18 +105,21 @@ def _request(name: str) -> Callable[[Callable[..., Awaitable[R]]], Callable[...,
     return decorate
 
 
-class FuseAdapter(pyfuse3.Operations):
+class FuseAdapter(pyfuse3.Operations, Generic[F]):
+    """The pyfuse3 operations over `fs`: a DocsFilesystem (a mount of its own) or a
+    SharedFilesystem (a serving process), each a ServedFilesystem."""
+
     supports_dot_lookup = True
     enable_writeback_cache = False
 
-    def __init__(self, fs: Filesystem) -> None:
+    def __init__(self, fs: F) -> None:
         super().__init__()
         self.fs = fs
         self.requests: Counter[str] = Counter()
         self.latency: dict[str, LatencyHistogram] = {name: LatencyHistogram() for name in _HANDLERS}
         self.read_latency = self.latency["read"]
 
-    def switch(self, fs: Filesystem) -> None:
+    def switch(self, fs: F) -> None:
         """Serve a new tree from now on (one step on the loop: a request sees one tree or the other)."""
         self.fs = fs
 
@@ -124,7 +134,7 @@ class FuseAdapter(pyfuse3.Operations):
         return await self.fs.stat(inode)
 
     @_request("forget")
-    async def forget(self, inode_list: list[tuple[int, int]]) -> None:
+    async def forget(self, inode_list: Sequence[tuple[int, int]]) -> None:
         self.fs.forget([inode for inode, _ in inode_list])
 
     @_request("statfs")
@@ -180,7 +190,7 @@ class FuseAdapter(pyfuse3.Operations):
         raise FsError(errno.ENOSYS)
 
     @_request("listxattr")
-    async def listxattr(self, inode: int, ctx: pyfuse3.RequestContext) -> list[bytes]:
+    async def listxattr(self, inode: int, ctx: pyfuse3.RequestContext) -> Sequence[bytes]:
         raise FsError(errno.ENOSYS)
 
     # Everything that would change the tree. Unreachable while the mount is `ro` (the kernel
@@ -188,40 +198,59 @@ class FuseAdapter(pyfuse3.Operations):
     # be lost (another mount helper), a write gets EROFS rather than pyfuse3's default ENOSYS,
     # which callers read as "not implemented, try another way".
 
-    async def setxattr(self, inode, name, value, ctx):  # type: ignore[no-untyped-def]
+    async def setxattr(self, inode: int, name: bytes, value: bytes, ctx: pyfuse3.RequestContext) -> NoReturn:
         raise pyfuse3.FUSEError(errno.EROFS)
 
-    async def removexattr(self, inode, name, ctx):  # type: ignore[no-untyped-def]
+    async def removexattr(self, inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> NoReturn:
         raise pyfuse3.FUSEError(errno.EROFS)
 
-    async def setattr(self, inode, attr, fields, fh, ctx):  # type: ignore[no-untyped-def]
+    async def setattr(
+        self,
+        inode: int,
+        attr: pyfuse3.EntryAttributes,
+        fields: pyfuse3.SetattrFields,
+        fh: int | None,
+        ctx: pyfuse3.RequestContext,
+    ) -> NoReturn:
         raise pyfuse3.FUSEError(errno.EROFS)
 
-    async def mknod(self, parent_inode, name, mode, rdev, ctx):  # type: ignore[no-untyped-def]
+    async def mknod(
+        self, parent_inode: int, name: bytes, mode: int, rdev: int, ctx: pyfuse3.RequestContext
+    ) -> NoReturn:
         raise pyfuse3.FUSEError(errno.EROFS)
 
-    async def mkdir(self, parent_inode, name, mode, ctx):  # type: ignore[no-untyped-def]
+    async def mkdir(self, parent_inode: int, name: bytes, mode: int, ctx: pyfuse3.RequestContext) -> NoReturn:
         raise pyfuse3.FUSEError(errno.EROFS)
 
-    async def unlink(self, parent_inode, name, ctx):  # type: ignore[no-untyped-def]
+    async def unlink(self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> NoReturn:
         raise pyfuse3.FUSEError(errno.EROFS)
 
-    async def rmdir(self, parent_inode, name, ctx):  # type: ignore[no-untyped-def]
+    async def rmdir(self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> NoReturn:
         raise pyfuse3.FUSEError(errno.EROFS)
 
-    async def symlink(self, parent_inode, name, target, ctx):  # type: ignore[no-untyped-def]
+    async def symlink(self, parent_inode: int, name: bytes, target: bytes, ctx: pyfuse3.RequestContext) -> NoReturn:
         raise pyfuse3.FUSEError(errno.EROFS)
 
-    async def rename(self, parent_old, name_old, parent_new, name_new, flags, ctx):  # type: ignore[no-untyped-def]
+    async def rename(
+        self,
+        parent_inode_old: int,
+        name_old: bytes,
+        parent_inode_new: int,
+        name_new: bytes,
+        flags: int,
+        ctx: pyfuse3.RequestContext,
+    ) -> NoReturn:
         raise pyfuse3.FUSEError(errno.EROFS)
 
-    async def link(self, inode, new_parent_inode, new_name, ctx):  # type: ignore[no-untyped-def]
+    async def link(self, inode: int, new_parent_inode: int, new_name: bytes, ctx: pyfuse3.RequestContext) -> NoReturn:
         raise pyfuse3.FUSEError(errno.EROFS)
 
-    async def create(self, parent_inode, name, mode, flags, ctx):  # type: ignore[no-untyped-def]
+    async def create(
+        self, parent_inode: int, name: bytes, mode: int, flags: int, ctx: pyfuse3.RequestContext
+    ) -> NoReturn:
         raise pyfuse3.FUSEError(errno.EROFS)
 
-    async def write(self, fh, off, buf):  # type: ignore[no-untyped-def]
+    async def write(self, fh: int, off: int, buf: bytes) -> NoReturn:
         raise pyfuse3.FUSEError(errno.EROFS)
 
 

@@ -21,7 +21,7 @@ import trio
 
 from chromafs_fuse.config import MountConfig
 from chromafs_fuse.inodes import InodeTable
-from chromafs_fuse.serving.fuse_adapter import FuseAdapter
+from chromafs_fuse.serving.fuse_adapter import Filesystem, FuseAdapter
 from chromafs_fuse.serving.kernel_push import walk_directories
 from chromafs_fuse.site.page_source import PageSource
 from chromafs_fuse.tree import PathEntry
@@ -83,7 +83,7 @@ def batches(table: InodeTable, files: Sequence[int], max_bytes: int) -> Iterator
 
 
 async def warm_kernel(
-    mountpoint: str, ops: FuseAdapter, source: PageSource, files: Sequence[int], batch_bytes: int
+    mountpoint: str, ops: FuseAdapter[Filesystem], source: PageSource, files: Sequence[int], batch_bytes: int
 ) -> int:
     """List every directory and hand every page of `files` to the kernel; returns how many
     pages were loaded. Stops early when the mount switches to another tree."""

@@ -17,7 +17,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from functools import partial
 from typing import TypeVar
@@ -76,7 +76,7 @@ class TieredPages:
         self.learned_sizes: dict[str, int] = {}
         self._nursery: trio.Nursery | None = None  # while running(): where read-ahead batches run
         self.backend_errors: Counter[str] = Counter()
-        self.backend_seconds: Counter[str] = Counter()
+        self.backend_seconds: defaultdict[str, float] = defaultdict(float)
 
     @contextlib.asynccontextmanager
     async def running(self) -> AsyncIterator[None]:

@@ -8,6 +8,7 @@ Blocking throughout (worker threads or plain commands); one lock guards the page
 
 from __future__ import annotations
 
+import builtins
 import fnmatch
 import posixpath
 import threading
@@ -103,7 +104,7 @@ class ReaderView:
         assert node.entry is not None
         return self.load([node.entry])[node.entry.key]
 
-    def find(self, name: str = "*", path: str = "", kind: str | None = None) -> list[str]:
+    def find(self, name: str = "*", path: str = "", kind: str | None = None) -> builtins.list[str]:
         """Paths under `path` whose last part matches the glob `name`, as `find PATH -name NAME
         [-type f|d]` finds them (PATH itself included), sorted."""
         if kind not in (None, "f", "d"):
@@ -118,7 +119,7 @@ class ReaderView:
 
     def grep(
         self, query: GrepQuery, path: str = "", files_only: bool = False, context: int = 0,
-        errors: list[str] | None = None,
+        errors: builtins.list[str] | None = None,
     ) -> Iterator[bytes]:  # fmt: skip
         """`grep -rn` over the visible files at or under `path`: `path:n:line` for a match,
         `path-n-line` for context, `--` between groups, `Binary file path matches`; or only
@@ -147,7 +148,7 @@ class ReaderView:
             separated = True
             yield from lines
 
-    def search(self, query: str, limit: int = 10, embedder: str | None = None) -> list[Hit]:
+    def search(self, query: str, limit: int = 10, embedder: str | None = None) -> builtins.list[Hit]:
         self.check_live()
         return search_view(self, query, limit, embedder)
 
@@ -204,17 +205,17 @@ def search_view(view: ReaderView, query: str, limit: int, embedder: str | None =
     def batches() -> Iterator[tuple[list[str], list[list[float]], list[Any]]]:
         offset = 0
         while True:
-            found = collection.get(where=where, include=["embeddings", "metadatas"], limit=BATCH, offset=offset)  # type: ignore[arg-type]
+            found = collection.get(where=where, include=["embeddings", "metadatas"], limit=BATCH, offset=offset)
             ids = list(found.get("ids") or [])
             if not ids:
                 return
-            yield ids, found["embeddings"], list(found.get("metadatas") or [None] * len(ids))  # type: ignore[arg-type]
+            yield ids, found["embeddings"], list(found.get("metadatas") or [None] * len(ids))
             offset += len(ids)
 
     ranked = rank_pages(batches(), vector, by_slug, config.page_field, limit)
     if not ranked:
         return []
-    chunks = collection.get(ids=[record_id for _, _, record_id in ranked], include=["documents"])  # type: ignore[list-item]
+    chunks = collection.get(ids=[record_id for _, _, record_id in ranked], include=["documents"])
     text = dict(zip(chunks["ids"], chunks.get("documents") or [], strict=False))
     pages = view.load([view.site.table.entries[path] for path, _, _ in ranked], missing_ok=True)
     hits = []

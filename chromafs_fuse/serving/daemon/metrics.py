@@ -90,7 +90,7 @@ def start_metrics_server(address: str, collect: Callable[[], dict[str, Any]]) ->
         metric.add_metric([], value)
         return metric
 
-    REGISTRY.register(Collector())  # type: ignore[arg-type]
+    REGISTRY.register(Collector())
     host, _, port = address.rpartition(":")
     start_http_server(int(port), addr=host or "127.0.0.1")
     log.info("metrics on http://%s:%s/metrics", host or "127.0.0.1", port)

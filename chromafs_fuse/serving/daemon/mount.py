@@ -26,7 +26,8 @@ import trio
 
 from chromafs_fuse.access import Principal
 from chromafs_fuse.config import MountConfig
-from chromafs_fuse.filesystem import DocsFilesystem, FsError
+from chromafs_fuse.errors import FsError
+from chromafs_fuse.filesystem import DocsFilesystem
 from chromafs_fuse.inodes import InodeTable
 from chromafs_fuse.readahead import ReadScheduler
 from chromafs_fuse.search_dir import SearchDir
@@ -165,7 +166,7 @@ class Mount:
         scheduler = self.fs.scheduler
         token = trio.lowlevel.current_trio_token()
         self.pusher = KernelPusher(
-            pyfuse3.store_pages,
+            pyfuse3.store_pages,  # type: ignore[attr-defined]  # only chromafs's pyfuse3 build has it (scripts/build_pyfuse3.py), not the stub; may_push checked
             lambda: token.run_sync_soon(scheduler.take_outcomes, idempotent=True),
             len(self.fs.table.file_order),
         )

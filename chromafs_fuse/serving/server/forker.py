@@ -36,9 +36,6 @@ PID = struct.Struct("i")
 
 
 class Closable(Protocol):
-    def alive(self) -> bool:
-        return process_start(self.pid) == self.pid_start
-
     def close(self) -> None: ...
 
 

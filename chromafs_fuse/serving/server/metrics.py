@@ -123,7 +123,7 @@ class MetricsEndpoint:
         self.listener = socket.create_server((host or "127.0.0.1", int(port)))
         self.listener.setblocking(False)
         self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(SessionCollector(table_of))  # type: ignore[arg-type]
+        self.registry.register(SessionCollector(table_of))
         log.info("metrics on http://%s:%s/metrics", host or "127.0.0.1", self.listener.getsockname()[1])
 
     def fileno(self) -> int:

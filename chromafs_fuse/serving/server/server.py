@@ -32,7 +32,7 @@ import struct
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import setproctitle
 
@@ -142,7 +142,7 @@ def _prepare(request: dict[str, object], parse_argv: ParseArgv) -> PreparedReque
 
     out = PreparedRequest()
     try:
-        argv = [str(a) for a in request["argv"]]  # type: ignore[union-attr]  # checked by _read_request
+        argv = [str(a) for a in cast(list[object], request["argv"])]  # a list: checked by _read_request
         # Relative paths are the caller's: read in its working directory, one request at a time
         # (the directory is the process's). Nothing here waits on a network.
         with _CALLERS_CWD:

@@ -68,7 +68,7 @@ class ServingProcess:
         self.mountpoint, self.socket_path = member_paths(class_root, index)
         self.idle_exit_s = idle_exit_s
         self.fs = SharedFilesystem(entry_attributes, time.time_ns(), no_open=pyfuse3_passes_inode())
-        self.adapter = FuseAdapter(self.fs)  # type: ignore[arg-type]  # answers as a DocsFilesystem
+        self.adapter = FuseAdapter(self.fs)
         self.cache = PageCache(cache_bytes)
         self.sites = ServedSites(self.fs, self.cache, self.mountpoint)
         self.started = time.time()
