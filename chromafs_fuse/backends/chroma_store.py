@@ -146,7 +146,7 @@ def _open_chromadb_collection(location: ChromaLocation, timeout_s: float) -> Any
     client = connect_client(location, timeout_s)
     try:
         return client.get_collection(location.collection, embedding_function=None)
-    except Exception as exc:
+    except Exception as exc:  # chromadb's errors share no base class: every one becomes a BackendError
         message = str(exc)
         if "does not exist" in message or "not found" in message.lower():
             raise SiteNotFound(f"no collection {location.collection!r} in Chroma at {location.describe()}") from exc
@@ -209,14 +209,14 @@ class ChromaPages:
         """The collection's own metadata (how chromafs-ingest embedded its chunks)."""
         try:
             metadata = self.collection.metadata
-        except Exception as exc:
+        except Exception as exc:  # chromadb's errors share no base class: every one becomes a BackendError
             raise BackendError(f"reading the collection's metadata failed: {exc}") from exc
         return metadata if isinstance(metadata, Mapping) else None
 
     def load_tree_document(self) -> tuple[str, Mapping[str, Any]]:
         try:
             result = self.collection.get(ids=[TREE_RECORD_ID], include=["documents", "metadatas"])
-        except Exception as exc:
+        except Exception as exc:  # chromadb's errors share no base class: every one becomes a BackendError
             raise BackendError(f"reading the path tree failed: {exc}") from exc
         if not result["ids"]:
             raise SiteNotFound(f"collection {self.collection.name!r} has no {TREE_RECORD_ID} record")
@@ -231,7 +231,7 @@ class ChromaPages:
         (a tree written by another tool) the version of its document."""
         try:
             result = self.collection.get(ids=[TREE_RECORD_ID], include=["metadatas"])
-        except Exception as exc:
+        except Exception as exc:  # chromadb's errors share no base class: every one becomes a BackendError
             raise BackendError(f"reading the path tree's version failed: {exc}") from exc
         if not result["ids"]:
             raise SiteNotFound(f"collection {self.collection.name!r} has no {TREE_RECORD_ID} record")
@@ -275,7 +275,7 @@ class ChromaPages:
                     where={self.page_field: {"$in": slugs}}, include=["documents", "metadatas"]
                 )
                 pages.update(_pick_chunks(by_field, self.page_field, self.chunk_index_field, result))
-        except Exception as exc:
+        except Exception as exc:  # chromadb's errors share no base class: every one becomes a BackendError
             raise BackendError(f"fetching chunks of {what} failed: {exc}") from exc
         return pages
 
@@ -292,7 +292,7 @@ class ChromaPages:
                 for record_id, metadata in zip(found["ids"], metadatas, strict=False):
                     if record_id in wanted:
                         pieces[wanted[record_id]] = metadata
-        except Exception as exc:
+        except Exception as exc:  # chromadb's errors share no base class: every one becomes a BackendError
             raise BackendError(f"fetching pieces of blob {blob_sha256[:16]} failed: {exc}") from exc
         return pieces
 

@@ -8,6 +8,7 @@ Exit status as grep: 0 a line matched, 1 none did, 2 an error.
 from __future__ import annotations
 
 import logging
+import re
 import sys
 
 TYPE_CHECKING = False  # `chromafs shell` starts a session: it imports nothing it does not use
@@ -102,7 +103,7 @@ def run_grep(args: argparse.Namespace) -> int:
     query = GrepQuery(args.pattern, args.fixed_strings, args.ignore_case)
     try:
         query.compiled()
-    except Exception as exc:
+    except (re.error, UnicodeError) as exc:
         print(f"chromafs grep: bad pattern: {exc}", file=sys.stderr)
         return 2
     errors: list[str] = []
@@ -182,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     except ChromafsError as exc:
         print(f"chromafs {args.command}: {exc.message}", file=sys.stderr)
         return 2
-    except Exception as exc:
+    except Exception as exc:  # a bug: one line, its traceback in the debug log
         logging.getLogger("chromafs").debug("the command failed", exc_info=True)
         print(f"chromafs {args.command}: {unexpected(exc)}", file=sys.stderr)
         return 2

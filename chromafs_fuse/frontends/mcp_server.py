@@ -13,6 +13,7 @@ with equal visibility share one pruned table. Every call of an expired token fai
 from __future__ import annotations
 
 import logging
+import re
 import threading
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -108,7 +109,7 @@ class Views:
         assert self.follower is not None
         try:
             self.follower.refresh()
-        except Exception as exc:
+        except Exception as exc:  # a backend failure of any kind: the follower logs it and keeps its tree
             self.follower.failed(exc)
 
     def _switch(self, tree: SiteTree) -> None:
@@ -185,7 +186,7 @@ def build_server(views: Views, embedder: str | None = None) -> MCPServer:
             query = GrepQuery(pattern, fixed_strings, ignore_case)
             try:
                 query.compiled()
-            except Exception as exc:
+            except (re.error, UnicodeError) as exc:
                 raise ViewError(f"bad pattern: {exc}") from None
             errors: list[str] = []
             lines = [

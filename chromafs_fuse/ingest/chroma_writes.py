@@ -67,7 +67,7 @@ def retried(
         for attempt in Retrying(**options):
             with attempt:
                 return method(**kwargs)
-    except Exception as exc:
+    except Exception as exc:  # whatever Chroma raised on the last try: named in a WriteFailed
         tries = f"after {retries + 1} tries" if is_transient(exc) else "(not retried)"
         raise WriteFailed(f"{what} failed {tries}: {exc or 'no reason given'}") from exc
     raise AssertionError("unreachable")

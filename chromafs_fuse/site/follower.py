@@ -177,7 +177,7 @@ def follow_in_thread(follower: TreeFollower) -> threading.Event:
                 return
             try:
                 follower.refresh()
-            except Exception as exc:
+            except Exception as exc:  # a backend failure of any kind: the follower logs it and keeps its tree
                 follower.failed(exc)
 
     threading.Thread(target=follow, name="chromafs-tree-follower", daemon=True).start()

@@ -269,7 +269,7 @@ class TieredPages:
             except trio.TooSlowError:
                 log.warning("preload stopped: the backend is too slow")
                 return done
-            except Exception:
+            except Exception:  # a preload is an optimisation: whatever stops it, reads go on
                 log.exception("preload stopped")
                 return done
             done += self._remember_all(batch, results)

@@ -35,7 +35,7 @@ def run_daemon(
     try:
         principal = verify_reader(read_token() if read_token else None, config.session)
         mount = Mount(config, principal)
-    except Exception as exc:
+    except Exception as exc:  # reported as one line (a traceback in the log for what is not a ChromafsError)
         return mount_failure(ready_fd, exc)
     try:
         mount.run(ready_fd)

@@ -185,7 +185,7 @@ class Mount:
             await warm_kernel(
                 self.config.mountpoint, self.adapter, self.pages, files, self.config.session.cache_bytes // 4
             )
-        except Exception:
+        except Exception:  # a warm-up is an optimisation: whatever stops it, the mount serves
             log.exception("warm-up stopped")
         finally:
             done.set()

@@ -156,7 +156,7 @@ def _prepare(request: dict[str, object], parse_argv: ParseArgv) -> PreparedReque
                 os.chdir(cwd)
     except SystemExit:
         pass
-    except Exception as exc:
+    except Exception as exc:  # any failure preparing a request is answered to its caller, worded by its kind
         out.error = exc
     return out
 
@@ -241,7 +241,7 @@ class MountServer:
         while not self.stopping.is_set():
             try:
                 self.keeper.housekeep()
-            except Exception:
+            except Exception:  # a bug in one pass: logged with its traceback; the next pass runs
                 log.exception("housekeeping failed")
             wait_s = HOUSEKEEPING_S
             next_expiry = self.keeper.next_expiry()
@@ -267,7 +267,7 @@ class MountServer:
         try:
             with conn:
                 self._handle(conn)
-        except Exception:
+        except Exception:  # a bug in one request: logged with its traceback; the server goes on
             log.exception("a mount request failed")
         finally:
             self.slots.release()

@@ -163,7 +163,7 @@ class ServingProcess:
             return {"ok": False, "error": f"unknown op {op!r}"}
         except (KeyError, TypeError, ValueError) as exc:
             return {"ok": False, "error": f"bad request: {exc}"}
-        except Exception as exc:
+        except Exception as exc:  # a ServeError is the answer; anything else is a bug, logged
             if not isinstance(exc, ServeError):
                 log.exception("control request failed")
             return {"ok": False, "error": failure_text(exc)}
@@ -203,7 +203,7 @@ def run_serving_process(
         ServingProcess(class_root, cache_bytes, idle_exit_s, index).run(ready_fd)
     except RuntimeError as exc:  # pyfuse3.init: permissions, no /dev/fuse
         return report_failure(ready_fd, f"mounting the shared mount in {class_root} failed: {exc}")
-    except Exception as exc:
+    except Exception as exc:  # a bug: its traceback in the log, one line to whoever waits
         log.exception("the shared mount failed")
         return report_failure(ready_fd, f"the serving process failed: {unexpected(exc)}")
     return 0

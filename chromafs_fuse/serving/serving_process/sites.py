@@ -227,7 +227,7 @@ class ServedSites:
         Nothing here may end the mount: a failure is logged and the site serves its tree."""
         try:
             await self._follow_until_cancelled(site)
-        except Exception:
+        except Exception:  # see above: logged with its traceback, the site serves its tree
             log.exception("site %s: following its re-ingests stopped", site.key)
 
     async def _follow_until_cancelled(self, site: ServedSite) -> None:
@@ -241,7 +241,7 @@ class ServedSites:
                         async for tree in trees:
                             try:
                                 await self._switch(site, tree)
-                            except Exception:
+                            except Exception:  # the site keeps its tree; the follower hands the new one out again
                                 log.exception("site %s: switching to tree %s failed", site.key, tree.version)
                                 site.follower.hand_out_again()
                     finally:

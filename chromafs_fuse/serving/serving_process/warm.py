@@ -105,7 +105,7 @@ class ViewWarmer:
             started = time.monotonic()
             try:
                 result = await trio.to_thread.run_sync(warm_view, job, abandon_on_cancel=True)
-            except Exception:
+            except Exception:  # a warm-up is an optimisation: whatever stops it, the view serves
                 log.exception("warming %s failed", job.path)
                 continue
             finally:

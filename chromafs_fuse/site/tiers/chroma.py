@@ -87,7 +87,7 @@ class ChromaTier:
                     errors[entry.key],
                 )
             chunks = other.fetch_many(entries)
-        except Exception as exc:
+        except Exception as exc:  # chromadb's errors share no base class: the first reading's outcome stands
             log.error("reading through chromadb failed: %s", exc)
             return outcome
         for entry in entries:

@@ -74,7 +74,7 @@ class ChromaBlobTier:
         """The same collection read by chromadb, when the first reading was of the SQLite file."""
         try:
             other = self._client().through_chromadb()
-        except Exception as exc:
+        except Exception as exc:  # chromadb's errors share no base class: the first reading's outcome stands
             log.error("reading through chromadb failed: %s", exc)
             return None
         if other is not None:
