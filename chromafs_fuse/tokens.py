@@ -22,6 +22,10 @@ class TokenError(ValueError):
     """The token cannot be used; the message is safe to print (holds no token)."""
 
 
+class TokenNotForSite(TokenError):
+    """A valid token that does not name this site: its holder is known, but not allowed here."""
+
+
 @dataclass(frozen=True)
 class VerificationKey:
     key: object
@@ -92,9 +96,9 @@ def principal_from_token(token: str | None, key: VerificationKey | None, site: s
     audiences = [audience] if isinstance(audience, str) else audience if isinstance(audience, list) else []
     if token_site is not None:
         if token_site != site:
-            raise TokenError("token is for another site")
+            raise TokenNotForSite("token is for another site")
     elif site not in audiences:
-        raise TokenError("token has no 'site' (or 'aud') claim for this site")
+        raise TokenNotForSite("token has no 'site' (or 'aud') claim for this site")
     groups = claims.get("groups", [])
     if not isinstance(groups, list) or not all(isinstance(g, str) for g in groups):
         raise TokenError("token 'groups' claim is not a list of strings")
