@@ -202,7 +202,8 @@ def test_refusals_leave_nothing_mounted(
     elif case == "unknown-attribute":
         attributes["chroma-path"] = "/etc"
     elif case == "bad-signature":
-        token = jwt.encode({"site": SITE, "exp": int(time.time()) + 60}, "another-secret-0123456789abcdef0123456789", algorithm="HS256")
+        forger = "another-secret-0123456789abcdef0123456789"
+        token = jwt.encode({"site": SITE, "exp": int(time.time()) + 60}, forger, algorithm="HS256")
     elif case == "expired":
         token = make_token(["billing"], exp=int(time.time()) - 10)
     elif case == "not-a-jwt":
