@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import subprocess
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -28,6 +30,7 @@ from infra import (
     run,
     running_mount_server,
     tree_listing,
+    wait_until,
 )
 
 SITE = "acme"
@@ -188,8 +191,6 @@ def test_another_reader_on_a_published_target_is_refused(stack: Stack, make_toke
 def test_refusals_leave_nothing_mounted(
     stack: Stack, make_token: Callable[..., str], case: str, code: grpc.StatusCode, words: str
 ) -> None:
-    import time
-
     import jwt
 
     attributes, token, readonly, mode = stack.attributes(), make_token(["billing"]), True, READ_ONLY
@@ -255,6 +256,54 @@ def test_mount_server_down(stack: Stack, tmp_path: Path) -> None:
         target = stack.target()
         got, details = refused(lambda: node.NodePublishVolume(publish_request(target, stack.attributes()), timeout=30))
         assert got == grpc.StatusCode.UNAVAILABLE and "chromafs-mountd" in details, details
+        assert mounts_at(target) == 0 and not target.exists()
+
+
+@contextlib.contextmanager
+def pod(target: Path, folder: Path) -> Iterator[Callable[[str], str]]:
+    """A process in a mount namespace of its own that holds the target as a container runtime binds
+    a pod's volume (an rbind, then rslave: kubelet's HostToContainer); `shell(cmd)` runs `cmd` there."""
+    inside = folder / "docs"
+    inside.mkdir(parents=True)
+    script = f"mount --rbind {target} {inside} && mount --make-rslave {inside} && echo ready && exec sleep 300"
+    proc = subprocess.Popen(["unshare", "-m", "--propagation", "slave", "sh", "-c", script], stdout=subprocess.PIPE)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline() == b"ready\n"
+
+        def shell(command: str) -> str:
+            argv = ["nsenter", "-t", str(proc.pid), "-m", "sh", "-c", f"cd {inside} && {command}"]
+            done = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+            return done.stdout + done.stderr
+
+        yield shell
+    finally:
+        proc.kill()
+        proc.wait(10)
+
+
+@pytest.mark.parametrize("isolated", [False, True], ids=["class-session", "isolated"])
+def test_token_expiry(stack: Stack, make_token: Callable[..., str], tmp_path: Path, isolated: bool) -> None:
+    """What docs/KUBERNETES.md says a pod sees when its token expires: the node's session ends
+    (the target is unmounted), but a pod keeps the copy its runtime bound until it ends: a class
+    session's is still served; an isolated session's daemon exits, and the pod reads what its
+    kernel cached (every page: the daemon warms them at start), statfs fails with ENOTCONN."""
+    target = stack.target()
+    attributes = stack.attributes(isolated="true") if isolated else stack.attributes()
+    token = make_token(["billing"], exp=int(time.time()) + 4)
+    with channel(stack.plugin) as (_identity, node):
+        node.NodePublishVolume(publish_request(target, attributes, token), timeout=60)
+        try:
+            with pod(target, tmp_path / "pod") as shell:
+                assert shell("cat index.mdx") == (SAMPLE_SITE / "index.mdx").read_text()
+                wait_until(lambda: mounts_at(target) == 0, 20, "the session to end at the token's expiry")
+                if isolated:  # its daemon exits just after it unmounts: statfs is never answered from a cache
+                    wait_until(lambda: "not connected" in shell("stat -f ."), 20, "the session's daemon to exit")
+                else:
+                    assert shell("stat -f -c %T .") == "fuseblk\n"  # still served: statfs answered
+                for page in ("index.mdx", "quickstart.mdx"):  # read before, and warmed into the kernel at start
+                    assert shell(f"cat {page}") == (SAMPLE_SITE / page).read_text()
+        finally:
+            unpublish(node, target)
         assert mounts_at(target) == 0 and not target.exists()
 
 

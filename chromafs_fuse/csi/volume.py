@@ -41,7 +41,9 @@ ATTRIBUTES = (
     "redis-ttl",
     "tree-ttl",
     "cache-timeout",
+    "isolated",  # "true": the session gets a daemon of its own, which ends at the token's expiry
 )
+SWITCHES = {"isolated": ["--isolated", "-o", "allow_other"]}  # allow_other: the pod's user is not root
 # VolumeCapability.AccessMode.Mode values (csi.proto); kubelet asks SINGLE_NODE_WRITER (ReadWriteOnce)
 # with readonly set for an inline volume with `readOnly: true`, so the readonly flag decides "writable"
 READ_ONLY_MODES = {1, 2, 3}  # SINGLE_NODE_WRITER (with readonly), SINGLE_NODE_READER_ONLY, MULTI_NODE_READER_ONLY
@@ -134,8 +136,15 @@ def mount_argv(request: PublishRequest) -> list[str]:
         raise VolumeError("INVALID_ARGUMENT", "volumeAttributes has no `chroma-url`: give the Chroma server's URL")
     argv: list[str] = []
     for name in ATTRIBUTES:
-        if name in attributes:
-            argv.append(f"--{name}={attributes[name]}")
+        value = attributes.get(name)
+        if value is None:
+            continue
+        if name in SWITCHES:
+            if value not in ("true", "false"):
+                raise VolumeError("INVALID_ARGUMENT", f'volumeAttributes: {name} is "true" or "false", not {value!r}')
+            argv += SWITCHES[name] if value == "true" else []
+        else:
+            argv.append(f"--{name}={value}")
     return [*argv, request.target_path]
 
 
