@@ -6,12 +6,26 @@ import argparse
 import os
 import sys
 
+from chromafs_fuse.cli.common import add_options
 from chromafs_fuse.errors import UsageError
 from chromafs_fuse.logs import setup_logging
-from chromafs_fuse.options import LOG_LEVELS
+from chromafs_fuse.options import LOG_LEVELS, MOUNT_OPTIONS
 
 DEFAULT_ENDPOINT = "unix:///csi/csi.sock"
 DEFAULT_MOUNTD = "/run/chromafs/mountd.sock"
+
+
+class _VolumeParser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # type: ignore[override]  # a volume's mistake, not ours: no exit
+        raise ValueError(message)
+
+
+def parse_volume_argv(argv: list[str]) -> argparse.Namespace:
+    """A volume's mount server request as chromafs-mount parses it; ValueError when it is wrong."""
+    parser = _VolumeParser(prog="chromafs-csi", add_help=False)
+    parser.add_argument("mountpoint")
+    add_options(parser, MOUNT_OPTIONS)
+    return parser.parse_args(argv)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -39,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
 
         keys = Keys(args.jwt_secret_file, args.jwt_public_key)
         reader(None, "-", keys)  # the key is readable now, not at the first pod
-        return serve(args.endpoint, args.mountd, args.node_id, keys)
+        return serve(args.endpoint, args.mountd, args.node_id, keys, parse_volume_argv)
     except (UsageError, VolumeError) as exc:
         print(f"chromafs-csi: {exc}", file=sys.stderr)
         return 1

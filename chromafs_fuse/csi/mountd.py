@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import socket
 
-from chromafs_fuse.cli.mount_request import encode_request
-from chromafs_fuse.serving.handshake import wait_for_answer
+from chromafs_fuse.serving.handshake import request_line, wait_for_answer
 
 CONNECT_TIMEOUT_S = 5.0
 
@@ -17,7 +16,7 @@ class MountdUnreachable(Exception):
 
 def open_session(socket_path: str, argv: list[str], token: str | None, wait_s: float) -> str | None:
     """Ask for a session; None once it is bound, else the mount server's reason."""
-    request = encode_request(argv, token, "/")
+    request = request_line(argv, token, "/")
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
         conn.settimeout(min(CONNECT_TIMEOUT_S, wait_s))
         try:

@@ -18,7 +18,7 @@ import grpc
 from chromafs_fuse import __version__
 from chromafs_fuse.csi.mountd import MountdUnreachable, answers, open_session
 from chromafs_fuse.csi.stubs import pb, rpc
-from chromafs_fuse.csi.volume import Keys, PublishRequest, VolumeError, check_target, prepare, session_class
+from chromafs_fuse.csi.volume import Keys, ParseArgv, PublishRequest, VolumeError, check_target, prepare, session_class
 from chromafs_fuse.serving.binds import detach, mounted_devices
 from chromafs_fuse.serving.mounttable import mounts
 
@@ -42,10 +42,11 @@ class Identity(rpc.IdentityServicer):  # type: ignore[misc,name-defined]
 
 
 class Node(rpc.NodeServicer):  # type: ignore[misc,name-defined]
-    def __init__(self, mountd: str, node_id: str, keys: Keys) -> None:
+    def __init__(self, mountd: str, node_id: str, keys: Keys, parse_argv: ParseArgv) -> None:
         self.mountd = mountd
         self.node_id = node_id
         self.keys = keys
+        self.parse_argv = parse_argv
         self._lock = threading.Lock()
         self._targets: dict[str, threading.Lock] = {}
 
@@ -92,7 +93,7 @@ class Node(rpc.NodeServicer):  # type: ignore[misc,name-defined]
     # -- helpers ---------------------------------------------------------------------------
 
     def _publish(self, asked: PublishRequest, remaining_s: float | None) -> None:
-        publish = prepare(asked, self.keys)
+        publish = prepare(asked, self.keys, self.parse_argv)
         target = asked.target_path
         if _mounted(target):
             held = session_class(target)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from chromafs_fuse.access import Principal
@@ -22,6 +23,9 @@ from chromafs_fuse.serving.server.session_table import class_key
 from chromafs_fuse.serving.status import session_status_path
 from chromafs_fuse.tokens import TokenError, TokenNotForSite, load_verification_key, principal_from_token
 
+# chromafs-mount's parser, handed in by cli/csi.py: a request's argv -> its flags; ValueError
+# (worded for the user) when they are wrong
+ParseArgv = Callable[[list[str]], argparse.Namespace]
 KUBELET_PREFIX = "csi.storage.k8s.io/"
 # volumeAttributes a pod may set: the site and where its backends answer, and how a session reads
 # them. Not chroma-path, redis-ca, cache sizes or log files: those name the node's own files.
@@ -167,31 +171,15 @@ def reader(token: str | None, site: str, keys: Keys) -> Principal:
         raise VolumeError("UNAUTHENTICATED", f"{exc}: put a valid token in the volume's Secret (key `token`)") from exc
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # type: ignore[override]  # raises instead of exiting
-        raise VolumeError("INVALID_ARGUMENT", f"volumeAttributes: {message}")
-
-
-def _parse(argv: list[str]) -> argparse.Namespace:
-    from chromafs_fuse.cli.common import add_options
-    from chromafs_fuse.options import MOUNT_OPTIONS
-
-    parser = _Parser(prog="chromafs-csi", add_help=False)
-    parser.add_argument("mountpoint")
-    add_options(parser, MOUNT_OPTIONS)
-    return parser.parse_args(argv)
-
-
-def prepare(request: PublishRequest, keys: Keys) -> Publish:
+def prepare(request: PublishRequest, keys: Keys, parse_argv: ParseArgv) -> Publish:
     """The request checked (VolumeError when it cannot be served) and its mount server request."""
     check_target(request.volume_id, request.target_path)
     check_access(request)
     argv = [*mount_argv(request), *keys.flags()]
     token = request.token.strip() if request.token else None
-    args = _parse([*argv, "--foreground"])
     try:
-        config = MountConfig.from_args(args)
-    except UsageError as exc:
+        config = MountConfig.from_args(parse_argv([*argv, "--foreground"]))
+    except (UsageError, ValueError) as exc:
         raise VolumeError("INVALID_ARGUMENT", f"volumeAttributes: {exc}") from exc
     principal = reader(token or None, config.site, keys)
     key = class_key(mount_settings(config), principal)
