@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import os
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -305,6 +306,24 @@ def test_token_expiry(stack: Stack, make_token: Callable[..., str], tmp_path: Pa
         finally:
             unpublish(node, target)
         assert mounts_at(target) == 0 and not target.exists()
+
+
+def test_a_bad_flag_or_path_is_one_line(tmp_path: Path) -> None:
+    def run_csi(*argv: str) -> subprocess.CompletedProcess[str]:
+        command = [sys.executable, "-m", "chromafs_fuse.cli.csi", "--node-id", "n", *argv]
+        return subprocess.run(command, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+
+    cases = {
+        "not a unix endpoint": (run_csi("--endpoint", "tcp://0.0.0.0:10000"), "give a unix socket"),
+        "an endpoint it cannot make": (run_csi("--endpoint", "unix:///proc/no-such-dir/csi.sock"), "/proc/no-such"),
+        "a key it cannot read": (run_csi("--jwt-secret-file", str(tmp_path / "none")), "cannot read its token key"),
+        "no node id": (subprocess.run([sys.executable, "-m", "chromafs_fuse.cli.csi"], capture_output=True,
+                                      text=True, timeout=60), "--node-id"),
+    }  # fmt: skip
+    for what, (done, words) in cases.items():
+        lines = done.stderr.strip().splitlines()
+        assert done.returncode != 0 and words in done.stderr and "Traceback" not in done.stderr, (what, done.stderr)
+        assert lines[-1].startswith("chromafs-csi") and words in lines[-1], (what, lines)  # after argparse's usage
 
 
 def test_no_leftover_sessions(stack: Stack) -> None:

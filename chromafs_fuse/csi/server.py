@@ -31,13 +31,20 @@ def socket_path(endpoint: str) -> str:
 def serve(endpoint: str, mountd: str, node_id: str, keys: Keys, parse_argv: ParseArgv) -> int:
     """Answer CSI calls until SIGTERM or SIGINT; 0."""
     path = socket_path(endpoint)
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(path)  # a previous plugin's socket
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)  # a previous plugin's socket
+    except OSError as exc:
+        raise UsageError(f"cannot listen on {path}: {exc.strerror}") from exc
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=WORKERS, thread_name_prefix="csi"))
     rpc.add_IdentityServicer_to_server(Identity(mountd), server)
     rpc.add_NodeServicer_to_server(Node(mountd, node_id, keys, parse_argv), server)
-    if server.add_insecure_port(f"unix://{path}") == 0:
+    try:
+        bound = server.add_insecure_port(f"unix://{path}")
+    except RuntimeError:  # newer grpcio raises where older ones answer 0
+        bound = 0
+    if bound == 0:
         raise UsageError(f"cannot listen on {path}: check that its directory is writable")
     os.chmod(path, 0o600)
     stopping = threading.Event()
