@@ -24,6 +24,7 @@ from chromafs_fuse.serving.mounttable import mounts
 
 DRIVER_NAME = "csi.chromafs.dev"
 MAX_STACKED = 16  # unmounts tried on one target before giving up
+TARGET_LOCKS = 64
 log = logging.getLogger("chromafs.csi")
 
 
@@ -47,8 +48,7 @@ class Node(rpc.NodeServicer):  # type: ignore[misc,name-defined]
         self.node_id = node_id
         self.keys = keys
         self.parse_argv = parse_argv
-        self._lock = threading.Lock()
-        self._targets: dict[str, threading.Lock] = {}
+        self._locks = [threading.Lock() for _ in range(TARGET_LOCKS)]
 
     def NodeGetInfo(self, request: Any, context: grpc.ServicerContext) -> Any:
         return pb.NodeGetInfoResponse(node_id=self.node_id)
@@ -118,10 +118,9 @@ class Node(rpc.NodeServicer):  # type: ignore[misc,name-defined]
 
     @contextlib.contextmanager
     def _target(self, target: str) -> Iterator[None]:
-        """One call at a time per target path (kubelet may retry while a call runs)."""
-        with self._lock:
-            lock = self._targets.setdefault(target, threading.Lock())
-        with lock:
+        """One call at a time per target path (kubelet may retry while a call runs); a fixed set
+        of locks, so that the plugin holds nothing per pod it ever served."""
+        with self._locks[hash(target) % TARGET_LOCKS]:
             yield
 
 
