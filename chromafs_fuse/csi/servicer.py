@@ -19,6 +19,7 @@ from chromafs_fuse import __version__
 from chromafs_fuse.csi.mountd import MountdUnreachable, answers, open_session
 from chromafs_fuse.csi.stubs import pb, rpc
 from chromafs_fuse.csi.volume import Keys, ParseArgv, PublishRequest, VolumeError, check_target, prepare, session_class
+from chromafs_fuse.errors import unexpected
 from chromafs_fuse.serving.binds import detach, mounted_devices
 from chromafs_fuse.serving.mounttable import mounts
 
@@ -74,6 +75,9 @@ class Node(rpc.NodeServicer):  # type: ignore[misc,name-defined]
         except VolumeError as exc:
             log.warning("publish %s on %s refused: %s", asked.volume_id, asked.target_path, exc)
             context.abort(getattr(grpc.StatusCode, exc.code), str(exc))
+        except Exception as exc:  # a bug: its traceback to the log, one line to kubelet
+            log.exception("publish %s on %s failed", asked.volume_id, asked.target_path)
+            context.abort(grpc.StatusCode.INTERNAL, unexpected(exc))
         log.info(
             "published %s on %s (%.1f ms)", asked.volume_id, asked.target_path, (time.perf_counter() - started) * 1000
         )
@@ -86,7 +90,11 @@ class Node(rpc.NodeServicer):  # type: ignore[misc,name-defined]
             with self._target(target):
                 _unmount_and_remove(target)
         except VolumeError as exc:
+            log.warning("unpublish %s from %s failed: %s", request.volume_id, target, exc)
             context.abort(getattr(grpc.StatusCode, exc.code), str(exc))
+        except Exception as exc:
+            log.exception("unpublish %s from %s failed", request.volume_id, target)
+            context.abort(grpc.StatusCode.INTERNAL, unexpected(exc))
         log.info("unpublished %s from %s", request.volume_id, target)
         return pb.NodeUnpublishVolumeResponse()
 
