@@ -23,6 +23,10 @@ class TokenError(AccessDenied, ValueError):
     """The token cannot be used; the message is safe to print (holds no token)."""
 
 
+class TokenNotForSite(TokenError):
+    """A valid token that does not name this site: its holder is known, but not allowed here."""
+
+
 @dataclass(frozen=True)
 class VerificationKey:
     key: bytes | ed25519.Ed25519PublicKey | rsa.RSAPublicKey | ec.EllipticCurvePublicKey  # a secret, or a public key
@@ -95,9 +99,9 @@ def principal_from_token(token: str | None, key: VerificationKey | None, site: s
     audiences = [audience] if isinstance(audience, str) else audience if isinstance(audience, list) else []
     if token_site is not None:
         if token_site != site:
-            raise TokenError(f"token is for site '{token_site}', not '{site}': use a token of site '{site}'")
+            raise TokenNotForSite(f"token is for site '{token_site}', not '{site}': use a token of site '{site}'")
     elif site not in audiences:
-        raise TokenError("token has no 'site' (or 'aud') claim for this site")
+        raise TokenNotForSite("token has no 'site' (or 'aud') claim for this site")
     groups = claims.get("groups", [])
     if not isinstance(groups, list) or not all(isinstance(g, str) for g in groups):
         raise TokenError("token 'groups' claim is not a list of strings")

@@ -836,6 +836,11 @@ def run_stack(engine: str) -> dict[str, object]:
             log(f"{user}'s agent: {len(expected)} files expected; {'ok' if not found else '; '.join(found)}")
         if visible_files(USERS["alice"]) == visible_files(USERS["bob"]):
             problems.append("the two tokens see the same files: the check proves nothing")
+        from csi_rehearsal import rehearse_kubelet  # chromafs-csi as kubelet drives it (issue 39)
+
+        figures, found = rehearse_kubelet(stack)
+        stack.figures.update(figures)
+        problems += found
         user = next(iter(USERS))
         took, found = stack.crash(user)
         stack.figures["crash_to_reading_s"] = round(took, 2)

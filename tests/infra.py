@@ -255,6 +255,33 @@ class S3Server(Server):
         )
 
 
+class CsiPlugin(Server):
+    """chromafs-csi on the unix socket `folder`/csi.sock, asking the mount server on `mountd`."""
+
+    name = "chromafs-csi"
+    wait_s = 30.0
+
+    def __init__(self, folder: Path, mountd: Path, *flags: str, node_id: str = "node-1") -> None:
+        folder.mkdir(parents=True, exist_ok=True)
+        super().__init__(folder / "csi.log")
+        self.socket = folder / "csi.sock"
+        self.mountd = mountd
+        self.flags = flags
+        self.node_id = node_id
+
+    def argv(self) -> list[str]:
+        argv = [sys.executable, "-m", "chromafs_fuse.cli.csi", "--endpoint", f"unix://{self.socket}"]
+        return [*argv, "--mountd", str(self.mountd), "--node-id", self.node_id, *self.flags]
+
+    def ready(self) -> bool:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+            try:
+                probe.connect(str(self.socket))
+            except OSError:
+                return False
+        return True
+
+
 class MountServer(Server):
     """chromafs-mountd on the Unix socket `folder`/mountd.sock, its class mounts in
     `folder`/classes (as root; `isolated`: a daemon per mount instead)."""

@@ -26,6 +26,14 @@ def answer_line(error: str | None = None) -> bytes:
     return json.dumps({"ok": False, "error": error}).encode() + b"\n"
 
 
+def request_line(argv: list[str], token: str | None, cwd: str) -> bytes:
+    """A session request as the mount server reads it: {"argv": [...], "token": ..., "cwd": ...}
+    (the mount client writes the same line with an encoder of its own, lighter to import)."""
+    import json
+
+    return json.dumps({"argv": argv, "token": token, "cwd": cwd}).encode() + b"\n"
+
+
 def wait_for_answer(fd: int, wait_s: float) -> tuple[bool, str]:
     """Read the mount server's answer from `fd`: (True, "") for OK_LINE, else (False, why)."""
     data = _read_until(fd, wait_s, lambda data: data.endswith(b"\n"))

@@ -4,6 +4,7 @@ content ever goes into it."""
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import logging
 import os
@@ -28,6 +29,13 @@ def runtime_dir() -> str:
         if os.access(path, os.W_OK):
             return path
     return ""
+
+
+def session_status_path(mountpoint: str) -> str:
+    """Where the mount server keeps the status of its session at `mountpoint` ("" when nowhere)."""
+    directory = runtime_dir()
+    digest = hashlib.sha256(mountpoint.encode()).hexdigest()[:16]
+    return os.path.join(directory, f"session-{digest}.json") if directory else ""
 
 
 def write_private_json(path: str, data: object) -> None:

@@ -18,7 +18,6 @@ classes and sessions and carries on.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import logging
 import os
@@ -35,7 +34,7 @@ from chromafs_fuse.serving.binds import bind_read_only, detach, mounted_devices
 from chromafs_fuse.serving.process import process_start
 from chromafs_fuse.serving.server.session_table import ClassMount, Session, SessionTable, class_key
 from chromafs_fuse.serving.server.state_journal import StateJournal
-from chromafs_fuse.serving.status import runtime_dir, utc_text, write_private_json
+from chromafs_fuse.serving.status import runtime_dir, session_status_path, utc_text, write_private_json
 
 log = logging.getLogger("chromafs.mountd")
 
@@ -382,9 +381,7 @@ class SessionKeeper:
     # -- status (chromafs status) --------------------------------------------------------
 
     def _status_path(self, session: Session) -> str:
-        directory = runtime_dir()
-        digest = hashlib.sha256(session.mountpoint.encode()).hexdigest()[:16]
-        return os.path.join(directory, f"session-{digest}.json") if directory else ""
+        return session_status_path(session.mountpoint)
 
     def _write_status(self, session: Session) -> None:
         path = self._status_path(session)

@@ -1,0 +1,63 @@
+"""`chromafs-csi`'s flags and entry point; the plugin itself is chromafs_fuse/csi/."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from chromafs_fuse.cli.common import add_options
+from chromafs_fuse.errors import UsageError
+from chromafs_fuse.logs import setup_logging
+from chromafs_fuse.options import LOG_LEVELS, MOUNT_OPTIONS
+
+DEFAULT_ENDPOINT = "unix:///csi/csi.sock"
+DEFAULT_MOUNTD = "/run/chromafs/mountd.sock"
+
+
+class _VolumeParser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # type: ignore[override]  # a volume's mistake, not ours: no exit
+        raise ValueError(message)
+
+
+def parse_volume_argv(argv: list[str]) -> argparse.Namespace:
+    """A volume's mount server request as chromafs-mount parses it; ValueError when it is wrong."""
+    parser = _VolumeParser(prog="chromafs-csi", add_help=False)
+    parser.add_argument("mountpoint")
+    add_options(parser, MOUNT_OPTIONS)
+    return parser.parse_args(argv)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="chromafs-csi",
+        description="A Kubernetes CSI node plugin: a pod's inline volume is a session of the node's chromafs-mountd.",
+    )
+    parser.add_argument("--endpoint", default=os.environ.get("CSI_ENDPOINT", DEFAULT_ENDPOINT), help="CSI socket")
+    parser.add_argument("--mountd", default=DEFAULT_MOUNTD, metavar="SOCKET", help="the node's chromafs-mountd socket")
+    parser.add_argument("--node-id", required=True, metavar="NODE", help="this node's name (NodeGetInfo)")
+    keys = parser.add_mutually_exclusive_group()
+    keys.add_argument("--jwt-secret-file", metavar="F", help="HS256 secret that verifies tokens, as chromafs-mountd's")
+    keys.add_argument("--jwt-public-key", metavar="F", help="PEM public key that verifies tokens, as chromafs-mountd's")
+    parser.add_argument("--log-level", choices=LOG_LEVELS, default="info")
+    parser.add_argument("--log-file", help="log here (default: stderr)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    setup_logging(args.log_level, args.log_file)
+    try:
+        from chromafs_fuse.csi.server import serve
+        from chromafs_fuse.csi.volume import Keys, VolumeError, reader
+
+        keys = Keys(args.jwt_secret_file, args.jwt_public_key)
+        reader(None, "-", keys)  # the key is readable now, not at the first pod
+        return serve(args.endpoint, args.mountd, args.node_id, keys, parse_volume_argv)
+    except (UsageError, VolumeError) as exc:
+        print(f"chromafs-csi: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
