@@ -200,6 +200,10 @@ def build_server(views: Views, embedder: str | None = None) -> MCPServer:
         description="Pages nearest in meaning to the query, best first (path:first-last: the best passage).",
     )
     def search(ctx: Context, query: str, n: Results = 10) -> str:
-        return answer(ctx, lambda view: "\n".join(hit_line(hit) for hit in view.search(query, n, embedder)))
+        def work(view: ReaderView) -> str:
+            result = view.search_result(query, n, embedder)
+            return "\n".join([*(hit_line(hit) for hit in result.hits), *(f"note: {note}" for note in result.notes)])
+
+        return answer(ctx, work)
 
     return server

@@ -31,7 +31,7 @@ from chromafs_fuse.ingest.chroma_blobs import (
     plan_chroma_blobs,
 )
 from chromafs_fuse.ingest.chroma_writes import DEFAULT_RETRIES, RetryingCollection, retried
-from chromafs_fuse.ingest.embedding import embed_with_titles, make_embedder, page_title
+from chromafs_fuse.ingest.embedding import DEFAULT_EMBEDDER, embed_with_titles, make_embedder, page_title
 from chromafs_fuse.ingest.retention import (
     DEFAULT_GRACE_PERIOD_S,
     RetentionPlan,
@@ -41,12 +41,15 @@ from chromafs_fuse.ingest.retention import (
     plan_retention,
 )
 from chromafs_fuse.ingest.scan import Problem, ScanOptions, SourceFile, one_per_file, scan_site
+from chromafs_fuse.lexical import encode_lexicon, page_terms
 from chromafs_fuse.names import (
     DEFAULT_CHUNK_INDEX_FIELD,
     DEFAULT_PAGE_FIELD,
     EMBEDDER_FIELD,
     FORMAT_FIELD,
     FORMAT_VERSION,
+    LEXICON_RECORD_ID,
+    LEXICON_RECORD_KIND,
     PAGE_SHA_FIELD,
     RECORD_KIND_FIELD,
     RETIRED_RECORD_ID,
@@ -76,7 +79,7 @@ class IngestOptions:
     location: ChromaLocation
     default_access: str = "public"
     acl_rules: Sequence[AclRule] = ()
-    embedder: str = "hashing"
+    embedder: str | None = None  # None: what the collection records, else DEFAULT_EMBEDDER
     max_chunk_chars: int = DEFAULT_MAX_CHUNK_CHARS
     blob_store: BlobStore | None = None
     large_file_threshold: int = DEFAULT_LARGE_FILE_THRESHOLD
@@ -91,6 +94,7 @@ class IngestOptions:
 
 @dataclass
 class IngestSummary:
+    embedder: str = ""
     pages: int = 0
     chunks_written: int = 0
     bytes: int = 0
@@ -124,7 +128,7 @@ class IngestSummary:
         out = [
             f"pages: {self.pages} ({self.updated} written, {self.unchanged} unchanged, {self.removed} removed)"
             f" in {self.seconds:.1f} s{rate}",
-            f"chunks written: {self.chunks_written}",
+            f"chunks written: {self.chunks_written} (embedder: {self.embedder or 'none'})",
             f"old page versions: {self.retired_kept} kept for running mounts, {self.retired_deleted} deleted",
             f"bytes: {self.bytes}",
             f"lazy files (blob store): {self.lazy_files}",
@@ -152,6 +156,7 @@ class IngestSummary:
             "unchanged": self.unchanged,
             "removed": self.removed,
             "chunks_written": self.chunks_written,
+            "embedder": self.embedder,
             "retired_kept": self.retired_kept,
             "retired_deleted": self.retired_deleted,
             "bytes": self.bytes,
@@ -248,8 +253,10 @@ class ChunkWriter:
         self._bytes = 0
 
 
-def _open_collection(options: IngestOptions) -> tuple[RetryingCollection, int]:
-    """The site's collection (made if new) and the number of records one upsert may carry."""
+def _open_collection(options: IngestOptions) -> tuple[RetryingCollection, int, str]:
+    """The site's collection (made if new), the number of records one upsert may carry, and
+    the embedder its chunks are embedded with: the one it records (an existing site keeps it;
+    one written before the field existed used `hashing`), else --embedder or the default."""
     client = retried(
         "connect to Chroma", connect_client, options.retries, location=options.location, timeout_s=options.timeout_s
     )
@@ -259,12 +266,24 @@ def _open_collection(options: IngestOptions) -> tuple[RetryingCollection, int]:
         options.retries,
         name=options.location.collection,
         embedding_function=None,
-        metadata={"hnsw:space": "l2", FORMAT_FIELD: FORMAT_VERSION, EMBEDDER_FIELD: options.embedder},
+        metadata={
+            "hnsw:space": "l2",
+            FORMAT_FIELD: FORMAT_VERSION,
+            EMBEDDER_FIELD: options.embedder or DEFAULT_EMBEDDER,
+        },
     )
+    metadata = created.metadata or {}
+    recorded = metadata.get(EMBEDDER_FIELD) or ("hashing" if FORMAT_FIELD in metadata else None)
+    embedder = str(recorded or options.embedder or DEFAULT_EMBEDDER)
+    if options.embedder and options.embedder != embedder:
+        raise ValueError(
+            f"site {options.site!r} was embedded with {embedder!r}, not {options.embedder!r}: "
+            f"leave out --embedder, or ingest into a new collection to change it"
+        )
     server_bound = retried(
         "read of the batch bound", getattr(client, "get_max_batch_size", lambda: UPSERT_BATCH), options.retries
     )
-    return RetryingCollection(created, options.retries), max(1, min(UPSERT_BATCH, int(server_bound)))
+    return RetryingCollection(created, options.retries), max(1, min(UPSERT_BATCH, int(server_bound))), embedder
 
 
 def ingest(options: IngestOptions, show_progress: bool = False) -> IngestSummary:
@@ -277,8 +296,9 @@ def ingest(options: IngestOptions, show_progress: bool = False) -> IngestSummary
     if not files:  # never replace a site with nothing: a wrong or empty folder leaves it as it was
         summary.seconds = time.monotonic() - started
         return summary
-    embed, dimensions = make_embedder(options.embedder)
-    collection, batch_size = _open_collection(options)
+    collection, batch_size, embedder = _open_collection(options)
+    embed, dimensions = make_embedder(embedder)
+    summary.embedder = embedder
     old_tree = _existing_tree(collection)
     # Only pages stored as chunks count: a page that was a blob must get chunks written.
     old_pages = {key: entry for key, entry in old_tree.items() if entry.blob is None}
@@ -287,6 +307,7 @@ def ingest(options: IngestOptions, show_progress: bool = False) -> IngestSummary
     blobs = BlobWriter(collection, batch_size)
 
     tree: dict[str, dict[str, Any]] = {}
+    lexicon: dict[str, tuple[str, Counter[str]]] = {}  # every chunked page's terms (lexical.py)
     with _progress(len(files), show_progress, f"ingest {options.site}") as bar:
         for source in files:
             bar.update(1)
@@ -307,6 +328,9 @@ def ingest(options: IngestOptions, show_progress: bool = False) -> IngestSummary
             summary.bytes += len(source.data)
             if "blob" in entry:
                 continue
+            assert source.text is not None
+            title = page_title(source.text)
+            lexicon[source.key] = (sha, page_terms(source.text, title, source.key))
             previous = old_pages.get(source.key)
             if previous is not None and previous.sha256 == sha:
                 summary.unchanged += 1
@@ -314,10 +338,8 @@ def ingest(options: IngestOptions, show_progress: bool = False) -> IngestSummary
                     entry["chunks"] = previous.chunks
                 continue
             summary.updated += 1
-            assert source.text is not None
             chunks = split_page(source.text, options.max_chunk_chars)
             entry["chunks"] = len(chunks)
-            title = page_title(source.text)
             for index, chunk in enumerate(chunks):
                 metadata = {options.page_field: source.key, options.chunk_index_field: index, PAGE_SHA_FIELD: sha}
                 writer.add(chunk_id(source.key, sha, index), chunk, title, metadata)
@@ -326,6 +348,13 @@ def ingest(options: IngestOptions, show_progress: bool = False) -> IngestSummary
     zero_vector = [0.0] * (dimensions or len(embed([""])[0]))
     summary.blob_pieces_written = blobs.write(zero_vector)
 
+    collection.upsert(
+        "upsert of the lexicon",
+        ids=[LEXICON_RECORD_ID],
+        documents=[encode_lexicon(lexicon)],
+        metadatas=[{RECORD_KIND_FIELD: LEXICON_RECORD_KIND, FORMAT_FIELD: FORMAT_VERSION}],
+        embeddings=[zero_vector],
+    )
     summary.tree_document = encode_tree_document(tree)
     collection.upsert(
         "upsert of the path tree",
@@ -438,7 +467,7 @@ def _delete_expired_chunks(
         )
         doomed = []
         for record_id, metadata in zip(found["ids"], found["metadatas"] or [], strict=False):
-            if record_id in (TREE_RECORD_ID, RETIRED_RECORD_ID):
+            if record_id in (TREE_RECORD_ID, RETIRED_RECORD_ID, LEXICON_RECORD_ID):
                 continue
             key = str((metadata or {}).get(page_field))
             sha = str((metadata or {}).get(PAGE_SHA_FIELD) or "")
