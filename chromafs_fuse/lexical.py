@@ -8,7 +8,7 @@ see changes no score the reader gets (a hidden page holding a rare word would ot
 that word's IDF for everyone). The index is cached per view (one per reader class).
 
 Scoring is Okapi BM25 as Lucene computes it (k1 = 1.2, b = 0.75, idf = ln(1 + (N - df + 0.5) /
-(df + 0.5))), the same as `bm25s`'s default method: tests/test_lexical.py checks that it gives
+(df + 0.5)), tf / (tf + k1 (1 - b + b len / mean len))), the same as `bm25s`'s default method: tests/test_lexical.py checks that it gives
 bm25s's scores. Pure: no I/O.
 """
 
@@ -126,7 +126,7 @@ class LexicalIndex:
             at, tf = found
             idf = math.log(1.0 + (count - len(at) + 0.5) / (len(at) + 0.5))
             norm = K1 * (1.0 - B + B * self.lengths[at] / mean_length)
-            totals[at] += idf * tf * (K1 + 1.0) / (tf + norm)
+            totals[at] += idf * tf / (tf + norm)  # Lucene's form: without the constant (k1 + 1)
         hit = np.flatnonzero(totals)
         return {self.paths[i]: float(totals[i]) for i in hit}
 

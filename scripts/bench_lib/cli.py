@@ -15,13 +15,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench_lib import multitenant, report
+from bench_lib import multitenant, report, search_quality
 from bench_lib.corpus import REPO
 from bench_lib.procs import become_subreaper
 from bench_lib.runner import Run, run_corpus
 
 ALL_SYSTEMS = ["tmpfs", "sandbox", "chromafs-embedded", "chromafs-server-redis", "chromafs-mountd"]
-ALL_FIGURES = ["boot", "tools", "memory", "ingest", "sessions", "density", "mountd"]
+ALL_FIGURES = ["boot", "tools", "memory", "ingest", "sessions", "density", "mountd", "search"]
+ALONE = ("mountd", "search")  # figures that prepare their own data: no corpus is prepared for them
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -38,9 +39,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument(
         "--figures",
         default=",".join(ALL_FIGURES),
-        help="comma list of boot, tools, memory, ingest, sessions, density, mountd (ingest alone: no mounts, no "
-        "systems; mountd, chromafs-mountd as a multi-tenant host, runs once over copies of the sample site: "
-        "alone, no corpus is prepared)",
+        help="comma list of boot, tools, memory, ingest, sessions, density, mountd, search (ingest alone: no mounts, "
+        "no systems; mountd, chromafs-mountd as a multi-tenant host, runs once over copies of the sample site: "
+        "alone, no corpus is prepared; search, recall@5 and MRR@10 of vector, BM25 and hybrid ranking on real "
+        "docs trees' descriptions: alone too)",
     )
     p.add_argument(
         "--density-sites",
@@ -137,13 +139,15 @@ def main(argv: list[str]) -> int:
         if args.baseline:
             run.use_baseline(args.baseline)
             results["baseline"] = run.versions.describe() if run.versions else None
-        if any(f != "mountd" for f in args.figures):  # the figures measured per corpus
+        if any(f not in ALONE for f in args.figures):  # the figures measured per corpus
             if "chromafs-server-redis" in args.systems or "density" in args.figures:
                 run.start_servers()
             for index, spec in enumerate(args.corpus):
                 results["corpora"].append(run_corpus(run, spec, index))
         if "mountd" in args.figures:
             results["mountd"] = multitenant.measure_mountd(run)
+        if "search" in args.figures:
+            results["search"] = search_quality.measure(run)
     except BaseException as exc:
         print(f"bench: FAILED: {exc.__class__.__name__}: {exc} (cleaning up)", file=sys.stderr, flush=True)
         raise
