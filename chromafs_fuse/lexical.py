@@ -7,9 +7,9 @@ term's document frequency are counted over the visible pages alone, so a page th
 see changes no score the reader gets (a hidden page holding a rare word would otherwise lower
 that word's IDF for everyone). The index is cached per view (one per reader class).
 
-Scoring is Okapi BM25 as Lucene computes it (k1 = 1.2, b = 0.75, idf = ln(1 + (N - df + 0.5) /
-(df + 0.5)), tf / (tf + k1 (1 - b + b len / mean len))), the same as `bm25s`'s default method: tests/test_lexical.py checks that it gives
-bm25s's scores. Pure: no I/O.
+Scoring is Okapi BM25 as Lucene computes it: k1 = 1.2, b = 0.75, idf = ln(1 + (N - df + 0.5) /
+(df + 0.5)), times tf / (tf + k1 (1 - b + b len / mean len)); bm25s's "lucene" method, and
+tests/test_lexical.py checks that it gives bm25s's scores. Pure: no I/O.
 """
 
 from __future__ import annotations
