@@ -43,9 +43,28 @@ would you your yours yourself yourselves
 STOPWORDS = frozenset(_STOPWORDS.split())  # English function words, as bm25s leaves out
 
 
+_CJK = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff]+")
+
+
 def terms(text: str) -> list[str]:
-    """The words BM25 counts: lower-cased runs of two or more word characters, stopwords left out."""
-    return [word for word in _WORD.findall(text.lower()) if word not in STOPWORDS]
+    """The words BM25 counts: lower-cased runs of two or more word characters, stopwords left out;
+    Chinese, Japanese and Korean, written without spaces, as overlapping pairs of characters (as
+    Lucene's CJK analyser does), so a query matches inside a run."""
+    out: list[str] = []
+    for word in _WORD.findall(text.lower()):
+        if word in STOPWORDS:
+            continue
+        if not _CJK.search(word):
+            out.append(word)
+            continue
+        for part in re.split(f"({_CJK.pattern})", word):
+            if not part:
+                continue
+            if _CJK.fullmatch(part):
+                out.extend(part[i : i + 2] for i in range(max(1, len(part) - 1)))
+            elif len(part) > 1:
+                out.append(part)
+    return out
 
 
 def path_words(path: str) -> str:

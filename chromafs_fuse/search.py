@@ -9,7 +9,7 @@ embedder in the collection's metadata.
 
 Hybrid ranking (the default) fuses the vector ranking and the BM25 ranking of the same visible
 pages by reciprocal rank fusion (`fuse`): a page's score is the sum over the two rankings of
-1 / (RRF_K + its rank). Both rankings hold only visible pages, and BM25's statistics are
+weight / (RRF_K + its rank). Both rankings hold only visible pages, and BM25's statistics are
 counted over the visible pages alone (lexical.py), so nothing the reader cannot see moves a
 rank or a score.
 
@@ -35,7 +35,11 @@ class SearchError(Exception):
 # batches of one view's chunks: (ids, embeddings, metadatas)
 ChunkBatches = Iterable[tuple[Sequence[str], Sequence[Sequence[float]], Sequence[Mapping[str, Any] | None]]]
 MODES = ("hybrid", "vector", "lexical")
-RRF_K = 10  # reciprocal rank fusion's constant: small, so the first few places of each ranking weigh most
+# Reciprocal rank fusion's constant and the BM25 ranking's weight (the vectors' is 1), chosen on
+# tuning queries kept apart from the benchmark's (docs/PERFORMANCE.md, "Search"): a small k lets
+# the first places of each ranking decide; BM25 is the stronger ranking on docs, so it weighs more.
+RRF_K = 3
+LEXICAL_WEIGHT = 1.5
 
 
 @dataclass(frozen=True)
@@ -57,13 +61,16 @@ class SearchResult:
     timings: dict[str, float] = field(default_factory=dict)  # seconds per stage
 
 
-def fuse(rankings: Sequence[Sequence[str]], k: int = RRF_K) -> list[tuple[str, float]]:
-    """Reciprocal rank fusion: paths by the sum of 1 / (k + rank) over the rankings (rank 1
-    first), best first, ties by path."""
+def fuse(
+    rankings: Sequence[Sequence[str]], k: int = RRF_K, weights: Sequence[float] | None = None
+) -> list[tuple[str, float]]:
+    """Reciprocal rank fusion: paths by the sum of weight / (k + rank) over the rankings (rank 1
+    first; every weight 1 unless given), best first, ties by path."""
     scores: dict[str, float] = {}
-    for ranking in rankings:
+    for at, ranking in enumerate(rankings):
+        weight = 1.0 if weights is None else weights[at]
         for rank, path in enumerate(ranking, start=1):
-            scores[path] = scores.get(path, 0.0) + 1.0 / (k + rank)
+            scores[path] = scores.get(path, 0.0) + weight / (k + rank)
     return sorted(scores.items(), key=lambda item: (-item[1], item[0]))
 
 

@@ -203,7 +203,7 @@ def search_view(
     model, the view's vectors and its BM25 index stay in memory for the next query."""
     from chromafs_fuse.chunks import split_page
     from chromafs_fuse.lexical import best_passage, ranked
-    from chromafs_fuse.search import MODES, Hit, SearchError, SearchResult, fuse, locate
+    from chromafs_fuse.search import LEXICAL_WEIGHT, MODES, Hit, SearchError, SearchResult, fuse, locate
 
     if limit < 1:
         raise SearchError("the number of results must be at least 1")
@@ -245,7 +245,7 @@ def search_view(
         raise SearchError("no ranking can run for this site")
     result.mode = mode if len(rankings) == 2 or mode != "hybrid" else ("vector" if nearest else "lexical")
     if len(rankings) == 2:
-        top = fuse(rankings)[:limit]
+        top = fuse(rankings, weights=[1.0, LEXICAL_WEIGHT])[:limit]
     elif nearest:
         top = [(path, -nearest[path][0]) for path in rankings[0][:limit]]
     else:
