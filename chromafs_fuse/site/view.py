@@ -43,7 +43,7 @@ class ReaderView:
     principal: Principal
     memory_cache: bool = True  # False where a loop owns the page cache (a mount's search directory)
     page_lock: threading.Lock = field(default_factory=threading.Lock)  # views sharing a page source share it
-    _searcher: Searcher | None = field(default=None, init=False, repr=False)
+    warm: Searcher | None = field(default=None, repr=False)  # another view's of the same table, to share
 
     # -- paths ---------------------------------------------------------------------------
 
@@ -159,11 +159,11 @@ class ReaderView:
     def searcher(self) -> Searcher:
         """What this view's searches keep warm: its vectors and its BM25 index."""
         with self.page_lock:
-            if self._searcher is None:
+            if self.warm is None or self.warm.view.site.table is not self.site.table:
                 from chromafs_fuse.site.searcher import Searcher
 
-                self._searcher = Searcher(self)
-            return self._searcher
+                self.warm = Searcher(self)
+            return self.warm
 
     # -- pages ---------------------------------------------------------------------------
 
