@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,7 +41,7 @@ from chromafs_fuse.ingest.retention import (
     plan_retention,
 )
 from chromafs_fuse.ingest.scan import Problem, ScanOptions, SourceFile, one_per_file, scan_site
-from chromafs_fuse.lexical import encode_lexicon, page_terms
+from chromafs_fuse.lexical import decode_lexicon, encode_lexicon, page_terms
 from chromafs_fuse.names import (
     DEFAULT_CHUNK_INDEX_FIELD,
     DEFAULT_PAGE_FIELD,
@@ -307,7 +307,8 @@ def ingest(options: IngestOptions, show_progress: bool = False) -> IngestSummary
     blobs = BlobWriter(collection, batch_size)
 
     tree: dict[str, dict[str, Any]] = {}
-    lexicon: dict[str, tuple[str, Counter[str]]] = {}  # every chunked page's terms (lexical.py)
+    old_lexicon = _existing_lexicon(collection)
+    lexicon: dict[str, tuple[str, Mapping[str, int]]] = {}  # every chunked page's terms (lexical.py)
     with _progress(len(files), show_progress, f"ingest {options.site}") as bar:
         for source in files:
             bar.update(1)
@@ -329,9 +330,12 @@ def ingest(options: IngestOptions, show_progress: bool = False) -> IngestSummary
             if "blob" in entry:
                 continue
             assert source.text is not None
-            title = page_title(source.text)
-            lexicon[source.key] = (sha, page_terms(source.text, title, source.key))
             previous = old_pages.get(source.key)
+            known = old_lexicon.get(source.key)
+            if previous is not None and previous.sha256 == sha and known is not None and known[0] == sha:
+                lexicon[source.key] = known  # an unchanged page keeps its terms
+            else:
+                lexicon[source.key] = (sha, page_terms(source.text, page_title(source.text), source.key))
             if previous is not None and previous.sha256 == sha:
                 summary.unchanged += 1
                 if previous.chunks is not None:
@@ -340,6 +344,7 @@ def ingest(options: IngestOptions, show_progress: bool = False) -> IngestSummary
             summary.updated += 1
             chunks = split_page(source.text, options.max_chunk_chars)
             entry["chunks"] = len(chunks)
+            title = page_title(source.text)
             for index, chunk in enumerate(chunks):
                 metadata = {options.page_field: source.key, options.chunk_index_field: index, PAGE_SHA_FIELD: sha}
                 writer.add(chunk_id(source.key, sha, index), chunk, title, metadata)
@@ -348,13 +353,14 @@ def ingest(options: IngestOptions, show_progress: bool = False) -> IngestSummary
     zero_vector = [0.0] * (dimensions or len(embed([""])[0]))
     summary.blob_pieces_written = blobs.write(zero_vector)
 
-    collection.upsert(
-        "upsert of the lexicon",
-        ids=[LEXICON_RECORD_ID],
-        documents=[encode_lexicon(lexicon)],
-        metadatas=[{RECORD_KIND_FIELD: LEXICON_RECORD_KIND, FORMAT_FIELD: FORMAT_VERSION}],
-        embeddings=[zero_vector],
-    )
+    if lexicon != old_lexicon:  # an unchanged site keeps its record
+        collection.upsert(
+            "upsert of the lexicon",
+            ids=[LEXICON_RECORD_ID],
+            documents=[encode_lexicon(lexicon)],
+            metadatas=[{RECORD_KIND_FIELD: LEXICON_RECORD_KIND, FORMAT_FIELD: FORMAT_VERSION}],
+            embeddings=[zero_vector],
+        )
     summary.tree_document = encode_tree_document(tree)
     collection.upsert(
         "upsert of the path tree",
@@ -438,6 +444,18 @@ def _write_retired(
         metadatas=[{RECORD_KIND_FIELD: RETIRED_RECORD_KIND, FORMAT_FIELD: FORMAT_VERSION}],
         embeddings=[zero_vector],
     )
+
+
+def _existing_lexicon(collection: RetryingCollection) -> dict[str, tuple[str, Mapping[str, int]]]:
+    """The lexicon the last ingest wrote (nothing if none, or one that cannot be read)."""
+    found = collection.get("read of the lexicon", ids=[LEXICON_RECORD_ID], include=["documents"])
+    documents = found.get("documents") or []
+    if not documents or not isinstance(documents[0], str):
+        return {}
+    try:
+        return dict(decode_lexicon(documents[0]))
+    except ValueError:
+        return {}
 
 
 def _existing_tree(collection: RetryingCollection) -> dict[str, PathEntry]:
