@@ -24,6 +24,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from chromafs_fuse.errors import Corrupt
 from chromafs_fuse.names import (
     BLOB_DATA_FIELD,
     BLOB_PIECE_FIELD,
@@ -39,7 +40,7 @@ SCHEME = "chroma:"
 _URL = re.compile(r"chroma:([0-9a-f]{64})")
 
 
-class CorruptPiece(ValueError):
+class CorruptPiece(Corrupt, ValueError):
     """A stored piece is missing or does not hold the bytes the tree names."""
 
 

@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import re
 
+from chromafs_fuse.errors import Corrupt
+
 MAX_NAME_BYTES = 255
 MAX_PATH_BYTES = 4095
 _CONTROL = re.compile("[\x00-\x1f\x7f]")
 _DOT_PART = re.compile(r"(?:^|/)\.\.?(?:/|$)")
 
 
-class InvalidPath(ValueError):
+class InvalidPath(Corrupt, ValueError):
     """A tree key that cannot name a file on the mount."""
 
 

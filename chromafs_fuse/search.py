@@ -1,4 +1,4 @@
-"""Semantic search inside a reader's view of a site.
+"""Search inside a reader's view of a site: vectors, BM25 (lexical.py), and both fused.
 
 Only chunks of the current version of pages the reader may see are read (a `where` filter in
 Chroma), so hidden pages are never ranked at all: a filter after a fixed top-k would let them
@@ -7,13 +7,19 @@ with the query's exactly; each page is ranked by its nearest chunk, and that chu
 the page are given. The query is embedded as the collection's pages were: chromafs-ingest records its
 embedder in the collection's metadata.
 
+Hybrid ranking (the default) fuses the vector ranking and the BM25 ranking of the same visible
+pages by reciprocal rank fusion (`fuse`): a page's score is the sum over the two rankings of
+weight / (RRF_K + its rank). Both rankings hold only visible pages, and BM25's statistics are
+counted over the visible pages alone (lexical.py), so nothing the reader cannot see moves a
+rank or a score.
+
 Pure: the search that reads Chroma and embeds the query is site/view.py's `search_view`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -27,13 +33,88 @@ class SearchError(Refused):
     """A search that cannot run; the message says why."""
 
 
+# batches of one view's chunks: (ids, embeddings, metadatas)
+ChunkBatches = Iterable[tuple[Sequence[str], Sequence[Sequence[float]], Sequence[Mapping[str, Any] | None]]]
+MODES = ("hybrid", "vector", "lexical")
+# Reciprocal rank fusion's constant and the BM25 ranking's weight (the vectors' is 1), chosen on
+# tuning queries kept apart from the benchmark's (docs/PERFORMANCE.md, "Search"): a small k lets
+# the first places of each ranking decide; BM25 is the stronger ranking on docs, so it weighs more.
+RRF_K = 3
+LEXICAL_WEIGHT = 1.5
+
+
 @dataclass(frozen=True)
 class Hit:
     path: str
-    distance: float
+    distance: float | None  # squared L2 distance of the page's nearest chunk (None: no vectors used)
     chunk: str  # the page's best chunk
     first_line: int = 0  # its lines in the page, 1-based (0: not located)
     last_line: int = 0
+    score: float = 0.0  # the ranking's score, higher is better (fused, BM25, or -distance)
+
+
+@dataclass
+class SearchResult:
+    hits: list[Hit]
+    mode: str  # how they were ranked: hybrid, vector or lexical
+    embedder: str | None  # the embedder of the query, None when no vectors were used
+    notes: list[str] = field(default_factory=list)  # why a ranking was left out
+    timings: dict[str, float] = field(default_factory=dict)  # seconds per stage
+
+
+def fuse(
+    rankings: Sequence[Sequence[str]], k: int = RRF_K, weights: Sequence[float] | None = None
+) -> list[tuple[str, float]]:
+    """Reciprocal rank fusion: paths by the sum of weight / (k + rank) over the rankings (rank 1
+    first; every weight 1 unless given), best first, ties by path."""
+    scores: dict[str, float] = {}
+    for at, ranking in enumerate(rankings):
+        weight = 1.0 if weights is None else weights[at]
+        for rank, path in enumerate(ranking, start=1):
+            scores[path] = scores.get(path, 0.0) + weight / (k + rank)
+    return sorted(scores.items(), key=lambda item: (-item[1], item[0]))
+
+
+@dataclass(frozen=True)
+class VectorIndex:
+    """One view's chunk vectors in one matrix: every query compares them all, exactly."""
+
+    paths: tuple[str, ...]
+    owners: np.ndarray  # chunk row -> page number
+    ids: tuple[str, ...]  # chunk row -> record id
+    matrix: np.ndarray  # (chunks, dimensions) float32
+
+    @classmethod
+    def build(cls, batches: ChunkBatches, by_slug: Mapping[str, str], page_field: str) -> VectorIndex:
+        numbers: dict[str, int] = {}
+        owners: list[int] = []
+        ids: list[str] = []
+        blocks: list[np.ndarray] = []
+        for batch_ids, embeddings, metadatas in batches:
+            keep = []
+            for at, (record_id, metadata) in enumerate(zip(batch_ids, metadatas, strict=True)):
+                path = by_slug.get(str((metadata or {}).get(page_field)))
+                if path is None:  # the filter admits only the view's pages; anything else is never shown
+                    continue
+                keep.append(at)
+                owners.append(numbers.setdefault(path, len(numbers)))
+                ids.append(record_id)
+            if keep:
+                blocks.append(np.asarray(embeddings, dtype=np.float32)[keep])
+        matrix = np.concatenate(blocks) if blocks else np.zeros((0, 1), dtype=np.float32)
+        return cls(tuple(numbers), np.asarray(owners, dtype=np.int64), tuple(ids), matrix)
+
+    def rank(self, query: Sequence[float]) -> list[tuple[str, float, str]]:
+        """Every page, nearest first, by its nearest chunk: (path, squared L2 distance, chunk id)."""
+        if not self.paths:
+            return []
+        target = np.asarray(query, dtype=np.float32)
+        distances = ((self.matrix - target) ** 2).sum(axis=1)
+        order = np.lexsort((self.owners, distances))  # nearest chunk first, then by page
+        first = np.unique(self.owners[order], return_index=True)[1]  # each page's first row in that order
+        rows = order[first]
+        out = [(self.paths[self.owners[r]], float(distances[r]), self.ids[r]) for r in rows.tolist()]
+        return sorted(out, key=lambda hit: (hit[1], hit[0]))
 
 
 def embedder_name(collection_metadata: Mapping[str, Any] | None, override: str | None = None) -> str:
@@ -67,31 +148,13 @@ def view_filter(entries: Sequence[PathEntry], page_field: str) -> tuple[dict[str
     return page_clause, by_slug
 
 
-# batches of one view's chunks: (ids, embeddings, metadatas)
-ChunkBatches = Iterable[tuple[Sequence[str], Sequence[Sequence[float]], Sequence[Mapping[str, Any] | None]]]
-
-
 def rank_pages(
     batches: ChunkBatches, query: Sequence[float], by_slug: Mapping[str, str], page_field: str, limit: int
 ) -> list[tuple[str, float, str]]:
     """The `limit` pages nearest the query, each by its nearest chunk: (path, squared L2
     distance, that chunk's id). Exact: every chunk of the view is compared, none is missed
     the way an approximate index can miss one (HNSW does, among many equal vectors)."""
-    target = np.asarray(query, dtype=np.float32)
-    best: dict[str, tuple[float, str]] = {}
-    for ids, embeddings, metadatas in batches:
-        if not len(ids):
-            continue
-        vectors = np.asarray(embeddings, dtype=np.float32)
-        distances = ((vectors - target) ** 2).sum(axis=1)
-        for record_id, metadata, distance in zip(ids, metadatas, distances.tolist(), strict=True):
-            path = by_slug.get(str((metadata or {}).get(page_field)))
-            if path is None:  # the filter admits only the view's pages; anything else is never shown
-                continue
-            if path not in best or distance < best[path][0]:
-                best[path] = (distance, record_id)
-    ranked = sorted(best.items(), key=lambda item: (item[1][0], item[0]))[:limit]
-    return [(path, distance, record_id) for path, (distance, record_id) in ranked]
+    return VectorIndex.build(batches, by_slug, page_field).rank(query)[:limit]
 
 
 def locate(hit: Hit, page: bytes) -> Hit:
@@ -101,7 +164,7 @@ def locate(hit: Hit, page: bytes) -> Hit:
     if at < 0:
         return hit
     first = page.count(b"\n", 0, at) + 1
-    return Hit(hit.path, hit.distance, hit.chunk, first, first + chunk.rstrip(b"\n").count(b"\n"))
+    return replace(hit, first_line=first, last_line=first + chunk.rstrip(b"\n").count(b"\n"))
 
 
 def hit_line(hit: Hit) -> str:
@@ -111,8 +174,11 @@ def hit_line(hit: Hit) -> str:
 
 def hit_record(hit: Hit) -> dict[str, Any]:
     """A hit as `chromafs search --json` and the MCP tool give it."""
-    lines = [hit.first_line, hit.last_line]
-    return {"path": hit.path, "lines": lines, "distance": round(hit.distance, 6), "snippet": snippet(hit)}
+    record: dict[str, Any] = {"path": hit.path, "lines": [hit.first_line, hit.last_line], "score": round(hit.score, 6)}
+    if hit.distance is not None:
+        record["distance"] = round(hit.distance, 6)
+    record["snippet"] = snippet(hit)
+    return record
 
 
 def snippet(hit: Hit) -> str:

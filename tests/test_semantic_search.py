@@ -1,15 +1,18 @@
-"""`chromafs search`: semantic search restricted to the reader's view before ranking, against
-the sample site in an embedded Chroma written by chromafs-ingest (hashing embedder)."""
+"""`chromafs search`: search restricted to the reader's view before ranking (vectors, BM25 and
+both fused), against the sample site in an embedded Chroma written by chromafs-ingest."""
 
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
+import chromadb
 import pytest
 
+from chromafs_fuse.names import LEXICON_RECORD_ID
 from chromafs_fuse.search import SearchError, embedder_name, rank_pages
 from infra import BIN, SAMPLE_SITE, ChromaServer, expected_visible, ingest, reader_args
 
@@ -25,6 +28,12 @@ def search(chroma: Path | str, query: str, *args: str, site: str = "acme") -> li
     )
     assert done.returncode in (0, 1), done.stderr
     return [json.loads(line) for line in done.stdout.splitlines()]
+
+
+def search_cli(chroma: Path, query: str, *args: str, site: str = "acme") -> subprocess.CompletedProcess[str]:
+    """`chromafs search` in an embedded Chroma as a user runs it: stdout, stderr, exit status."""
+    argv = [str(BIN / "chromafs"), "search", query, "--site", site, "--chroma-path", str(chroma), *args]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=120)
 
 
 def test_only_pages_the_reader_may_see_are_ranked(
@@ -80,3 +89,75 @@ def test_the_query_is_embedded_as_the_collection_was() -> None:
     assert embedder_name({}, override="hashing") == "hashing"
     with pytest.raises(SearchError, match="--embedder"):
         embedder_name({"hnsw:space": "cosine"})  # a collection of another tool
+
+
+HIDDEN_PAGE = """---
+title: Quarterly zyxquorum roadmap
+groups: [admin]
+---
+
+# Quarterly zyxquorum roadmap
+
+The zyxquorum project rotates API keys, tokens and webhooks. zyxquorum zyxquorum api keys.
+"""
+
+
+def test_a_hidden_page_changes_no_rank_or_score_the_reader_sees(tmp_path: Path) -> None:
+    """Two sites, the same but for one page only admins may read, holding the query's words (one
+    of them nowhere else): the anonymous reader gets identical hits and scores from both, in every
+    ranking. BM25's statistics come from the visible pages alone (lexical.py)."""
+    with_hidden = tmp_path / "with-hidden"
+    shutil.copytree(SAMPLE_SITE, with_hidden)
+    (with_hidden / "internal-roadmap.md").write_text(HIDDEN_PAGE, encoding="utf-8")
+    chroma = tmp_path / "chroma"
+    ingest(SAMPLE_SITE, "--site", "plain", "--chroma-path", str(chroma), "--quiet")
+    ingest(with_hidden, "--site", "hidden", "--chroma-path", str(chroma), "--quiet")
+    for query in ("zyxquorum api keys", "rotate API keys webhooks", "quarterly roadmap tokens"):
+        for rank in ("hybrid", "lexical", "vector"):
+            plain = search(chroma, query, "-n", "50", "--rank", rank, site="plain")
+            hidden = search(chroma, query, "-n", "50", "--rank", rank, site="hidden")
+            assert plain and hidden == plain, (query, rank)
+            assert all("internal-roadmap" not in hit["path"] for hit in hidden)
+
+
+def test_search_says_where_its_time_goes_and_which_ranking_ran(sample_chroma: Callable[[str], Path]) -> None:
+    done = search_cli(sample_chroma("public"), "rotate API keys", "--timings", "-n", "3")
+    assert done.returncode == 0, done.stderr
+    assert "hybrid (wordllama)" in done.stderr and "total" in done.stderr and "model" in done.stderr
+    assert done.stdout.splitlines()[0].startswith("auth/api-keys.mdx:")
+
+
+def test_an_old_hashing_site_is_searched_with_hashing(tmp_path: Path) -> None:
+    """A site made with the hashing embedder keeps it: a re-ingest without --embedder keeps it,
+    one naming another embedder is refused, and its search embeds queries with hashing."""
+    chroma = tmp_path / "chroma"
+    ingest(SAMPLE_SITE, "--site", "acme", "--chroma-path", str(chroma), "--embedder", "hashing", "--quiet")
+    ingest(SAMPLE_SITE, "--site", "acme", "--chroma-path", str(chroma), "--quiet")
+    refused = ingest(SAMPLE_SITE, "--site", "acme", "--chroma-path", str(chroma), "--embedder", "wordllama", status=1)
+    assert "embedded with 'hashing'" in refused.stderr
+    done = search_cli(chroma, "rotate API keys revoke a key", "--timings", "--rank", "vector", "-n", "1")
+    assert "vector (hashing)" in done.stderr
+    assert done.stdout.startswith("auth/api-keys.mdx:")
+
+
+def test_a_model_that_is_not_here_falls_back_to_words_with_a_note(tmp_path: Path) -> None:
+    """A collection recording Chroma's default model, which this machine does not have (nothing
+    is downloaded): search ranks by BM25 alone and says so; a site without a lexicon (ingested
+    before it existed) ranks by meaning alone and says so."""
+    chroma = tmp_path / "chroma"
+    ingest(SAMPLE_SITE, "--site", "acme", "--chroma-path", str(chroma), "--quiet")
+    client = chromadb.PersistentClient(path=str(chroma))
+    collection = client.get_collection("acme")
+    collection.modify(metadata={"chromafs_format": 1, "chromafs_embedder": "chroma-default"})
+    done = search_cli(chroma, "rotate API keys")
+    assert done.returncode == 0, done.stderr
+    assert "note: cannot embed the query with 'chroma-default'" in done.stderr
+    assert "ranked by words alone" in done.stderr
+    assert done.stdout.startswith("auth/api-keys.mdx:")
+    collection.modify(metadata={"chromafs_format": 1, "chromafs_embedder": "wordllama"})
+    collection.delete(ids=[LEXICON_RECORD_ID])
+    del client
+    done = search_cli(chroma, "rotate API keys")
+    assert done.returncode == 0, done.stderr
+    assert "has no lexicon" in done.stderr and "ranked by meaning alone" in done.stderr
+    assert done.stdout.startswith("auth/api-keys.mdx:")

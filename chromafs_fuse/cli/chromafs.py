@@ -10,6 +10,9 @@ from __future__ import annotations
 import logging
 import re
 import sys
+import time
+
+STARTED = time.perf_counter()  # this module is imported first: what came before is the interpreter's start
 
 TYPE_CHECKING = False  # `chromafs shell` starts a session: it imports nothing it does not use
 
@@ -37,7 +40,12 @@ def build_parser() -> argparse.ArgumentParser:
     search.add_argument("query", help="what to look for, in words")
     search.add_argument("-n", type=int, default=10, help="how many pages (default 10)")
     search.add_argument("--embedder", help="how the collection was embedded (default: what its ingest recorded)")
-    search.add_argument("--json", action="store_true", help="print JSON lines: path, lines, distance, snippet")
+    search.add_argument("--json", action="store_true", help="print JSON lines: path, lines, score, distance, snippet")
+    search.add_argument(
+        "--rank", choices=["hybrid", "vector", "lexical"], default="hybrid",
+        help="hybrid: meaning and words fused (default); vector: meaning alone; lexical: BM25 alone",
+    )  # fmt: skip
+    search.add_argument("--timings", action="store_true", help="say on stderr where the time went")
     add_session_arguments(search)
     search.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
     mcp = commands.add_parser("mcp", help="an MCP server (stdio, or streamable HTTP) over the pages a token may read")
@@ -128,14 +136,24 @@ def run_search(args: argparse.Namespace) -> int:
     from chromafs_fuse.site.view import open_view
     from chromafs_fuse.token_source import resolve_token
 
+    opened = time.perf_counter()
     view = open_view(SessionConfig.from_args(args), resolve_token(args))
-    hits = view.search(args.query, args.n, args.embedder)
-    for hit in hits:
+    view_s = time.perf_counter() - opened
+    result = view.search_result(args.query, args.n, args.embedder, args.rank)
+    for note in result.notes:
+        print(f"chromafs search: note: {note}", file=sys.stderr)
+    for hit in result.hits:
         if args.json:
             print(json.dumps(hit_record(hit), ensure_ascii=False))
         else:
             print(hit_line(hit))
-    return 0 if hits else 1
+    if args.timings:
+        stages = {"start-up": opened - STARTED, "open view": view_s, **result.timings}
+        spent = ", ".join(f"{stage} {seconds * 1000:.0f} ms" for stage, seconds in stages.items())
+        total = time.perf_counter() - STARTED
+        print(f"chromafs search: {result.mode} ({result.embedder or 'no vectors'}): {spent}; "
+              f"total {total * 1000:.0f} ms", file=sys.stderr)  # fmt: skip
+    return 0 if result.hits else 1
 
 
 def run_mcp(args: argparse.Namespace) -> int:

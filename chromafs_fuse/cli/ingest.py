@@ -51,9 +51,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--acl", metavar="FILE", help="YAML/JSON glob rules for files without frontmatter")
     parser.add_argument(
         "--embedder",
-        default="hashing",
-        choices=["hashing", "chroma-default"],
-        help="hashing: offline (default); chroma-default: Chroma's model (downloads it)",
+        choices=["wordllama", "hashing", "chroma-default"],
+        help="how chunks are embedded: wordllama (a new site's default; a model shipped in its pip package), "
+        "hashing (no model), chroma-default (Chroma's MiniLM, if already on this machine). "
+        "An existing site keeps the one it records",
     )
     parser.add_argument("--max-chunk-chars", type=int, default=2000)
     parser.add_argument(

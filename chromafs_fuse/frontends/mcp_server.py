@@ -36,6 +36,7 @@ from chromafs_fuse.tree import SiteTree
 
 if TYPE_CHECKING:
     from chromafs_fuse.site.page_source import PageSource
+    from chromafs_fuse.site.searcher import Searcher
 
 log = logging.getLogger("chromafs.mcp")
 READ_ONLY = ToolAnnotations(read_only_hint=True, destructive_hint=False, idempotent_hint=True, open_world_hint=False)
@@ -66,6 +67,8 @@ class Views:
         self._serving: tuple[SiteTree, PageSource] | None = None  # the tree followed now, the pages' source
         self._loading = threading.Lock()
         self._pages = threading.Lock()  # every view's page loads: they share the page source
+        self._searchers: dict[int, Searcher] = {}  # per reader class's table of the tree followed now
+        self._searchers_of: SiteTree | None = None
         self._fixed = None if per_request else verify_reader(token, config)
 
     def principal(self, ctx: Context | None) -> Principal:
@@ -89,8 +92,17 @@ class Views:
             self._refresh()
         assert self._serving is not None
         tree, source = self._serving
-        site = LoadedSite(tree, self.tables.get(tree, principal), source)
-        return ReaderView(site, self.config, principal, page_lock=self._pages)
+        table = self.tables.get(tree, principal)
+        with self._pages:
+            if self._searchers_of is not tree:  # a new tree: its searches start afresh
+                self._searchers_of, self._searchers = tree, {}
+            warm = self._searchers.get(id(table))
+        view = ReaderView(LoadedSite(tree, table, source), self.config, principal, page_lock=self._pages, warm=warm)
+        if warm is None:
+            searcher = view.searcher  # (takes the page lock itself)
+            with self._pages:
+                self._searchers[id(table)] = searcher  # kept warm for the class's next calls
+        return view
 
     def _load(self, principal: Principal) -> None:
         """The site, loaded by its first reader; from then on it follows re-ingests."""
@@ -202,6 +214,10 @@ def build_server(views: Views, embedder: str | None = None) -> MCPServer:
         description="Pages nearest in meaning to the query, best first (path:first-last: the best passage).",
     )
     def search(ctx: Context, query: str, n: Results = 10) -> str:
-        return answer(ctx, lambda view: "\n".join(hit_line(hit) for hit in view.search(query, n, embedder)))
+        def work(view: ReaderView) -> str:
+            result = view.search_result(query, n, embedder)
+            return "\n".join([*(hit_line(hit) for hit in result.hits), *(f"note: {note}" for note in result.notes)])
+
+        return answer(ctx, work)
 
     return server

@@ -7,6 +7,7 @@ import itertools
 import math
 import re
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import numpy as np
 
@@ -148,18 +149,47 @@ def embed_with_titles(embed: Embedder, chunks: Sequence[str], titles: Sequence[s
     return vectors
 
 
+EMBEDDERS = ("wordllama", "hashing", "chroma-default")
+DEFAULT_EMBEDDER = "wordllama"  # new sites; a collection keeps the one it records
+
+
+class EmbedderUnavailable(Exception):
+    """An embedder that cannot run here (its model is not installed); the message says why."""
+
+
 def make_embedder(name: str) -> tuple[Embedder, int | None]:
-    """(embedder, dimensions if fixed). 'hashing' (default) or 'chroma-default'."""
+    """(embedder, dimensions if fixed). `wordllama` (static embeddings shipped in the wordllama
+    wheel, the default for new sites), `hashing` (no model), or `chroma-default` (Chroma's
+    MiniLM, only where its model files are already on disk: nothing is ever downloaded)."""
     if name == "hashing":
         embedder = HashingEmbedder()
         return embedder, embedder.dimensions
-    if name == "chroma-default":  # downloads a model: needs internet on first use
-        from chromadb.utils.embedding_functions import DefaultEmbeddingFunction
+    if name == "wordllama":
+        from chromafs_fuse.ingest import wordllama_model
 
-        function = DefaultEmbeddingFunction()
+        try:
+            model = wordllama_model.load()
+        except wordllama_model.ModelUnavailable as exc:
+            raise EmbedderUnavailable(str(exc)) from exc
+        return model, model.dimensions
+    if name == "chroma-default":
+        return _chroma_default(), None
+    raise ValueError(f"unknown embedder {name!r} ({', '.join(EMBEDDERS)})")
 
-        def embed(texts: Sequence[str]) -> list[list[float]]:
-            return [[float(x) for x in v] for v in function(list(texts))]
 
-        return embed, None
-    raise ValueError(f"unknown embedder {name!r} (hashing, chroma-default)")
+def _chroma_default() -> Embedder:
+    """Chroma's default function (all-MiniLM-L6-v2 in ONNX) if its files are already in
+    Chroma's cache; it would download them otherwise, which chromafs never does."""
+    from chromadb.utils.embedding_functions import ONNXMiniLM_L6_V2
+
+    function = ONNXMiniLM_L6_V2()
+    folder = Path(function.DOWNLOAD_PATH) / function.EXTRACTED_FOLDER_NAME
+    if not (folder / "model.onnx").is_file():
+        raise EmbedderUnavailable(
+            f"Chroma's default model is not on this machine ({folder}) and chromafs downloads nothing"
+        )
+
+    def embed(texts: Sequence[str]) -> list[list[float]]:
+        return [[float(x) for x in v] for v in function(list(texts))]
+
+    return embed

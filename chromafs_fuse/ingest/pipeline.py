@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,7 +31,7 @@ from chromafs_fuse.ingest.chroma_blobs import (
     plan_chroma_blobs,
 )
 from chromafs_fuse.ingest.chroma_writes import DEFAULT_RETRIES, RetryingCollection, retried
-from chromafs_fuse.ingest.embedding import embed_with_titles, make_embedder, page_title
+from chromafs_fuse.ingest.embedding import DEFAULT_EMBEDDER, embed_with_titles, make_embedder, page_title
 from chromafs_fuse.ingest.retention import (
     DEFAULT_GRACE_PERIOD_S,
     RetentionPlan,
@@ -41,12 +41,15 @@ from chromafs_fuse.ingest.retention import (
     plan_retention,
 )
 from chromafs_fuse.ingest.scan import Problem, ScanOptions, SourceFile, one_per_file, scan_site
+from chromafs_fuse.lexical import decode_lexicon, encode_lexicon, page_terms
 from chromafs_fuse.names import (
     DEFAULT_CHUNK_INDEX_FIELD,
     DEFAULT_PAGE_FIELD,
     EMBEDDER_FIELD,
     FORMAT_FIELD,
     FORMAT_VERSION,
+    LEXICON_RECORD_ID,
+    LEXICON_RECORD_KIND,
     PAGE_SHA_FIELD,
     RECORD_KIND_FIELD,
     RETIRED_RECORD_ID,
@@ -76,7 +79,7 @@ class IngestOptions:
     location: ChromaLocation
     default_access: str = "public"
     acl_rules: Sequence[AclRule] = ()
-    embedder: str = "hashing"
+    embedder: str | None = None  # None: what the collection records, else DEFAULT_EMBEDDER
     max_chunk_chars: int = DEFAULT_MAX_CHUNK_CHARS
     blob_store: BlobStore | None = None
     large_file_threshold: int = DEFAULT_LARGE_FILE_THRESHOLD
@@ -91,6 +94,7 @@ class IngestOptions:
 
 @dataclass
 class IngestSummary:
+    embedder: str = ""
     pages: int = 0
     chunks_written: int = 0
     bytes: int = 0
@@ -124,7 +128,7 @@ class IngestSummary:
         out = [
             f"pages: {self.pages} ({self.updated} written, {self.unchanged} unchanged, {self.removed} removed)"
             f" in {self.seconds:.1f} s{rate}",
-            f"chunks written: {self.chunks_written}",
+            f"chunks written: {self.chunks_written} (embedder: {self.embedder or 'none'})",
             f"old page versions: {self.retired_kept} kept for running mounts, {self.retired_deleted} deleted",
             f"bytes: {self.bytes}",
             f"lazy files (blob store): {self.lazy_files}",
@@ -152,6 +156,7 @@ class IngestSummary:
             "unchanged": self.unchanged,
             "removed": self.removed,
             "chunks_written": self.chunks_written,
+            "embedder": self.embedder,
             "retired_kept": self.retired_kept,
             "retired_deleted": self.retired_deleted,
             "bytes": self.bytes,
@@ -248,8 +253,10 @@ class ChunkWriter:
         self._bytes = 0
 
 
-def _open_collection(options: IngestOptions) -> tuple[RetryingCollection, int]:
-    """The site's collection (made if new) and the number of records one upsert may carry."""
+def _open_collection(options: IngestOptions) -> tuple[RetryingCollection, int, str]:
+    """The site's collection (made if new), the number of records one upsert may carry, and
+    the embedder its chunks are embedded with: the one it records (an existing site keeps it;
+    one written before the field existed used `hashing`), else --embedder or the default."""
     client = retried(
         "connect to Chroma", connect_client, options.retries, location=options.location, timeout_s=options.timeout_s
     )
@@ -259,12 +266,24 @@ def _open_collection(options: IngestOptions) -> tuple[RetryingCollection, int]:
         options.retries,
         name=options.location.collection,
         embedding_function=None,
-        metadata={"hnsw:space": "l2", FORMAT_FIELD: FORMAT_VERSION, EMBEDDER_FIELD: options.embedder},
+        metadata={
+            "hnsw:space": "l2",
+            FORMAT_FIELD: FORMAT_VERSION,
+            EMBEDDER_FIELD: options.embedder or DEFAULT_EMBEDDER,
+        },
     )
+    metadata = created.metadata or {}
+    recorded = metadata.get(EMBEDDER_FIELD) or ("hashing" if FORMAT_FIELD in metadata else None)
+    embedder = str(recorded or options.embedder or DEFAULT_EMBEDDER)
+    if options.embedder and options.embedder != embedder:
+        raise ValueError(
+            f"site {options.site!r} was embedded with {embedder!r}, not {options.embedder!r}: "
+            f"leave out --embedder, or ingest into a new collection to change it"
+        )
     server_bound = retried(
         "read of the batch bound", getattr(client, "get_max_batch_size", lambda: UPSERT_BATCH), options.retries
     )
-    return RetryingCollection(created, options.retries), max(1, min(UPSERT_BATCH, int(server_bound)))
+    return RetryingCollection(created, options.retries), max(1, min(UPSERT_BATCH, int(server_bound))), embedder
 
 
 def ingest(options: IngestOptions, show_progress: bool = False) -> IngestSummary:
@@ -277,8 +296,9 @@ def ingest(options: IngestOptions, show_progress: bool = False) -> IngestSummary
     if not files:  # never replace a site with nothing: a wrong or empty folder leaves it as it was
         summary.seconds = time.monotonic() - started
         return summary
-    embed, dimensions = make_embedder(options.embedder)
-    collection, batch_size = _open_collection(options)
+    collection, batch_size, embedder = _open_collection(options)
+    embed, dimensions = make_embedder(embedder)
+    summary.embedder = embedder
     old_tree = _existing_tree(collection)
     # Only pages stored as chunks count: a page that was a blob must get chunks written.
     old_pages = {key: entry for key, entry in old_tree.items() if entry.blob is None}
@@ -287,6 +307,8 @@ def ingest(options: IngestOptions, show_progress: bool = False) -> IngestSummary
     blobs = BlobWriter(collection, batch_size)
 
     tree: dict[str, dict[str, Any]] = {}
+    old_lexicon = _existing_lexicon(collection)
+    lexicon: dict[str, tuple[str, Mapping[str, int]]] = {}  # every chunked page's terms (lexical.py)
     with _progress(len(files), show_progress, f"ingest {options.site}") as bar:
         for source in files:
             bar.update(1)
@@ -307,14 +329,19 @@ def ingest(options: IngestOptions, show_progress: bool = False) -> IngestSummary
             summary.bytes += len(source.data)
             if "blob" in entry:
                 continue
+            assert source.text is not None
             previous = old_pages.get(source.key)
+            known = old_lexicon.get(source.key)
+            if previous is not None and previous.sha256 == sha and known is not None and known[0] == sha:
+                lexicon[source.key] = known  # an unchanged page keeps its terms
+            else:
+                lexicon[source.key] = (sha, page_terms(source.text, page_title(source.text), source.key))
             if previous is not None and previous.sha256 == sha:
                 summary.unchanged += 1
                 if previous.chunks is not None:
                     entry["chunks"] = previous.chunks
                 continue
             summary.updated += 1
-            assert source.text is not None
             chunks = split_page(source.text, options.max_chunk_chars)
             entry["chunks"] = len(chunks)
             title = page_title(source.text)
@@ -326,6 +353,14 @@ def ingest(options: IngestOptions, show_progress: bool = False) -> IngestSummary
     zero_vector = [0.0] * (dimensions or len(embed([""])[0]))
     summary.blob_pieces_written = blobs.write(zero_vector)
 
+    if lexicon != old_lexicon:  # an unchanged site keeps its record
+        collection.upsert(
+            "upsert of the lexicon",
+            ids=[LEXICON_RECORD_ID],
+            documents=[encode_lexicon(lexicon)],
+            metadatas=[{RECORD_KIND_FIELD: LEXICON_RECORD_KIND, FORMAT_FIELD: FORMAT_VERSION}],
+            embeddings=[zero_vector],
+        )
     summary.tree_document = encode_tree_document(tree)
     collection.upsert(
         "upsert of the path tree",
@@ -411,6 +446,18 @@ def _write_retired(
     )
 
 
+def _existing_lexicon(collection: RetryingCollection) -> dict[str, tuple[str, Mapping[str, int]]]:
+    """The lexicon the last ingest wrote (nothing if none, or one that cannot be read)."""
+    found = collection.get("read of the lexicon", ids=[LEXICON_RECORD_ID], include=["documents"])
+    documents = found.get("documents") or []
+    if not documents or not isinstance(documents[0], str):
+        return {}
+    try:
+        return dict(decode_lexicon(documents[0]))
+    except ValueError:
+        return {}
+
+
 def _existing_tree(collection: RetryingCollection) -> dict[str, PathEntry]:
     result = collection.get("read of the path tree", ids=[TREE_RECORD_ID], include=["documents"])
     if not result["ids"] or not result["documents"] or not isinstance(result["documents"][0], str):
@@ -438,7 +485,7 @@ def _delete_expired_chunks(
         )
         doomed = []
         for record_id, metadata in zip(found["ids"], found["metadatas"] or [], strict=False):
-            if record_id in (TREE_RECORD_ID, RETIRED_RECORD_ID):
+            if record_id in (TREE_RECORD_ID, RETIRED_RECORD_ID, LEXICON_RECORD_ID):
                 continue
             key = str((metadata or {}).get(page_field))
             sha = str((metadata or {}).get(PAGE_SHA_FIELD) or "")

@@ -15,7 +15,7 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from chromafs_fuse.access import Principal
 from chromafs_fuse.errors import Refused
@@ -25,10 +25,9 @@ from chromafs_fuse.tree import PathEntry
 
 if TYPE_CHECKING:
     from chromafs_fuse.config import SessionConfig
-    from chromafs_fuse.search import Hit
+    from chromafs_fuse.search import Hit, SearchResult
     from chromafs_fuse.site.loader import LoadedSite
-
-BATCH = 5000  # chunks read per call of a semantic search
+    from chromafs_fuse.site.searcher import Searcher
 
 
 class ViewError(Refused):
@@ -46,6 +45,7 @@ class ReaderView:
     principal: Principal
     memory_cache: bool = True  # False where a loop owns the page cache (a mount's search directory)
     page_lock: threading.Lock = field(default_factory=threading.Lock)  # views sharing a page source share it
+    warm: Searcher | None = field(default=None, repr=False)  # another view's of the same table, to share
 
     # -- paths ---------------------------------------------------------------------------
 
@@ -149,8 +149,23 @@ class ReaderView:
             yield from lines
 
     def search(self, query: str, limit: int = 10, embedder: str | None = None) -> builtins.list[Hit]:
+        return self.search_result(query, limit, embedder).hits
+
+    def search_result(
+        self, query: str, limit: int = 10, embedder: str | None = None, mode: str = "hybrid"
+    ) -> SearchResult:
         self.check_live()
-        return search_view(self, query, limit, embedder)
+        return search_view(self, query, limit, embedder, mode)
+
+    @property
+    def searcher(self) -> Searcher:
+        """What this view's searches keep warm: its vectors and its BM25 index."""
+        with self.page_lock:
+            if self.warm is None or self.warm.view.site.table is not self.site.table:
+                from chromafs_fuse.site.searcher import Searcher
+
+                self.warm = Searcher(self)
+            return self.warm
 
     # -- pages ---------------------------------------------------------------------------
 
@@ -179,47 +194,94 @@ def open_view(config: SessionConfig, token: str | None) -> ReaderView:
     return ReaderView(SiteLoader(config).load(principal), config, principal)
 
 
-def search_view(view: ReaderView, query: str, limit: int, embedder: str | None = None) -> list[Hit]:
-    """The `limit` pages of the reader's view nearest `query`, best first, each with its best
-    chunk and that chunk's lines. Blocking. Chroma is read through the site's own client (each
-    call within --backend-timeout), the pages through its page tiers."""
-    from chromafs_fuse.ingest.embedding import make_embedder
-    from chromafs_fuse.search import Hit, SearchError, embedder_name, locate, rank_pages, view_filter
+def search_view(
+    view: ReaderView, query: str, limit: int, embedder: str | None = None, mode: str = "hybrid"
+) -> SearchResult:
+    """The `limit` pages of the reader's view that best match `query`, best first, each with its
+    best chunk and that chunk's lines: vectors and BM25 fused (`mode` hybrid), or one of them.
+    A ranking that cannot run here (no model for the collection's embedder, a site ingested
+    before the lexicon existed) is left out with a note; SearchError when none can. Blocking.
+    Chroma is read through the site's own client, the pages through its page tiers; the
+    model, the view's vectors and its BM25 index stay in memory for the next query."""
+    from chromafs_fuse.chunks import split_page
+    from chromafs_fuse.lexical import best_passage, ranked
+    from chromafs_fuse.search import LEXICAL_WEIGHT, MODES, Hit, SearchError, SearchResult, fuse, locate
 
     if limit < 1:
         raise SearchError("the number of results must be at least 1")
-    config = view.config
-    entries = list(view.site.table.entries.values())
-    if not any(e.blob is None for e in entries):
-        return []  # nothing the reader may see is searchable
-    where, by_slug = view_filter(entries, config.page_field)
-    chroma = view.site.source.chroma()
-    collection = chroma.collection
-    name = embedder_name(chroma.collection_metadata(), embedder)
-    try:
-        embed = make_embedder(name)[0]
-        vector = [float(x) for x in embed([query])[0]]
-    except Exception as exc:  # an unknown name, or a function whose model or key is absent
-        raise SearchError(f"cannot embed the query with {name!r}: {exc}") from exc
+    if mode not in MODES:
+        raise SearchError(f"unknown ranking {mode!r} ({', '.join(MODES)})")
+    clock = Clock()
+    result = SearchResult([], mode, None, timings=clock.laps)
+    if not any(e.blob is None for e in view.site.table.entries.values()):
+        return result  # nothing the reader may see is searchable
+    rankings: list[list[str]] = []
+    nearest: dict[str, tuple[float, str]] = {}
+    if mode in ("hybrid", "vector"):
+        try:
+            name, vector = view.searcher.query_vector(query, embedder, clock)
+            index = view.searcher.vectors(name, clock)
+        except SearchError as exc:
+            if mode == "vector":
+                raise
+            result.notes.append(f"{exc}; ranked by words alone")
+        else:
+            result.embedder = name
+            found = index.rank(vector)
+            clock.lap("vector_rank")
+            nearest = {path: (distance, record_id) for path, distance, record_id in found}
+            rankings.append([path for path, _, _ in found])
+    lexical_scores: dict[str, float] = {}
+    if mode in ("hybrid", "lexical"):
+        lexicon = view.searcher.lexical(clock)
+        if lexicon is None:
+            note = "the site has no lexicon (it was ingested before chromafs wrote one): re-ingest it"
+            if mode == "lexical" or not rankings:
+                raise SearchError(note)
+            result.notes.append(note + " for word ranking; ranked by meaning alone")
+        else:
+            lexical_scores = lexicon.scores(query)
+            rankings.append(ranked(lexical_scores))
+            clock.lap("lexical_rank")
+    if not rankings:
+        raise SearchError("no ranking can run for this site")
+    result.mode = mode if len(rankings) == 2 or mode != "hybrid" else ("vector" if nearest else "lexical")
+    if len(rankings) == 2:
+        top = fuse(rankings, weights=[1.0, LEXICAL_WEIGHT])[:limit]
+    elif nearest:
+        top = [(path, -nearest[path][0]) for path in rankings[0][:limit]]
+    else:
+        top = [(path, lexical_scores[path]) for path in rankings[0][:limit]]
+    if not top:
+        return result
+    entries = view.site.table.entries
+    pages = view.load([entries[path] for path, _ in top], missing_ok=True)
+    chunk_text: dict[str, str] = {}
+    if nearest:
+        chunks = view.site.source.chroma().collection.get(
+            ids=[nearest[path][1] for path, _ in top if path in nearest], include=["documents"]
+        )
+        chunk_text = dict(zip(chunks["ids"], chunks.get("documents") or [], strict=False))
+    for path, score in top:
+        distance, record_id = nearest.get(path, (None, ""))
+        text = chunk_text.get(record_id) or ""
+        page = pages.get(path)
+        if not text and page is not None:
+            text = best_passage(split_page(page.decode("utf-8", "replace"), 2000), query)
+        hit = Hit(path, distance, text, score=score)
+        result.hits.append(locate(hit, page) if page is not None else hit)
+    clock.lap("pages")
+    return result
 
-    def batches() -> Iterator[tuple[list[str], list[list[float]], list[Any]]]:
-        offset = 0
-        while True:
-            found = collection.get(where=where, include=["embeddings", "metadatas"], limit=BATCH, offset=offset)
-            ids = list(found.get("ids") or [])
-            if not ids:
-                return
-            yield ids, found["embeddings"], list(found.get("metadatas") or [None] * len(ids))
-            offset += len(ids)
 
-    ranked = rank_pages(batches(), vector, by_slug, config.page_field, limit)
-    if not ranked:
-        return []
-    chunks = collection.get(ids=[record_id for _, _, record_id in ranked], include=["documents"])
-    text = dict(zip(chunks["ids"], chunks.get("documents") or [], strict=False))
-    pages = view.load([view.site.table.entries[path] for path, _, _ in ranked], missing_ok=True)
-    hits = []
-    for path, distance, record_id in ranked:
-        hit, page = Hit(path, distance, text.get(record_id) or ""), pages.get(path)
-        hits.append(locate(hit, page) if page is not None else hit)
-    return hits
+class Clock:
+    """Seconds per stage of one search, in the order they ran."""
+
+    def __init__(self) -> None:
+        self.laps: dict[str, float] = {}
+        self._last = time.perf_counter()
+
+    def lap(self, stage: str) -> None:
+        now = time.perf_counter()
+        self.laps[stage] = self.laps.get(stage, 0.0) + now - self._last
+        self._last = now

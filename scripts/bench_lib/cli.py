@@ -15,14 +15,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench_lib import csi_publish, multitenant, report
+from bench_lib import csi_publish, multitenant, report, search_quality
 from bench_lib.corpus import REPO
 from bench_lib.procs import become_subreaper
 from bench_lib.runner import Run, run_corpus
 
 ALL_SYSTEMS = ["tmpfs", "sandbox", "chromafs-embedded", "chromafs-server-redis", "chromafs-mountd"]
-ALL_FIGURES = ["boot", "tools", "memory", "ingest", "sessions", "density", "mountd", "csi"]
-ALONE = ("mountd", "csi")  # figures with servers of their own: no corpus prepared for them
+ALL_FIGURES = ["boot", "tools", "memory", "ingest", "sessions", "density", "mountd", "csi", "search"]
+ALONE = ("mountd", "csi", "search")  # figures with data or servers of their own: no corpus prepared for them
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -39,9 +39,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument(
         "--figures",
         default=",".join(ALL_FIGURES),
-        help="comma list of boot, tools, memory, ingest, sessions, density, mountd, csi (ingest alone: no mounts, no "
-        "systems; mountd, chromafs-mountd as a multi-tenant host, runs once over copies of the sample site: "
-        "alone, no corpus is prepared; csi, chromafs-csi's NodePublishVolume p50/p90, alone too)",
+        help="comma list of boot, tools, memory, ingest, sessions, density, mountd, csi, search (ingest alone: no "
+        "mounts, no systems; mountd, chromafs-mountd as a multi-tenant host, runs once over copies of the sample "
+        "site: alone, no corpus is prepared; csi, chromafs-csi's NodePublishVolume p50/p90, alone too; search, "
+        "recall@5 and MRR@10 of vector, BM25 and hybrid ranking on real docs trees' descriptions: alone too)",
     )
     p.add_argument(
         "--density-sites",
@@ -147,6 +148,8 @@ def main(argv: list[str]) -> int:
             results["mountd"] = multitenant.measure_mountd(run)
         if "csi" in args.figures:
             results["csi"] = csi_publish.measure(run)
+        if "search" in args.figures:
+            results["search"] = search_quality.measure(run)
     except BaseException as exc:
         print(f"bench: FAILED: {exc.__class__.__name__}: {exc} (cleaning up)", file=sys.stderr, flush=True)
         raise

@@ -19,6 +19,7 @@ import os
 import subprocess
 import time
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit, urlunsplit
 
 import pyfuse3
@@ -49,6 +50,9 @@ from chromafs_fuse.serving.warm_up import all_files, changed_files, should_warm_
 from chromafs_fuse.site.loader import LoadedSite, SiteLoader
 from chromafs_fuse.tree import PathEntry, SiteTree
 from chromafs_fuse.tree_diff import TreeChange, diff_tables
+
+if TYPE_CHECKING:
+    from chromafs_fuse.site.searcher import Searcher
 
 log = logging.getLogger("chromafs.mount")
 STATUS_EVERY_S = 2.0
@@ -84,6 +88,7 @@ class Mount:
         # Directories and files the tree gives no mtime show the mount's start.
         self.attributes = attribute_maker(config.cache_timeout_s, time.time_ns())
         self.search_dir = SearchDir(config.search_dir, self._search) if config.search_dir else None
+        self._searcher: Searcher | None = None  # the search directory's, kept warm
         # The kernel's open mode is set for the mount's life. A mount opens its own files when
         # its first tree leaves a size unknown (direct_io, then keep_cache once read); a later
         # tree without sizes is served in the mode the mount has (DocsFilesystem.stat).
@@ -125,8 +130,10 @@ class Mount:
         from chromafs_fuse.site.view import ReaderView, ViewError
 
         now = LoadedSite(self.tree, self.fs.table, self.pages)
-        view = ReaderView(now, self.config.session, self.principal.reader_class(), memory_cache=False)
+        principal = self.principal.reader_class()
+        view = ReaderView(now, self.config.session, principal, memory_cache=False, warm=self._searcher)
         try:
+            self._searcher = view.searcher  # the model, vectors and index stay warm until the tree changes
             hits = view.search(query, SEARCH_DIR_RESULTS)
         except (SearchError, ViewError) as exc:
             log.error("search %r: %s", query, exc)

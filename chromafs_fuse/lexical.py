@@ -1,0 +1,166 @@
+"""The lexical half of search: per-page term counts written at ingest, BM25 at query time.
+
+Ingest stores, for every chunked page, how often each term occurs in it (`page_terms`), in one
+record of the collection (the lexicon, `encode_lexicon`). A search builds a `LexicalIndex` over
+the pages the reader may see, and only those: the number of pages, their mean length and each
+term's document frequency are counted over the visible pages alone, so a page the reader cannot
+see changes no score the reader gets (a hidden page holding a rare word would otherwise lower
+that word's IDF for everyone). The index is cached per view (one per reader class).
+
+Scoring is Okapi BM25 as Lucene computes it: k1 = 1.2, b = 0.75, idf = ln(1 + (N - df + 0.5) /
+(df + 0.5)), times tf / (tf + k1 (1 - b + b len / mean len)); bm25s's "lucene" method, and
+tests/test_lexical.py checks that it gives bm25s's scores. Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+import base64
+import gzip
+import json
+import math
+import re
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+LEXICON_FORMAT = 1
+TITLE_BOOST = 3  # a page's title and path words count this many extra times: they name the page
+K1 = 1.2
+B = 0.75
+
+_WORD = re.compile(r"(?u)\b\w\w+\b")
+_STOPWORDS = """
+a about above after again against all am an and any are as at be because been before being below
+between both but by can could did do does doing down during each few for from further had has have
+having he her here hers herself him himself his how i if in into is it its itself just me more most
+my myself no nor not now of off on once only or other our ours ourselves out over own same she
+should so some such than that the their theirs them themselves then there these they this those
+through to too under until up very was we were what when where which while who whom why will with
+would you your yours yourself yourselves
+"""
+STOPWORDS = frozenset(_STOPWORDS.split())  # English function words, as bm25s leaves out
+
+
+_CJK = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff]+")
+
+
+def terms(text: str) -> list[str]:
+    """The words BM25 counts: lower-cased runs of two or more word characters, stopwords left out;
+    Chinese, Japanese and Korean, written without spaces, as overlapping pairs of characters (as
+    Lucene's CJK analyser does), so a query matches inside a run."""
+    out: list[str] = []
+    for word in _WORD.findall(text.lower()):
+        if word in STOPWORDS:
+            continue
+        if not _CJK.search(word):
+            out.append(word)
+            continue
+        for part in re.split(f"({_CJK.pattern})", word):
+            if not part:
+                continue
+            if _CJK.fullmatch(part):
+                out.extend(part[i : i + 2] for i in range(max(1, len(part) - 1)))
+            elif len(part) > 1:
+                out.append(part)
+    return out
+
+
+def path_words(path: str) -> str:
+    """A page's path as words: `functions/strings/Contains.md` -> `functions strings Contains`."""
+    stem = path.rsplit(".", 1)[0] if "." in path.rsplit("/", 1)[-1] else path
+    return re.sub(r"[/_\-.]+", " ", stem)
+
+
+def page_terms(text: str, title: str, path: str) -> Counter[str]:
+    """How often each term occurs in a page, its title and path words counted TITLE_BOOST more times."""
+    counts = Counter(terms(text))
+    for word in terms(f"{title} {path_words(path)}"):
+        counts[word] += TITLE_BOOST
+    return counts
+
+
+# -- the record ------------------------------------------------------------------------------
+# {"format": 1, "pages": {path: [sha256, {term: count}]}} as compact JSON, gzip, base64.
+
+
+def encode_lexicon(pages: Mapping[str, tuple[str, Mapping[str, int]]]) -> str:
+    body = {"format": LEXICON_FORMAT, "pages": {path: [sha, dict(counts)] for path, (sha, counts) in pages.items()}}
+    data = json.dumps(body, separators=(",", ":"), sort_keys=True, ensure_ascii=False).encode("utf-8")
+    return base64.b64encode(gzip.compress(data, compresslevel=6, mtime=0)).decode("ascii")
+
+
+def decode_lexicon(document: str) -> dict[str, tuple[str, dict[str, int]]]:
+    """The pages of a lexicon record; ValueError for anything that is not one."""
+    try:
+        body = json.loads(gzip.decompress(base64.b64decode(document)))
+    except (ValueError, TypeError, OSError, EOFError) as exc:  # base64 (binascii.Error), gzip, JSON
+        raise ValueError(f"the lexicon record cannot be read: {exc}") from exc
+    if not isinstance(body, dict) or body.get("format") != LEXICON_FORMAT or not isinstance(body.get("pages"), dict):
+        raise ValueError("the lexicon record has an unknown format")
+    return {str(path): (str(sha), dict(counts)) for path, (sha, counts) in body["pages"].items()}
+
+
+# -- the index -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LexicalIndex:
+    """BM25 over one set of pages (a reader's visible ones). Build once, score many queries."""
+
+    paths: tuple[str, ...]
+    postings: Mapping[str, tuple[np.ndarray, np.ndarray]]  # term -> (page numbers, counts)
+    lengths: np.ndarray
+
+    @classmethod
+    def build(cls, pages: Iterable[tuple[str, Mapping[str, int]]]) -> LexicalIndex:
+        paths: list[str] = []
+        lengths: list[int] = []
+        rows: dict[str, tuple[list[int], list[int]]] = {}
+        for number, (path, counts) in enumerate(pages):
+            paths.append(path)
+            lengths.append(sum(counts.values()))
+            for term, count in counts.items():
+                at, how_many = rows.setdefault(term, ([], []))
+                at.append(number)
+                how_many.append(count)
+        postings = {
+            term: (np.asarray(at, dtype=np.int64), np.asarray(how_many, dtype=np.float64))
+            for term, (at, how_many) in rows.items()
+        }
+        return cls(tuple(paths), postings, np.asarray(lengths, dtype=np.float64))
+
+    def scores(self, query: str) -> dict[str, float]:
+        """Every page holding a query term, with its BM25 score (higher is better)."""
+        count = len(self.paths)
+        if not count:
+            return {}
+        mean_length = float(self.lengths.mean()) or 1.0
+        totals = np.zeros(count, dtype=np.float64)
+        for term in set(terms(query)):
+            found = self.postings.get(term)
+            if found is None:
+                continue
+            at, tf = found
+            idf = math.log(1.0 + (count - len(at) + 0.5) / (len(at) + 0.5))
+            norm = K1 * (1.0 - B + B * self.lengths[at] / mean_length)
+            totals[at] += idf * tf / (tf + norm)  # Lucene's form: without the constant (k1 + 1)
+        hit = np.flatnonzero(totals)
+        return {self.paths[i]: float(totals[i]) for i in hit}
+
+
+def ranked(scores: Mapping[str, float]) -> list[str]:
+    """Paths best first; ties by path, so a ranking never depends on dict order."""
+    return sorted(scores, key=lambda path: (-scores[path], path))
+
+
+def best_passage(chunks: Iterable[str], query: str) -> str:
+    """The chunk holding the most occurrences of the query's terms (the first of equals)."""
+    wanted = set(terms(query))
+    best, best_count = "", -1
+    for chunk in chunks:
+        count = sum(1 for word in terms(chunk) if word in wanted)
+        if count > best_count:
+            best, best_count = chunk, count
+    return best

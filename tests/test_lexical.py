@@ -1,0 +1,91 @@
+"""The pure ranking core of search: BM25 over a set of pages (lexical.py) and the fusion of
+rankings (search.py), without Chroma."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import bm25s
+import numpy as np
+import pytest
+
+from chromafs_fuse.lexical import (
+    LexicalIndex,
+    best_passage,
+    decode_lexicon,
+    encode_lexicon,
+    page_terms,
+    path_words,
+    ranked,
+    terms,
+)
+from chromafs_fuse.search import VectorIndex, fuse
+
+PAGES = {
+    "auth/api-keys.md": "Rotate API keys often. Revoke a key that leaked. Keys are secrets.",
+    "auth/oauth.md": "OAuth tokens expire; refresh them with the refresh token endpoint.",
+    "billing/invoices.md": "Invoices are sent monthly. Download an invoice as PDF.",
+    "guides/quickstart.md": "Install the CLI, create an API key, and call the API.",
+}
+
+
+def test_bm25_scores_are_bm25s_scores() -> None:
+    """The same corpus, the same tokens: our scores are the reference library's (Lucene BM25)."""
+    index = LexicalIndex.build((path, Counter(terms(text))) for path, text in PAGES.items())
+    reference = bm25s.BM25(method="lucene", k1=1.2, b=0.75)
+    reference.index([terms(text) for text in PAGES.values()], show_progress=False)
+    for query in ("rotate api keys", "refresh token", "invoice pdf download", "api"):
+        expected = reference.get_scores(terms(query))
+        got = index.scores(query)
+        for path, want in zip(PAGES, expected, strict=True):
+            assert got.get(path, 0.0) == pytest.approx(float(want), rel=1e-5), (query, path)
+
+
+def test_statistics_come_from_the_indexed_pages_only() -> None:
+    """A page left out of the index (a hidden one) changes no score: same scores as an index
+    that never heard of it, whatever words it holds."""
+    visible = [(path, Counter(terms(text))) for path, text in PAGES.items()]
+    hidden = ("internal/roadmap.md", Counter(terms("api keys api keys rotate secret roadmap " * 20)))
+    alone = LexicalIndex.build(visible)
+    assert "internal/roadmap.md" not in alone.scores("api keys roadmap")
+    with_it = LexicalIndex.build([*visible, hidden])
+    assert with_it.scores("api keys") != {**alone.scores("api keys")}  # it would change them if indexed
+
+
+def test_titles_and_paths_weigh_more() -> None:
+    counts = page_terms("Some text about tokens.", "Rotate keys", "auth/api-keys.mdx")
+    assert counts["tokens"] == 1 and counts["rotate"] == 3 and counts["keys"] == 6  # title + path
+    assert path_words("functions/strings/Contains.md") == "functions strings Contains"
+    assert terms("The API's keys, and a b") == ["api", "keys"]  # stopwords and one-letter words go
+
+
+def test_the_lexicon_record_round_trips() -> None:
+    pages = {"a.md": ("sha-a", Counter({"alpha": 2, "été": 1})), "b/c.md": ("sha-b", Counter())}
+    assert decode_lexicon(encode_lexicon(pages)) == {"a.md": ("sha-a", {"alpha": 2, "été": 1}), "b/c.md": ("sha-b", {})}
+    with pytest.raises(ValueError, match="lexicon"):
+        decode_lexicon("not a record")
+
+
+def test_fusion_rewards_agreement_and_breaks_ties_by_path() -> None:
+    fused = fuse([["a", "b", "c"], ["b", "c", "a"]], k=10)
+    assert [path for path, _ in fused] == ["b", "a", "c"]
+    assert fused[0][1] == pytest.approx(1 / 12 + 1 / 11)
+    assert [path for path, _ in fuse([["y"], ["x"]])] == ["x", "y"]  # equal scores: by path
+    assert ranked({"b": 1.0, "a": 1.0, "c": 2.0}) == ["c", "a", "b"]
+
+
+def test_vector_index_ranks_every_page_by_its_nearest_chunk() -> None:
+    batches = [
+        (["a#0", "b#0"], [[1.0, 0.0], [0.0, 1.0]], [{"p": "a.md"}, {"p": "b.md"}]),
+        (["a#1", "x#0"], [[0.6, 0.8], [0.0, 0.99]], [{"p": "a.md"}, {"p": "hidden.md"}]),
+    ]
+    index = VectorIndex.build(batches, {"a.md": "a.md", "b.md": "b.md"}, "p")
+    found = index.rank([0.0, 1.0])
+    assert [(path, chunk) for path, _, chunk in found] == [("b.md", "b#0"), ("a.md", "a#1")]
+    assert found[1][1] == pytest.approx(float(np.sum((np.array([0.6, 0.8]) - [0.0, 1.0]) ** 2)))
+
+
+def test_the_best_passage_holds_the_most_query_words() -> None:
+    chunks = ["intro text", "rotate keys here; rotate often", "keys"]
+    assert best_passage(chunks, "rotate keys") == chunks[1]
+    assert best_passage(["x", "y"], "nothing") == "x"
