@@ -12,9 +12,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from chromafs_fuse.errors import Corrupt
+from chromafs_fuse.options import DEFAULTS, INGEST_DEFAULTS
 
-DEFAULT_JOINER = "\n"
-DEFAULT_MAX_CHUNK_CHARS = 2000
+JOINER: str = DEFAULTS["--chunk-joiner"]
+MAX_CHUNK_CHARS: int = INGEST_DEFAULTS["--max-chunk-chars"]
 
 
 class CorruptPage(Corrupt, ValueError):
@@ -26,7 +27,7 @@ def _is_soft_boundary(line: str) -> bool:
     return stripped.startswith("#") or stripped == "" or stripped.startswith("```")
 
 
-def split_page(text: str, max_chars: int = DEFAULT_MAX_CHUNK_CHARS) -> list[str]:
+def split_page(text: str, max_chars: int = MAX_CHUNK_CHARS) -> list[str]:
     """Cut `text` into chunks of about `max_chars` at line ends, preferring to
     cut before a heading, a blank line or a code fence once a chunk is half full.
     A line longer than `max_chars` stays whole in one chunk."""
@@ -66,7 +67,7 @@ class Expected:
 
 def reassemble(
     chunks: Iterable[tuple[object, object]],
-    joiner: str = DEFAULT_JOINER,
+    joiner: str = JOINER,
     expected: Expected = Expected(),
 ) -> bytes:
     """Join (chunk_index, document) pairs into the page's bytes.

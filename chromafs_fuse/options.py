@@ -12,7 +12,7 @@ fast path.
 
 from __future__ import annotations
 
-from chromafs_fuse.names import DEFAULT_CHUNK_INDEX_FIELD, DEFAULT_PAGE_FIELD
+from chromafs_fuse.names import CHUNK_INDEX_FIELD, PAGE_FIELD
 
 TYPE_CHECKING = False  # not `from typing import ...`: typing costs the mount client ~3 ms of start-up
 
@@ -122,8 +122,8 @@ CHROMA_OPTIONS = (
     Option("--collection", "collection name (default: the site name)"),
     Option("--chroma-tenant", "Chroma server/Cloud tenant (default: the server's default)"),
     Option("--chroma-database", "Chroma server/Cloud database (default: the server's default)"),
-    Option("--page-field", "chunk metadata field naming the page", default=DEFAULT_PAGE_FIELD),
-    Option("--chunk-index-field", "chunk metadata field with its position", default=DEFAULT_CHUNK_INDEX_FIELD),
+    Option("--page-field", "chunk metadata field naming the page", default=PAGE_FIELD),
+    Option("--chunk-index-field", "chunk metadata field with its position", default=CHUNK_INDEX_FIELD),
 )
 
 # What any reader of a site needs (a mount, chromafs grep/search/mcp): SessionConfig.
@@ -362,6 +362,101 @@ MOUNTD_OPTIONS = (
 )
 
 
+# chromafs-ingest's, after the Chroma ones (its one positional, the source folder, is cli/ingest.py's):
+# ingest/pipeline.py's IngestOptions.
+INGEST_OPTIONS = (
+    *CHROMA_OPTIONS,
+    Option(
+        "--default-access",
+        "access of pages that say nothing (default: %(default)s)",
+        choices=("public", "authenticated"),
+        default="public",
+    ),
+    Option("--acl", "YAML/JSON glob rules for files without frontmatter", metavar="FILE"),
+    Option(
+        "--embedder",
+        "how chunks are embedded: wordllama (a new site's default; a model shipped in its pip package), "
+        "hashing (no model), chroma-default (Chroma's MiniLM, if already on this machine). "
+        "An existing site keeps the one it records",
+        choices=("wordllama", "hashing", "chroma-default"),
+    ),
+    Option(
+        "--max-chunk-chars",
+        "the longest chunk, in characters (default: %(default)s)",
+        type=int,
+        default=2000,
+        positive=True,
+    ),
+    Option(
+        "--blob-store",
+        "file:///dir or s3://bucket/prefix for binary and large files (default: DIR/chromafs-blobs with "
+        "--chroma-path; on a Chroma server, none: binary files are kept in Chroma itself)",
+        metavar="URL",
+    ),
+    Option("--s3-endpoint-url", "S3 endpoint (default: AWS_ENDPOINT_URL or AWS)"),
+    Option(
+        "--large-file-threshold",
+        "files above this many bytes go to the blob store (default: %(default)s)",
+        type=int,
+        default=1024 * 1024,
+        minimum=0,
+    ),
+    Option(
+        "--chroma-blob-limit",
+        "with no blob store, binary files up to this many bytes are kept in Chroma itself; a larger one "
+        "is not ingested and named, to be served from a --blob-store (default: %(default)s, 32 MiB)",
+        type=int,
+        default=32 * MIB,
+        metavar="BYTES",
+        minimum=0,
+    ),
+    Option(
+        "--grace-period",
+        "keep replaced page versions this long for mounts still on the previous tree; a later "
+        "ingest deletes them (default: %(default)s)",
+        type=float,
+        default=600.0,
+        metavar="SECONDS",
+        minimum=0,
+    ),
+    Option(
+        "--backend-timeout",
+        "one call to a Chroma server that takes longer is tried again (default: %(default)s)",
+        type=float,
+        default=60.0,  # an upsert of a whole batch on a busy server
+        metavar="SECONDS",
+        positive=True,
+    ),
+    Option(
+        "--retries",
+        "tries after the first of a call that timed out or was refused, with backoff; then the "
+        "ingest stops naming the batch, and a re-run writes only what is missing (default: %(default)s)",
+        type=int,
+        default=5,
+        metavar="N",
+        minimum=0,
+    ),
+    Option("--include-hidden", "also ingest dot files and dot folders", kind="switch", default=False),
+    Option(
+        "--redis-url",
+        "also publish the new path tree to this shared cache, so new mounts see it at once "
+        "(the forms of chromafs-mount --redis-url; env CHROMAFS_REDIS_URL)",
+        env="CHROMAFS_REDIS_URL",
+    ),
+    Option(
+        "--redis-ca",
+        "CA certificate of a rediss:// Redis (env CHROMAFS_REDIS_CA)",
+        metavar="FILE",
+        env="CHROMAFS_REDIS_CA",
+    ),
+    Option("--redis-prefix", "key prefix in Redis", default="chromafs"),
+    Option("--tree-ttl", "seconds a published path tree lives in Redis", type=int, default=300),
+    Option("--report", "write a JSON report (counts and every problem) to FILE", metavar="FILE"),
+    Option("--quiet", "no progress bar and no summary", kind="switch", default=False, aliases=("-q",)),
+    Option("--log-level", "how much the ingest logs", choices=LOG_LEVELS, default="warning"),
+)
+
+
 def find(name: str, options: Iterable[Option] = MOUNT_OPTIONS) -> Option:
     """The option of `options` one of whose names is `name`."""
     for option in options:
@@ -374,6 +469,8 @@ def find(name: str, options: Iterable[Option] = MOUNT_OPTIONS) -> Option:
 DEFAULTS: dict[str, Any] = {option.name: option.default for option in MOUNT_OPTIONS}
 # chromafs-mountd's flag -> its default
 MOUNTD_DEFAULTS: dict[str, Any] = {option.name: option.default for option in MOUNTD_OPTIONS}
+# chromafs-ingest's flag -> its default
+INGEST_DEFAULTS: dict[str, Any] = {option.name: option.default for option in INGEST_OPTIONS}
 # --refresh-interval's default: a version read in Redis is a GET of a few bytes; without Redis, a
 # query to Chroma
 REFRESH_INTERVAL_WITH_REDIS_S = 1.0

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from cachetools import LRUCache
 
-DEFAULT_CACHE_BYTES = 32 * 1024 * 1024
+from chromafs_fuse.options import DEFAULTS
+
 OVERSIZE_PAGES = 2
 
 
 class PageCache:
-    def __init__(self, max_bytes: int = DEFAULT_CACHE_BYTES) -> None:
+    def __init__(self, max_bytes: int = DEFAULTS["--cache-bytes"]) -> None:
         self._lru: LRUCache[str, bytes] = LRUCache(maxsize=max_bytes, getsizeof=len)
         self._oversize: dict[str, bytes] = {}
         self.hits = 0

@@ -18,7 +18,7 @@ from chromafs_fuse.backends.chroma_http import ChromaHttpError, HttpCollection, 
 from chromafs_fuse.backends.chroma_http import ChromaServer as ChromaServerClient
 from chromafs_fuse.backends.chroma_store import BackendError, ChromaLocation, ChromaPages, SiteNotFound
 from chromafs_fuse.grep import GrepQuery, candidate_pages
-from chromafs_fuse.names import DEFAULT_PAGE_FIELD, TREE_RECORD_ID
+from chromafs_fuse.names import PAGE_FIELD, TREE_RECORD_ID
 from chromafs_fuse.tree import parse_tree
 from infra import SAMPLE_SITE, ChromaServer, chromadb_libraries_loaded, expected_visible, ingest, mounted, try_mount
 
@@ -64,13 +64,13 @@ def test_get_answers_as_chromadb_does(served_site: str) -> None:
 
     entries = parse_tree(tree["documents"][0]).entries
     slugs = sorted({s for e in entries.values() for s in (e.key, "/" + e.key, e.source_key)})
-    by_page = {DEFAULT_PAGE_FIELD: {"$in": slugs}}
+    by_page = {PAGE_FIELD: {"$in": slugs}}
     calls: list[dict[str, Any]] = [
         {"where": by_page, "include": ["documents", "metadatas"]},
         {"where": by_page, "where_document": {"$contains": "the"}, "include": ["documents", "metadatas"]},
         {"where": by_page, "where_document": {"$regex": "(?m)^## "}, "include": ["documents", "metadatas"]},
         {"where": by_page, "include": ["metadatas"]},
-        {"where": {DEFAULT_PAGE_FIELD: {"$in": sorted(entries)[:3]}}, "include": ["documents"]},
+        {"where": {PAGE_FIELD: {"$in": sorted(entries)[:3]}}, "include": ["documents"]},
     ]
     for kwargs in calls:
         got, expected = ours.get(**kwargs), theirs.get(**kwargs)

@@ -10,7 +10,7 @@ from pathlib import Path
 import chromadb
 
 from chromafs_fuse.backends.chroma_store import ChromaLocation, ChromaPages
-from chromafs_fuse.names import DEFAULT_PAGE_FIELD
+from chromafs_fuse.names import PAGE_FIELD
 from chromafs_fuse.tree import parse_tree
 from infra import SAMPLE_SITE, ingest
 
@@ -29,7 +29,7 @@ def test_ingest_records_chunk_counts_and_keeps_them_when_pages_are_unchanged(tmp
     _, entries = _pages(chroma)
     collection = chromadb.PersistentClient(path=str(chroma)).get_collection(SITE, embedding_function=None)
     for entry in entries:
-        stored = collection.get(where={DEFAULT_PAGE_FIELD: entry.key}, include=[])["ids"]
+        stored = collection.get(where={PAGE_FIELD: entry.key}, include=[])["ids"]
         assert entry.chunks == len(stored) > 0, entry.key
     ingest(SAMPLE_SITE, "--site", SITE, "--chroma-path", str(chroma), "--default-access", "public", "--quiet")
     _, again = _pages(chroma)

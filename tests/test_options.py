@@ -13,11 +13,14 @@ import pytest
 from chromafs_fuse.cli import mount_helper, mount_request
 from chromafs_fuse.cli.chromafs import build_parser as chromafs_parser
 from chromafs_fuse.cli.common import add_session_arguments
+from chromafs_fuse.cli.ingest import build_parser as ingest_parser
 from chromafs_fuse.cli.mount import build_parser as mount_parser
 from chromafs_fuse.cli.mountd import build_parser as mountd_parser
-from chromafs_fuse.config import MountConfig, RedisSettings, ServerConfig, SessionConfig, chroma_location
+from chromafs_fuse.config import MountConfig, RedisSettings, ServerConfig, SessionConfig, chroma_location, flag_values
 from chromafs_fuse.errors import UsageError
+from chromafs_fuse.ingest.pipeline import IngestOptions
 from chromafs_fuse.options import (
+    INGEST_OPTIONS,
     MOUNT_OPTIONS,
     MOUNTD_OPTIONS,
     SESSION_OPTIONS,
@@ -83,6 +86,7 @@ def test_the_parsers_declare_exactly_the_tables_options() -> None:
     _assert_parser_is_the_table(mount_parser(), MOUNT_OPTIONS)
     _assert_parser_is_the_table(mountd_parser(), MOUNTD_OPTIONS)
     _assert_parser_is_the_table(_session_parser(), SESSION_OPTIONS)
+    _assert_parser_is_the_table(ingest_parser(), INGEST_OPTIONS)
     assert MOUNT_OPTIONS[: len(SESSION_OPTIONS)] == SESSION_OPTIONS
     session_names = {name for option in SESSION_OPTIONS for name in option.names}
     for command in ("grep", "search", "mcp"):
@@ -144,7 +148,7 @@ def test_the_mount_servers_defaults_are_the_tables() -> None:
 def test_every_config_field_set_by_a_flag_names_one_of_the_table() -> None:
     """A field's flag, default and bounds are the table's: a negative value of a bounded flag is
     refused with the flag's name, whichever config reads it."""
-    for cls in (SessionConfig, MountConfig, ServerConfig):
+    for cls in (SessionConfig, MountConfig, ServerConfig, IngestOptions):
         for field in dataclasses.fields(cls):
             if "flag" in field.metadata:
                 option = find(field.metadata["flag"], field.metadata["options"])
@@ -159,6 +163,10 @@ def test_every_config_field_set_by_a_flag_names_one_of_the_table() -> None:
         MountConfig.from_args(args)
     with pytest.raises(UsageError, match=r"^--class-idle must not be negative$"):
         ServerConfig.from_args(mountd_parser().parse_args(["--class-idle", "-1"]))
+    for flag in ("--retries", "--grace-period", "--chroma-blob-limit"):
+        args = ingest_parser().parse_args(["/docs", "--site", "a", "--chroma-path", "/c", flag, "-1"])
+        with pytest.raises(UsageError, match=f"^{flag} must not be negative$"):
+            flag_values(IngestOptions, args)
 
 
 def test_old_names_still_work_and_say_so(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -14,7 +14,7 @@ from conftest import SITE
 from chromafs_fuse.access import Principal
 from chromafs_fuse.backends.chroma_store import ChromaLocation
 from chromafs_fuse.config import RedisSettings, SessionConfig
-from chromafs_fuse.names import DEFAULT_CHUNK_INDEX_FIELD, DEFAULT_PAGE_FIELD
+from chromafs_fuse.names import CHUNK_INDEX_FIELD, PAGE_FIELD
 from chromafs_fuse.site.loader import SiteLoader
 
 if TYPE_CHECKING:
@@ -25,8 +25,8 @@ def session(chroma: Path, redis_url: str) -> SessionConfig:
     return SessionConfig(
         site=SITE,
         chroma=ChromaLocation(path=str(chroma), collection=SITE),
-        page_field=DEFAULT_PAGE_FIELD,
-        chunk_index_field=DEFAULT_CHUNK_INDEX_FIELD,
+        page_field=PAGE_FIELD,
+        chunk_index_field=CHUNK_INDEX_FIELD,
         redis=RedisSettings(redis_url, tree_ttl_s=120),
     )
 

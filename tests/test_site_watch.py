@@ -13,7 +13,7 @@ import trio
 from chromafs_fuse.backends.chroma_store import ChromaLocation
 from chromafs_fuse.backends.redis_cache import RedisCache
 from chromafs_fuse.config import RedisSettings, SessionConfig
-from chromafs_fuse.names import DEFAULT_CHUNK_INDEX_FIELD, DEFAULT_PAGE_FIELD
+from chromafs_fuse.names import CHUNK_INDEX_FIELD, PAGE_FIELD
 from chromafs_fuse.site.follower import TreeFollower, new_trees
 from chromafs_fuse.site.loader import SiteLoader
 from chromafs_fuse.site.watch import SiteWatch
@@ -45,8 +45,8 @@ def follower(site: str, redis: RedisCache, interval_s: float) -> TreeFollower:
     config = SessionConfig(
         site=site,
         chroma=ChromaLocation(path="/nonexistent", collection=site),  # never opened: the tree is in Redis
-        page_field=DEFAULT_PAGE_FIELD,
-        chunk_index_field=DEFAULT_CHUNK_INDEX_FIELD,
+        page_field=PAGE_FIELD,
+        chunk_index_field=CHUNK_INDEX_FIELD,
         redis=RedisSettings(redis.target.describe()),
     )
     loader = SiteLoader(config, redis)

@@ -34,9 +34,9 @@ from chromafs_fuse.errors import NotFound, Unavailable
 
 API_PATH = "/api/v2"
 log = logging.getLogger(__name__)
-DEFAULT_TENANT = "default_tenant"
-DEFAULT_DATABASE = "default_database"
-DEFAULT_INCLUDE = ("documents", "metadatas")
+CHROMA_TENANT = "default_tenant"
+CHROMA_DATABASE = "default_database"
+GET_INCLUDE = ("documents", "metadatas")
 # Chroma server versions this adapter was tested against (major, minor), oldest and newest.
 TESTED_SERVER_VERSIONS = ((1, 0), (1, 5))
 
@@ -171,8 +171,8 @@ class HttpCollection:
         ChromaHttpError naming the tenant or database if one of those does not."""
         server = ChromaServer(url, headers, timeout_s)
         check_server_version(server)
-        tenant = tenant or DEFAULT_TENANT
-        database = database or DEFAULT_DATABASE
+        tenant = tenant or CHROMA_TENANT
+        database = database or CHROMA_DATABASE
         base = _database_path(tenant, database)
         try:
             model = server.request("GET", f"{base}/collections/{_segment(name)}")
@@ -200,7 +200,7 @@ class HttpCollection:
         ids: Sequence[str] | None = None,
         where: Mapping[str, Any] | None = None,
         where_document: Mapping[str, Any] | None = None,
-        include: Iterable[str] = DEFAULT_INCLUDE,
+        include: Iterable[str] = GET_INCLUDE,
         limit: int | None = None,
         offset: int | None = None,
     ) -> dict[str, Any]:

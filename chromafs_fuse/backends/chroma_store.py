@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Any
 from chromafs_fuse.backends.deadline import with_deadline
 from chromafs_fuse.errors import NotFound, Unavailable
 from chromafs_fuse.names import (
-    DEFAULT_CHUNK_INDEX_FIELD,
-    DEFAULT_PAGE_FIELD,
+    CHUNK_INDEX_FIELD,
+    PAGE_FIELD,
     PAGE_SHA_FIELD,
     TREE_RECORD_ID,
     TREE_VERSION_FIELD,
@@ -159,8 +159,8 @@ class ChromaPages:
     def __init__(
         self,
         collection: Any,
-        page_field: str = DEFAULT_PAGE_FIELD,
-        chunk_index_field: str = DEFAULT_CHUNK_INDEX_FIELD,
+        page_field: str = PAGE_FIELD,
+        chunk_index_field: str = CHUNK_INDEX_FIELD,
     ) -> None:
         self.collection = collection
         self.page_field = page_field
@@ -170,8 +170,8 @@ class ChromaPages:
     def open(
         cls,
         location: ChromaLocation,
-        page_field: str = DEFAULT_PAGE_FIELD,
-        chunk_index_field: str = DEFAULT_CHUNK_INDEX_FIELD,
+        page_field: str = PAGE_FIELD,
+        chunk_index_field: str = CHUNK_INDEX_FIELD,
         timeout_s: float = 10.0,
     ) -> ChromaPages:
         if location.url:

@@ -23,13 +23,12 @@ from typing import TYPE_CHECKING, Any
 import redis
 
 from chromafs_fuse.backends.redis_topology import RedisTarget, open_client, parse_redis_url
+from chromafs_fuse.options import DEFAULTS
 
 if TYPE_CHECKING:
     from chromafs_fuse.config import RedisSettings
 
 log = logging.getLogger(__name__)
-DEFAULT_TTL_S = 24 * 3600
-DEFAULT_TREE_TTL_S = 300
 RETRY_AFTER_S = 5.0
 RESUBSCRIBE_AFTER_S = 0.5
 # what a failing Redis raises: a cluster's own errors are not RedisErrors
@@ -41,8 +40,8 @@ class RedisCache:
         self,
         url: str,
         prefix: str = "chromafs",
-        ttl_s: int = DEFAULT_TTL_S,
-        tree_ttl_s: int = DEFAULT_TREE_TTL_S,
+        ttl_s: int = DEFAULTS["--redis-ttl"],
+        tree_ttl_s: int = DEFAULTS["--tree-ttl"],
         timeout_s: float = 0.5,
         ca_file: str | None = None,
     ) -> None:

@@ -22,7 +22,7 @@ from urllib.parse import unquote, urlsplit
 from chromafs_fuse.errors import UsageError
 
 Kind = Literal["single", "cluster", "sentinel"]
-DEFAULT_PORT = 6379
+REDIS_PORT = 6379
 SENTINEL_PORT = 26379
 
 
@@ -83,7 +83,7 @@ def _parse(url: str) -> RedisTarget:
     if at:
         user, colon, secret = userinfo.partition(":")
         username, password = (unquote(user) or None), (unquote(secret) if colon else None)
-    default_port = SENTINEL_PORT if topology == "sentinel" else DEFAULT_PORT
+    default_port = SENTINEL_PORT if topology == "sentinel" else REDIS_PORT
     nodes = tuple(_host_port(item, default_port, url) for item in hosts.split(",") if item.strip())
     if not nodes:
         raise RedisURLError(f"{url!r}: no host:port given")

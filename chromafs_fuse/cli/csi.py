@@ -9,10 +9,10 @@ import sys
 from chromafs_fuse.cli.common import add_options
 from chromafs_fuse.errors import UsageError
 from chromafs_fuse.logs import setup_logging
-from chromafs_fuse.options import LOG_LEVELS, MOUNT_OPTIONS
+from chromafs_fuse.options import LOG_LEVELS, MOUNT_OPTIONS, MOUNTD_DEFAULTS
 
-DEFAULT_ENDPOINT = "unix:///csi/csi.sock"
-DEFAULT_MOUNTD = "/run/chromafs/mountd.sock"
+CSI_ENDPOINT = "unix:///csi/csi.sock"
+MOUNTD_SOCKET: str = MOUNTD_DEFAULTS["--socket"]  # the mount server's own default
 
 
 class _VolumeParser(argparse.ArgumentParser):
@@ -33,8 +33,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="chromafs-csi",
         description="A Kubernetes CSI node plugin: a pod's inline volume is a session of the node's chromafs-mountd.",
     )
-    parser.add_argument("--endpoint", default=os.environ.get("CSI_ENDPOINT", DEFAULT_ENDPOINT), help="CSI socket")
-    parser.add_argument("--mountd", default=DEFAULT_MOUNTD, metavar="SOCKET", help="the node's chromafs-mountd socket")
+    parser.add_argument("--endpoint", default=os.environ.get("CSI_ENDPOINT", CSI_ENDPOINT), help="CSI socket")
+    parser.add_argument("--mountd", default=MOUNTD_SOCKET, metavar="SOCKET", help="the node's chromafs-mountd socket")
     parser.add_argument("--node-id", required=True, metavar="NODE", help="this node's name (NodeGetInfo)")
     keys = parser.add_mutually_exclusive_group()
     keys.add_argument("--jwt-secret-file", metavar="F", help="HS256 secret that verifies tokens, as chromafs-mountd's")

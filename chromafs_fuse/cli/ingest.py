@@ -10,28 +10,23 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import re
 import sys
 from pathlib import Path
 
 from chromafs_fuse.backends.blobstore import open_blob_store
-from chromafs_fuse.cli.common import CliError, add_chroma_arguments
-from chromafs_fuse.config import chroma_location, redis_settings
+from chromafs_fuse.cli.common import CliError, add_options
+from chromafs_fuse.config import chroma_location, flag_values, redis_settings
 from chromafs_fuse.errors import ChromafsError, unexpected
 from chromafs_fuse.ingest.access_rules import parse_acl
-from chromafs_fuse.ingest.chroma_blobs import DEFAULT_CHROMA_BLOB_LIMIT
-from chromafs_fuse.ingest.chroma_writes import DEFAULT_RETRIES
 from chromafs_fuse.ingest.pipeline import (
-    DEFAULT_LARGE_FILE_THRESHOLD,
-    DEFAULT_WRITE_TIMEOUT_S,
     EXIT_NOTHING_INGESTED,
     IngestOptions,
     IngestSummary,
     ingest,
 )
-from chromafs_fuse.ingest.retention import DEFAULT_GRACE_PERIOD_S
 from chromafs_fuse.logs import setup_logging
+from chromafs_fuse.options import INGEST_OPTIONS
 from chromafs_fuse.site.publisher import INGEST_PATIENCE_S, publish_tree
 from chromafs_fuse.tree import tree_version
 
@@ -41,79 +36,7 @@ log = logging.getLogger("chromafs.ingest")
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="chromafs-ingest", description="Load a docs folder into Chroma.")
     parser.add_argument("source", help="folder of docs")
-    add_chroma_arguments(parser)
-    parser.add_argument(
-        "--default-access",
-        choices=["public", "authenticated"],
-        default="public",
-        help="access of pages that say nothing (default: public)",
-    )
-    parser.add_argument("--acl", metavar="FILE", help="YAML/JSON glob rules for files without frontmatter")
-    parser.add_argument(
-        "--embedder",
-        choices=["wordllama", "hashing", "chroma-default"],
-        help="how chunks are embedded: wordllama (a new site's default; a model shipped in its pip package), "
-        "hashing (no model), chroma-default (Chroma's MiniLM, if already on this machine). "
-        "An existing site keeps the one it records",
-    )
-    parser.add_argument("--max-chunk-chars", type=int, default=2000)
-    parser.add_argument(
-        "--blob-store",
-        metavar="URL",
-        help="file:///dir or s3://bucket/prefix for binary and large files (default: DIR/chromafs-blobs with "
-        "--chroma-path; on a Chroma server, none: binary files are kept in Chroma itself)",
-    )
-    parser.add_argument("--s3-endpoint-url", help="S3 endpoint (default: AWS_ENDPOINT_URL or AWS)")
-    parser.add_argument(
-        "--large-file-threshold",
-        type=int,
-        default=DEFAULT_LARGE_FILE_THRESHOLD,
-        help="files above this many bytes go to the blob store",
-    )
-    parser.add_argument(
-        "--chroma-blob-limit",
-        type=int,
-        default=DEFAULT_CHROMA_BLOB_LIMIT,
-        metavar="BYTES",
-        help="with no blob store, binary files up to this many bytes are kept in Chroma itself; a larger one "
-        "is not ingested and named, to be served from a --blob-store (default: %(default)s, 32 MiB)",
-    )
-    parser.add_argument(
-        "--grace-period",
-        type=float,
-        default=DEFAULT_GRACE_PERIOD_S,
-        metavar="SECONDS",
-        help="keep replaced page versions this long for mounts still on the previous tree; a later "
-        "ingest deletes them (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--backend-timeout",
-        type=float,
-        default=DEFAULT_WRITE_TIMEOUT_S,
-        metavar="SECONDS",
-        help="one call to a Chroma server that takes longer is tried again (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--retries",
-        type=int,
-        default=DEFAULT_RETRIES,
-        metavar="N",
-        help="tries after the first of a call that timed out or was refused, with backoff; then the "
-        "ingest stops naming the batch, and a re-run writes only what is missing (default: %(default)s)",
-    )
-    parser.add_argument("--include-hidden", action="store_true", help="also ingest dot files and dot folders")
-    parser.add_argument(
-        "--redis-url",
-        default=os.environ.get("CHROMAFS_REDIS_URL"),
-        help="also publish the new path tree to this shared cache, so new mounts see it at once "
-        "(the forms of chromafs-mount --redis-url)",
-    )
-    parser.add_argument("--redis-ca", default=os.environ.get("CHROMAFS_REDIS_CA"), metavar="FILE")
-    parser.add_argument("--redis-prefix", default="chromafs")
-    parser.add_argument("--tree-ttl", type=int, default=300)
-    parser.add_argument("--report", metavar="FILE", help="write a JSON report (counts and every problem) to FILE")
-    parser.add_argument("--quiet", "-q", action="store_true", help="no progress bar and no summary")
-    parser.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
+    add_options(parser, INGEST_OPTIONS)
     return parser
 
 
@@ -134,14 +57,6 @@ def main(argv: list[str] | None = None) -> int:
                 f"collection name {location.collection!r} (from --site or --collection): Chroma needs 3-512 "
                 "characters from a-z A-Z 0-9 . _ -, starting and ending with a letter or digit"
             )
-        if not args.backend_timeout > 0:
-            raise CliError(f"--backend-timeout must be more than 0 seconds, not {args.backend_timeout}")
-        if args.retries < 0:
-            raise CliError(f"--retries must not be negative, not {args.retries}")
-        if args.chroma_blob_limit < 0:
-            raise CliError(f"--chroma-blob-limit must not be negative, not {args.chroma_blob_limit}")
-        if not args.grace_period >= 0:
-            raise CliError(f"--grace-period must be 0 or more seconds, not {args.grace_period}")
         rules = []
         if args.acl:
             try:
@@ -158,19 +73,9 @@ def main(argv: list[str] | None = None) -> int:
             source_dir=source,
             site=args.site,
             location=location,
-            default_access=args.default_access,
             acl_rules=rules,
-            embedder=args.embedder,
-            max_chunk_chars=args.max_chunk_chars,
             blob_store=open_blob_store(blob_url, args.s3_endpoint_url) if blob_url else None,
-            large_file_threshold=args.large_file_threshold,
-            chroma_blob_limit=args.chroma_blob_limit,
-            include_hidden=args.include_hidden,
-            page_field=args.page_field,
-            chunk_index_field=args.chunk_index_field,
-            grace_period_s=args.grace_period,
-            timeout_s=args.backend_timeout,
-            retries=args.retries,
+            **flag_values(IngestOptions, args),
         )
         summary = ingest(options, show_progress=not args.quiet and sys.stderr.isatty())
         if args.report:

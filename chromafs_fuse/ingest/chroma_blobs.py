@@ -19,7 +19,6 @@ from chromafs_fuse.ingest.chroma_writes import RetryingCollection
 from chromafs_fuse.ingest.scan import INGESTED, NOT_INGESTED, Problem, SourceFile
 from chromafs_fuse.names import BLOB_PIECE_PREFIX, BLOB_SHA_FIELD, blob_piece_id
 
-DEFAULT_CHROMA_BLOB_LIMIT = 32 * 1024 * 1024  # a larger binary file needs a blob store
 MAX_UPSERT_BYTES = 8 * 1024 * 1024  # of file bytes in one upsert (~11 MB of base64; Chroma takes 40 MiB)
 KEYS_PER_LOOKUP = 200
 

@@ -16,9 +16,9 @@ import httpx
 from tenacity import RetryCallState, Retrying, retry_if_exception, stop_after_attempt, wait_exponential
 
 from chromafs_fuse.errors import Unavailable
+from chromafs_fuse.options import INGEST_DEFAULTS
 
 log = logging.getLogger("chromafs.ingest")
-DEFAULT_RETRIES = 5
 MAX_BACKOFF_S = 30.0
 _TRANSIENT = (httpx.TimeoutException, httpx.NetworkError, httpx.RemoteProtocolError, ConnectionError, TimeoutError)
 
@@ -76,7 +76,7 @@ def retried(
 class RetryingCollection:
     """A chromadb collection whose calls each name what they do and are retried."""
 
-    def __init__(self, collection: Any, retries: int = DEFAULT_RETRIES) -> None:
+    def __init__(self, collection: Any, retries: int = INGEST_DEFAULTS["--retries"]) -> None:
         self.collection = collection
         self.retries = retries
 

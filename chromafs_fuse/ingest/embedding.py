@@ -13,7 +13,7 @@ import numpy as np
 
 Embedder = Callable[[Sequence[str]], "np.ndarray | list[list[float]]"]
 _TOKEN = re.compile(r"\w+", re.UNICODE)
-DEFAULT_DIMENSIONS = 256
+HASHING_DIMENSIONS = 256
 
 
 class HashingEmbedder:
@@ -30,7 +30,7 @@ class HashingEmbedder:
 
     CACHE_LIMIT = 1 << 21  # words and word pairs remembered; past that the caches start again
 
-    def __init__(self, dimensions: int = DEFAULT_DIMENSIONS) -> None:
+    def __init__(self, dimensions: int = HASHING_DIMENSIONS) -> None:
         self.dimensions = dimensions
         self._forget()
 
@@ -150,7 +150,7 @@ def embed_with_titles(embed: Embedder, chunks: Sequence[str], titles: Sequence[s
 
 
 EMBEDDERS = ("wordllama", "hashing", "chroma-default")
-DEFAULT_EMBEDDER = "wordllama"  # new sites; a collection keeps the one it records
+NEW_SITE_EMBEDDER = "wordllama"  # new sites; a collection keeps the one it records
 
 
 class EmbedderUnavailable(Exception):

@@ -21,19 +21,18 @@ from typing import Any
 from chromafs_fuse.backends.blobstore import BlobStore
 from chromafs_fuse.backends.chroma_store import ChromaLocation, connect_client
 from chromafs_fuse.blob_pieces import blob_fields, is_chroma_url
-from chromafs_fuse.chunks import DEFAULT_MAX_CHUNK_CHARS, split_page
+from chromafs_fuse.chunks import split_page
+from chromafs_fuse.config import from_flag
 from chromafs_fuse.ingest.access_rules import AclRule
 from chromafs_fuse.ingest.chroma_blobs import (
-    DEFAULT_CHROMA_BLOB_LIMIT,
     MAX_UPSERT_BYTES,
     BlobWriter,
     delete_blob_pieces,
     plan_chroma_blobs,
 )
-from chromafs_fuse.ingest.chroma_writes import DEFAULT_RETRIES, RetryingCollection, retried
-from chromafs_fuse.ingest.embedding import DEFAULT_EMBEDDER, embed_with_titles, make_embedder, page_title
+from chromafs_fuse.ingest.chroma_writes import RetryingCollection, retried
+from chromafs_fuse.ingest.embedding import NEW_SITE_EMBEDDER, embed_with_titles, make_embedder, page_title
 from chromafs_fuse.ingest.retention import (
-    DEFAULT_GRACE_PERIOD_S,
     RetentionPlan,
     RetiredRecord,
     decode_record,
@@ -43,8 +42,6 @@ from chromafs_fuse.ingest.retention import (
 from chromafs_fuse.ingest.scan import Problem, ScanOptions, SourceFile, one_per_file, scan_site
 from chromafs_fuse.lexical import decode_lexicon, encode_lexicon, page_terms
 from chromafs_fuse.names import (
-    DEFAULT_CHUNK_INDEX_FIELD,
-    DEFAULT_PAGE_FIELD,
     EMBEDDER_FIELD,
     FORMAT_FIELD,
     FORMAT_VERSION,
@@ -59,12 +56,11 @@ from chromafs_fuse.names import (
     TREE_VERSION_FIELD,
     chunk_id,
 )
+from chromafs_fuse.options import INGEST_OPTIONS
 from chromafs_fuse.tree import PathEntry, TreeError, encode_tree_document, parse_tree, tree_version
 
 log = logging.getLogger("chromafs.ingest")
-DEFAULT_LARGE_FILE_THRESHOLD = 1024 * 1024
 UPSERT_BATCH = 5000  # chunks per upsert (Chroma's own bound may be lower)
-DEFAULT_WRITE_TIMEOUT_S = 60.0  # an upsert of a whole batch on a busy server
 
 # Exit statuses of chromafs-ingest (1 bad input or backend error, 2 usage: see ingest_cli).
 EXIT_CLEAN = 0
@@ -77,19 +73,21 @@ class IngestOptions:
     source_dir: Path
     site: str
     location: ChromaLocation
-    default_access: str = "public"
-    acl_rules: Sequence[AclRule] = ()
-    embedder: str | None = None  # None: what the collection records, else DEFAULT_EMBEDDER
-    max_chunk_chars: int = DEFAULT_MAX_CHUNK_CHARS
+    default_access: str = from_flag("--default-access", INGEST_OPTIONS)
+    acl_rules: Sequence[AclRule] = ()  # --acl's file, read
+    # None: what the collection records, else NEW_SITE_EMBEDDER
+    embedder: str | None = from_flag("--embedder", INGEST_OPTIONS)
+    max_chunk_chars: int = from_flag("--max-chunk-chars", INGEST_OPTIONS)
     blob_store: BlobStore | None = None
-    large_file_threshold: int = DEFAULT_LARGE_FILE_THRESHOLD
-    chroma_blob_limit: int = DEFAULT_CHROMA_BLOB_LIMIT  # no blob store: larger binary files are not ingested
-    include_hidden: bool = False
-    page_field: str = DEFAULT_PAGE_FIELD
-    chunk_index_field: str = DEFAULT_CHUNK_INDEX_FIELD
-    grace_period_s: float = DEFAULT_GRACE_PERIOD_S
-    timeout_s: float = DEFAULT_WRITE_TIMEOUT_S  # one call to a Chroma server
-    retries: int = DEFAULT_RETRIES  # more tries of a call that timed out or was refused
+    large_file_threshold: int = from_flag("--large-file-threshold", INGEST_OPTIONS)
+    # no blob store: larger binary files are not ingested
+    chroma_blob_limit: int = from_flag("--chroma-blob-limit", INGEST_OPTIONS)
+    include_hidden: bool = from_flag("--include-hidden", INGEST_OPTIONS)
+    page_field: str = from_flag("--page-field", INGEST_OPTIONS)
+    chunk_index_field: str = from_flag("--chunk-index-field", INGEST_OPTIONS)
+    grace_period_s: float = from_flag("--grace-period", INGEST_OPTIONS)
+    timeout_s: float = from_flag("--backend-timeout", INGEST_OPTIONS)  # one call to a Chroma server
+    retries: int = from_flag("--retries", INGEST_OPTIONS)  # more tries of a call that timed out or was refused
 
 
 @dataclass
@@ -269,12 +267,12 @@ def _open_collection(options: IngestOptions) -> tuple[RetryingCollection, int, s
         metadata={
             "hnsw:space": "l2",
             FORMAT_FIELD: FORMAT_VERSION,
-            EMBEDDER_FIELD: options.embedder or DEFAULT_EMBEDDER,
+            EMBEDDER_FIELD: options.embedder or NEW_SITE_EMBEDDER,
         },
     )
     metadata = created.metadata or {}
     recorded = metadata.get(EMBEDDER_FIELD) or ("hashing" if FORMAT_FIELD in metadata else None)
-    embedder = str(recorded or options.embedder or DEFAULT_EMBEDDER)
+    embedder = str(recorded or options.embedder or NEW_SITE_EMBEDDER)
     if options.embedder and options.embedder != embedder:
         raise ValueError(
             f"site {options.site!r} was embedded with {embedder!r}, not {options.embedder!r}: "

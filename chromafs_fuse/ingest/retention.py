@@ -16,8 +16,6 @@ import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-DEFAULT_GRACE_PERIOD_S = 600.0
-
 
 @dataclass(frozen=True, slots=True)
 class RetiredVersion:

@@ -29,7 +29,7 @@ from chromafs_fuse.backends.blobstore import BlobError, BlobReader
 from chromafs_fuse.backends.chroma_store import ChromaPages
 from chromafs_fuse.backends.deadline import with_deadline
 from chromafs_fuse.backends.redis_cache import RedisCache
-from chromafs_fuse.chunks import DEFAULT_JOINER
+from chromafs_fuse.chunks import JOINER
 from chromafs_fuse.filesystem import PageTimedOut, PageUnavailable
 from chromafs_fuse.page_cache import PageCache
 from chromafs_fuse.site.tiers import BLOB_BLOCK, BlobTier, PageTier
@@ -360,7 +360,7 @@ class PageSource(TieredPages):
         open_chroma: Callable[[], ChromaPages],
         cache: PageCache,
         tree_version: str,
-        joiner: str = DEFAULT_JOINER,
+        joiner: str = JOINER,
         timeout_s: float = 10.0,
         shared: RedisCache | None = None,
         max_backend_threads: int = 8,

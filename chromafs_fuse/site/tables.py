@@ -18,7 +18,7 @@ from chromafs_fuse.inodes import InodeTable
 from chromafs_fuse.tree import SiteTree
 
 V = TypeVar("V")
-DEFAULT_MAX_TABLES = 64
+MAX_TABLES = 64
 
 
 def prune(tree: SiteTree, principal: Principal) -> InodeTable:
@@ -32,7 +32,7 @@ class PrunedTables(Generic[V]):
     server keeps a table's listing attributes with it). At most `max_tables` classes, the least
     recently used dropped first. Thread-safe; building blocks (a trio caller runs it in a thread)."""
 
-    def __init__(self, build: Callable[[SiteTree, Principal], V], max_tables: int = DEFAULT_MAX_TABLES) -> None:
+    def __init__(self, build: Callable[[SiteTree, Principal], V], max_tables: int = MAX_TABLES) -> None:
         self.build = build
         self.version: str | None = None  # the tree version of every entry kept
         self._by_class: LRUCache[VisibilityKey, V] = LRUCache(maxsize=max_tables)

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from chromafs_fuse.backends.redis_cache import RedisCache
 
 log = logging.getLogger("chromafs.site")
-DEFAULT_INTERVAL_S = 1.0
+WATCH_INTERVAL_S = 1.0
 CHROMA_POLL_S = 5.0  # the interval of a mount without Redis
 ANNOUNCEMENT_WAIT_S = 1.0  # how soon a channel added is subscribed to
 CHECKS_AT_ONCE = 4  # trees loaded at the same time (a re-ingest of many sites at once)
@@ -73,7 +73,7 @@ class SiteWatch:
     def interval_s(self) -> float:
         """Every site is checked at the shortest interval asked for (a batched read costs the
         same for one site or all)."""
-        return min((w.follower.interval_s for w in self.sites.values()), default=DEFAULT_INTERVAL_S)
+        return min((w.follower.interval_s for w in self.sites.values()), default=WATCH_INTERVAL_S)
 
     def add(self, name: str, follower: TreeFollower, redis: RedisCache | None, timeout_s: float) -> None:
         """Watch a site (its follower's `interval_s` > 0) under a name of the caller's."""

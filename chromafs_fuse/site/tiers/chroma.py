@@ -13,7 +13,7 @@ import threading
 from collections.abc import Callable, Sequence
 
 from chromafs_fuse.backends.chroma_store import BackendError, ChromaPages
-from chromafs_fuse.chunks import DEFAULT_JOINER, CorruptPage, Expected, reassemble
+from chromafs_fuse.chunks import JOINER, CorruptPage, Expected, reassemble
 from chromafs_fuse.tree import PathEntry
 
 log = logging.getLogger(__name__)
@@ -22,7 +22,7 @@ log = logging.getLogger(__name__)
 class ChromaTier:
     name = "chroma"
 
-    def __init__(self, open_chroma: Callable[[], ChromaPages], joiner: str = DEFAULT_JOINER) -> None:
+    def __init__(self, open_chroma: Callable[[], ChromaPages], joiner: str = JOINER) -> None:
         self._open_chroma = open_chroma
         self._chroma: ChromaPages | None = None
         self._lock = threading.Lock()
