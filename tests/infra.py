@@ -17,6 +17,7 @@ import contextlib
 import dataclasses
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -115,6 +116,102 @@ def wait_until(
     return answer
 
 
+def hold_for(seconds: float, why: str) -> None:
+    """Let `seconds` pass on purpose: the time itself is what is tested or simulated (a slow backend, the
+    pace of a load, "nothing happens for a while"), never a wait for something to be ready (`wait_until`).
+    `why` says which, for the reader."""
+    assert why
+    time.sleep(seconds)
+
+
+def file_changed(path: Path, timeout_s: float, what: str) -> bytes:
+    """Wait until `path` holds other bytes than now (it is rewritten: a status file, a state journal);
+    its new content."""
+    try:
+        before: bytes | None = path.read_bytes()
+    except OSError:
+        before = None
+
+    def fresh() -> bytes | None:
+        now = path.read_bytes()
+        return now if now != before else None
+
+    return wait_until(fresh, timeout_s, what, 0.05, ignoring=(OSError,))
+
+
+def fresh_status(pid: int, after: float, timeout_s: float = 15.0) -> dict[str, object]:
+    """The status file of the daemon or serving process `pid` once it describes the process later
+    than `after` (a time.time()): its `written_at` is past it. A writer that stalls fails the wait."""
+    from chromafs_fuse.serving.status import runtime_dir
+
+    path = Path(runtime_dir()) / f"{pid}.json"
+
+    def fresh() -> dict[str, object] | None:
+        status = json.loads(path.read_text())
+        return status if float(status.get("written_at", 0)) > after else None
+
+    return wait_until(fresh, timeout_s, f"a status of {pid} written after {after:.2f}", 0.05, (OSError, ValueError))
+
+
+# -- the daemons' logs, checked when each test ends (conftest's `_daemon_logs`) --------------------
+
+# A line that fails a test unless the test expects it: a traceback, or a record at WARNING or above,
+# in the text format of chromafs_fuse/logs.py or its JSON lines.
+BAD_LOG_LINE = re.compile(
+    r"Traceback \(most recent call last\)|chromafs\[\d+\] (WARNING|ERROR|CRITICAL) "
+    r'|"level": "(warning|error|critical)"'
+)
+_watched_logs: list[Path] = []  # a chromafs daemon's log file, or a folder whose *.log are (serving processes)
+
+
+def watch_log(path: Path | str) -> None:
+    """Check the log file (or every *.log in the folder) `path` of a chromafs daemon when tests end."""
+    path = Path(path)
+    if str(path) != os.devnull and path not in _watched_logs:
+        _watched_logs.append(path)
+
+
+def watched_log_files() -> list[Path]:
+    files: list[Path] = []
+    for path in _watched_logs:
+        files += sorted(path.glob("*.log")) if path.is_dir() else [path]
+    return files
+
+
+def log_sizes() -> dict[Path, int]:
+    """How far each watched log is written now: the next check reads from there."""
+    sizes = {}
+    for path in watched_log_files():
+        with contextlib.suppress(OSError):
+            sizes[path] = path.stat().st_size
+    return sizes
+
+
+def unexpected_log_lines(since: dict[Path, int], expected: list[re.Pattern[str]]) -> list[str]:
+    """The bad lines written to the watched logs after `since` (a `log_sizes()`) that no pattern of
+    `expected` matches, each named by its file; a traceback counts as one line with its last line
+    (the exception) appended, so that an expectation can name the exception."""
+    found = []
+    for path in watched_log_files():
+        try:
+            with path.open("rb") as f:
+                f.seek(since.get(path, 0))
+                lines = f.read().decode("utf-8", "replace").splitlines()
+        except OSError:
+            continue
+        for i, line in enumerate(lines):
+            if not BAD_LOG_LINE.search(line):
+                continue
+            if "Traceback (most recent call last)" in line:
+                end = i + 1
+                while end < len(lines) and (lines[end].startswith((" ", "\t")) or not lines[end].strip()):
+                    end += 1
+                line = f"{line} ... {lines[end] if end < len(lines) else ''}"
+            if not any(pattern.search(line) for pattern in expected):
+                found.append(f"{path}: {line}")
+    return found
+
+
 class Server(ABC):
     """A server process we start, wait for until it answers, and stop by its PID."""
 
@@ -133,6 +230,7 @@ class Server(ABC):
     def ready(self) -> bool: ...
 
     def start(self) -> None:
+        self.watch_logs()
         fd = os.open(self.log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)  # logs name pages and groups
         try:
             env = {**child_env(), **self.extra_env}
@@ -156,6 +254,10 @@ class Server(ABC):
     def stop(self) -> None:
         if self.proc is not None:
             stop_pid(self.proc)
+
+    def watch_logs(self) -> None:
+        """Which of its logs the tests check (`watch_log`): none of a server that is not chromafs's."""
+        return None
 
     def __enter__(self) -> Self:
         self.start()
@@ -271,6 +373,10 @@ class MountServer(Server):
         self.isolated = isolated
         self.class_idle_s = class_idle_s
         self.metrics_port = metrics_port
+
+    def watch_logs(self) -> None:
+        watch_log(self.log)
+        watch_log(self.class_root)  # the serving processes'
 
     def argv(self) -> list[str]:
         argv = [str(BIN / "chromafs-mountd"), "--socket", str(self.socket), "--log-file", str(self.log)]
@@ -455,6 +561,8 @@ def ingest(source: Path, *args: str, status: int = 0) -> subprocess.CompletedPro
 
 
 def try_mount(mountpoint: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    if "--log-file" in args[:-1]:
+        watch_log(args[args.index("--log-file") + 1])
     full_env = {k: v for k, v in os.environ.items() if k != "CHROMAFS_TOKEN"}
     full_env.update(env or {})
     return subprocess.run(

@@ -350,9 +350,9 @@ def conformance_root(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]
 
 
 @pytest.fixture(scope="module")
-def chroma(conformance_root: Path) -> Iterator[ChromaServer]:
-    with ChromaServer(conformance_root / "chroma") as server:
-        yield server
+def chroma(chroma_server: ChromaServer) -> ChromaServer:
+    """The session's `chroma run`: the sites' collections are this module's own."""
+    return chroma_server
 
 
 @pytest.fixture(scope="module")

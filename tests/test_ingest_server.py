@@ -9,7 +9,7 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -23,10 +23,9 @@ def run_ingest(source: Path, url: str, *args: str, site: str = "acme") -> subpro
 
 
 @pytest.fixture
-def own_server(tmp_path: Path) -> Iterator[ChromaServer]:
+def own_server(fresh_chroma_server: Callable[..., ChromaServer]) -> ChromaServer:
     """A server of this test's own: it is stopped (SIGSTOP) on purpose."""
-    with ChromaServer(tmp_path / "chroma-data") as server:
-        yield server
+    return fresh_chroma_server()
 
 
 def test_a_page_with_more_chunks_than_the_server_takes_at_once(

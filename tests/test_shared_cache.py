@@ -14,27 +14,26 @@ import pytest
 from infra import SAMPLE_SITE, Backend, ChromaServer, RedisServer, expected_visible, ingest, mounted, reader_args, run
 
 
-def test_second_mount_boots_from_redis_with_chroma_down(redis_server: RedisServer, mnt: Path, tmp_path: Path) -> None:
-    chroma = ChromaServer(tmp_path / "chroma-data")
-    chroma.start()
-    try:
-        ingest(
-            SAMPLE_SITE,
-            "--site",
-            "acme",
-            "--chroma-url",
-            chroma.url,
-            "--blob-store",
-            (tmp_path / "blobs").as_uri(),
-            "--redis-url",
-            redis_server.url,
-            "--quiet",
-        )
-        args = ["--site", "acme", "--chroma-url", chroma.url, "--redis-url", redis_server.url, "--preload", "on"]
-        with mounted(mnt, *args):
-            run(["grep", "-rq", "never-matches-anything", str(mnt)])  # every visible page read once
-    finally:
-        chroma.stop()
+def test_second_mount_boots_from_redis_with_chroma_down(
+    redis_server: RedisServer, mnt: Path, tmp_path: Path, fresh_chroma_server: Callable[..., ChromaServer]
+) -> None:
+    chroma = fresh_chroma_server()  # stopped on purpose
+    ingest(
+        SAMPLE_SITE,
+        "--site",
+        "acme",
+        "--chroma-url",
+        chroma.url,
+        "--blob-store",
+        (tmp_path / "blobs").as_uri(),
+        "--redis-url",
+        redis_server.url,
+        "--quiet",
+    )
+    args = ["--site", "acme", "--chroma-url", chroma.url, "--redis-url", redis_server.url, "--preload", "on"]
+    with mounted(mnt, *args):
+        run(["grep", "-rq", "never-matches-anything", str(mnt)])  # every visible page read once
+    chroma.stop()
     # Chroma is gone: the tree and every page the first mount read come from Redis
     second = tmp_path / "second"
     with mounted(second, *args, "--backend-timeout", "3"):

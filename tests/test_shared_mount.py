@@ -227,55 +227,55 @@ def test_a_class_is_read_into_the_kernel_once_in_the_background(
 
 
 def test_a_frozen_site_fails_its_reads_in_time_and_stalls_no_other_site(
-    server: SharedServer, sample_chroma: Callable[[str], Path], secret_file: Path, tmp_path: Path
+    server: SharedServer,
+    sample_chroma: Callable[[str], Path],
+    secret_file: Path,
+    tmp_path: Path,
+    fresh_chroma_server: Callable[..., ChromaServer],
 ) -> None:
     """One process serves both sites: while one site's `chroma run` is stopped (SIGSTOP), its
     reads fail with EIO within --backend-timeout, the other site's cold reads go on as before,
     and the frozen site reads again once its backend answers."""
-    chroma = ChromaServer(tmp_path / "chroma-data")
-    chroma.start()
-    try:
-        ingest(SAMPLE_SITE, "--site", "slow", "--chroma-url", chroma.url, "--quiet")
-        timeout = 3.0
-        slow, fast = tmp_path / "slow", tmp_path / "fast"
-        slow_args = ["--site", "slow", "--chroma-url", chroma.url, "--mountd", str(server.socket)]
-        open_session(slow, [*slow_args, "--refresh-interval", "0", "--backend-timeout", str(timeout), *NO_WARM])
-        open_session(fast, [*session_args(sample_chroma("public"), server, None, secret_file), *NO_WARM])
-        pages = sorted(p for p in expected_visible(SAMPLE_SITE, "public", None) if p.endswith((".md", ".mdx")))
-        assert (slow / pages[0]).read_bytes() == (SAMPLE_SITE / pages[0]).read_bytes()
-        assert chroma.proc is not None
-        os.kill(chroma.proc.pid, signal.SIGSTOP)
-        outcomes: list[tuple[str, int | None, float]] = []
+    chroma = fresh_chroma_server()  # frozen on purpose
+    ingest(SAMPLE_SITE, "--site", "slow", "--chroma-url", chroma.url, "--quiet")
+    timeout = 3.0
+    slow, fast = tmp_path / "slow", tmp_path / "fast"
+    slow_args = ["--site", "slow", "--chroma-url", chroma.url, "--mountd", str(server.socket)]
+    open_session(slow, [*slow_args, "--refresh-interval", "0", "--backend-timeout", str(timeout), *NO_WARM])
+    open_session(fast, [*session_args(sample_chroma("public"), server, None, secret_file), *NO_WARM])
+    pages = sorted(p for p in expected_visible(SAMPLE_SITE, "public", None) if p.endswith((".md", ".mdx")))
+    assert (slow / pages[0]).read_bytes() == (SAMPLE_SITE / pages[0]).read_bytes()
+    assert chroma.proc is not None
+    os.kill(chroma.proc.pid, signal.SIGSTOP)
+    outcomes: list[tuple[str, int | None, float]] = []
 
-        def read_frozen(page: str) -> None:
-            started = time.monotonic()
-            try:
-                (slow / page).read_bytes()
-                outcomes.append((page, None, time.monotonic() - started))
-            except OSError as exc:
-                outcomes.append((page, exc.errno, time.monotonic() - started))
-
+    def read_frozen(page: str) -> None:
+        started = time.monotonic()
         try:
-            readers = [threading.Thread(target=read_frozen, args=(page,)) for page in pages[-4:]]
-            for reader in readers:
-                reader.start()
-            time.sleep(0.3)  # the frozen site's reads are waiting now
-            for page in pages:
-                started = time.monotonic()
-                assert (fast / page).read_bytes() == (SAMPLE_SITE / page).read_bytes()
-                took = time.monotonic() - started
-                assert took < 1.0, f"{page} of the other site took {took:.1f}s while one site was frozen"
-            for reader in readers:
-                reader.join(timeout + 5)
-        finally:
-            os.kill(chroma.proc.pid, signal.SIGCONT)
-        assert len(outcomes) == 4 and all(code == errno.EIO and took < timeout + 1.0 for _, code, took in outcomes), (
-            outcomes
-        )
-        recovered = wait_until((slow / pages[-1]).read_bytes, 30, "the frozen site's recovery", 0.5, (OSError,))
-        assert recovered == (SAMPLE_SITE / pages[-1]).read_bytes()
+            (slow / page).read_bytes()
+            outcomes.append((page, None, time.monotonic() - started))
+        except OSError as exc:
+            outcomes.append((page, exc.errno, time.monotonic() - started))
+
+    try:
+        readers = [threading.Thread(target=read_frozen, args=(page,)) for page in pages[-4:]]
+        for reader in readers:
+            reader.start()
+        time.sleep(0.3)  # the frozen site's reads are waiting now
+        for page in pages:
+            started = time.monotonic()
+            assert (fast / page).read_bytes() == (SAMPLE_SITE / page).read_bytes()
+            took = time.monotonic() - started
+            assert took < 1.0, f"{page} of the other site took {took:.1f}s while one site was frozen"
+        for reader in readers:
+            reader.join(timeout + 5)
     finally:
-        chroma.stop()
+        os.kill(chroma.proc.pid, signal.SIGCONT)
+    assert len(outcomes) == 4 and all(code == errno.EIO and took < timeout + 1.0 for _, code, took in outcomes), (
+        outcomes
+    )
+    recovered = wait_until((slow / pages[-1]).read_bytes, 30, "the frozen site's recovery", 0.5, (OSError,))
+    assert recovered == (SAMPLE_SITE / pages[-1]).read_bytes()
 
 
 def test_a_reingest_is_seen_by_every_class_of_the_site(
