@@ -18,6 +18,7 @@ import dataclasses
 import json
 import os
 import re
+import select
 import shutil
 import signal
 import socket
@@ -122,6 +123,28 @@ def hold_for(seconds: float, why: str) -> None:
     `why` says which, for the reader."""
     assert why
     time.sleep(seconds)
+
+
+async def trio_hold_for(seconds: float, why: str) -> None:
+    """`hold_for` in a trio task (the other tasks run meanwhile)."""
+    import trio
+
+    assert why
+    await trio.sleep(seconds)
+
+
+async def trio_wait_until(
+    predicate: Callable[[], object], timeout_s: float, what: str, interval_s: float = 0.01
+) -> None:
+    """`wait_until` in a trio task: check `predicate` every `interval_s` (the other tasks run meanwhile)
+    for at most `timeout_s`."""
+    import trio
+
+    deadline = trio.current_time() + timeout_s
+    while not predicate():
+        if trio.current_time() > deadline:
+            raise AssertionError(f"not within {timeout_s:.3g}s: {what}")
+        await trio.sleep(interval_s)
 
 
 def file_changed(path: Path, timeout_s: float, what: str) -> bytes:
@@ -326,6 +349,53 @@ class RedisServer(Server):
             raise RuntimeError("redis-cli flushall failed")
 
 
+def redis_subscribed(*servers: RedisServer) -> bool:
+    """Someone (a mount) listens on a channel of one of `servers`, sharded or not."""
+    return any(server.cli("PUBSUB", kind, "*").strip() for server in servers for kind in ("CHANNELS", "SHARDCHANNELS"))
+
+
+class RedisMonitor:
+    """`redis-cli monitor` on `server`: the commands it ran between `with` and `seen()`."""
+
+    def __init__(self, server: RedisServer) -> None:
+        self.server = server
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.out = b""
+
+    def _read_until(self, token: bytes, timeout_s: float) -> None:
+        assert self.proc is not None and self.proc.stdout is not None
+        fd = self.proc.stdout.fileno()
+        deadline = time.monotonic() + timeout_s
+        while token not in self.out:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise AssertionError(f"redis-cli monitor: no {token!r} within {timeout_s:.3g}s")
+            if select.select([fd], [], [], left)[0]:
+                more = os.read(fd, 65536)
+                if not more:
+                    raise AssertionError(f"redis-cli monitor ended before {token!r}")
+                self.out += more
+
+    def __enter__(self) -> Self:
+        argv = ["redis-cli", "-h", HOST, "-p", str(self.server.port), *self.server.cli_options, "monitor"]
+        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL)
+        self._read_until(b"OK", 10)  # monitoring from now on
+        return self
+
+    def seen(self) -> str:
+        """Every command seen so far: up to a marker the test sends now, so none before it is missed."""
+        marker = f"chromafs-monitor-mark-{time.monotonic_ns()}"
+        self.server.cli("echo", marker)
+        self._read_until(marker.encode(), 10)
+        return self.out.decode(errors="replace")
+
+    def __exit__(self, *exc: object) -> None:
+        if self.proc is not None:
+            stop_pid(self.proc)  # type: ignore[arg-type]
+            if self.proc.stdout is not None:
+                self.proc.stdout.close()
+
+
 class S3Server(Server):
     """moto's S3 server; `env` points the AWS SDK of a child at it."""
 
@@ -488,6 +558,22 @@ def _exited(pid: int) -> bool:
             return f.read().rpartition(")")[2].split()[0] == "Z"
     except (ProcessLookupError, FileNotFoundError):
         return True
+
+
+def blocked_in_fuse(pid: int) -> bool:
+    """The process sleeps in the kernel waiting for a FUSE daemon's answer (where /proc hides the
+    kernel function it waits in: sleeps in an open, a stat or a read)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+        wchan = Path(f"/proc/{pid}/wchan").read_text().strip()
+        syscall = Path(f"/proc/{pid}/syscall").read_text().split()[0]
+    except (OSError, IndexError):
+        return False
+    if state not in ("S", "D"):
+        return False
+    if wchan not in ("", "0"):
+        return "fuse" in wchan or wchan == "request_wait_answer"
+    return syscall in ("0", "257", "262", "332")  # read, openat, newfstatat, statx (x86-64)
 
 
 def wait_gone(pid: int, timeout_s: float = 15.0) -> bool:

@@ -17,6 +17,7 @@ from infra import (
     SAMPLE_SITE,
     Backend,
     ChromaServer,
+    blocked_in_fuse,
     copy_subset,
     expected_visible,
     ingest,
@@ -64,7 +65,7 @@ def test_reader_of_a_dead_mount_gets_an_error_not_a_hang(sample_backend: Callabl
         pid = int((mnt.parent / "mnt.pid").read_text())
         os.kill(pid, signal.SIGSTOP)  # the daemon hangs: a reader now blocks in the kernel
         reader = subprocess.Popen(["cat", str(mnt / "changelog.md")], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        time.sleep(0.5)
+        wait_until(lambda: blocked_in_fuse(reader.pid), 10, "the reader blocked on the hung daemon", 0.02)
         assert reader.poll() is None
         os.kill(pid, signal.SIGKILL)  # the daemon dies with the request pending
         assert reader.wait(timeout=10) != 0, "the blocked reader must get an error once the daemon is gone"

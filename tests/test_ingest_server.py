@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from infra import INGEST, ChromaServer, child_env, mounted
+from infra import INGEST, ChromaServer, child_env, hold_for, mounted
 
 
 def run_ingest(source: Path, url: str, *args: str, site: str = "acme") -> subprocess.CompletedProcess[str]:
@@ -53,7 +53,7 @@ def pause(server: ChromaServer, seconds: float) -> threading.Thread:
     os.kill(server.proc.pid, signal.SIGSTOP)
 
     def resume() -> None:
-        time.sleep(seconds)
+        hold_for(seconds, "the server stays stopped this long")
         assert server.proc is not None
         os.kill(server.proc.pid, signal.SIGCONT)
 

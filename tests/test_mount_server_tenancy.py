@@ -120,7 +120,7 @@ def test_a_killed_serving_process_is_replaced_and_its_sessions_read_again_at_the
             for mountpoint in sessions["beta"]:
                 if not reads_source(mountpoint):
                     broken_beta.append(str(mountpoint))
-            time.sleep(0.05)
+            watching.wait(0.05)  # the pace of the checks; ends at once when told
 
     watcher = threading.Thread(target=watch_beta)
     watcher.start()

@@ -32,6 +32,7 @@ from infra import (
     running_mount_server,
     try_mount,
     unmount,
+    wait_gone,
 )
 
 
@@ -89,7 +90,7 @@ def test_mounts_outlive_the_server(mountd: Path, sample_backend: Callable[..., B
         pids = subprocess.run(["pgrep", "-f", f"chromafs-mountd --socket {mountd}"], capture_output=True, text=True)
         for pid in pids.stdout.split():
             os.kill(int(pid), signal.SIGTERM)
-        time.sleep(0.5)
+        assert all(wait_gone(int(pid)) for pid in pids.stdout.split()), "the server outlived its SIGTERM"
         assert (mnt / "auth" / "oauth.mdx").read_bytes() == (SAMPLE_SITE / "auth" / "oauth.mdx").read_bytes()
     finally:
         unmount(mnt)

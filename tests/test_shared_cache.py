@@ -4,14 +4,26 @@ from __future__ import annotations
 
 import errno
 import shutil
-import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from infra import SAMPLE_SITE, Backend, ChromaServer, RedisServer, expected_visible, ingest, mounted, reader_args, run
+from chromafs_fuse.backends.redis_cache import RETRY_AFTER_S
+from infra import (
+    SAMPLE_SITE,
+    Backend,
+    ChromaServer,
+    RedisMonitor,
+    RedisServer,
+    expected_visible,
+    hold_for,
+    ingest,
+    mounted,
+    reader_args,
+    run,
+)
 
 
 def test_second_mount_boots_from_redis_with_chroma_down(
@@ -63,19 +75,12 @@ def test_public_mount_never_touches_hidden_keys(
     hidden = everything - visible
     assert any(k.endswith(":page:internal/billing.mdx") for k in keys), "admin mount should have filled Redis"
 
-    monitor = subprocess.Popen(
-        ["redis-cli", "-p", str(redis_server.port), "monitor"], stdout=subprocess.PIPE, text=True
-    )
-    try:
-        time.sleep(0.3)
+    with RedisMonitor(redis_server) as monitor:
         with mounted(mnt, *base):
             run(["grep", "-rq", "never-matches-anything", str(mnt)])
             run(["cat", *[str(mnt / h) for h in hidden]])
             run(["find", str(mnt)])
-            time.sleep(0.5)
-    finally:
-        monitor.terminate()
-        seen = monitor.communicate(timeout=10)[0]
+        seen = monitor.seen()
     assert '"MGET"' in seen or '"GET"' in seen, "the public mount should use the shared cache"
     for rel in hidden:
         assert rel not in seen, f"public mount asked Redis about hidden page {rel}"
@@ -104,7 +109,7 @@ def test_reads_survive_redis_outage_and_use_it_again(
             assert (mnt / rel).read_bytes() == (SAMPLE_SITE / rel).read_bytes()
         assert time.monotonic() - started < 10
         redis_server.start()  # same port
-        time.sleep(5.5)
+        hold_for(RETRY_AFTER_S + 0.5, "the mount tries Redis again RETRY_AFTER_S after a failure, not before")
         for rel in pages[10:]:
             assert (mnt / rel).read_bytes() == (SAMPLE_SITE / rel).read_bytes()
         assert any(k.endswith(f":page:{pages[-1]}") for k in redis_server.cli("--scan").split())

@@ -31,6 +31,8 @@ from infra import (
     copy_subset,
     expected_visible,
     free_port,
+    fresh_status,
+    hold_for,
     ingest,
     mounts_under,
     run,
@@ -261,7 +263,7 @@ def test_a_frozen_site_fails_its_reads_in_time_and_stalls_no_other_site(
         readers = [threading.Thread(target=read_frozen, args=(page,)) for page in pages[-4:]]
         for reader in readers:
             reader.start()
-        time.sleep(0.3)  # the frozen site's reads are waiting now
+        hold_for(0.3, "the frozen site's reads are under way when the other site's start")
         for page in pages:
             started = time.monotonic()
             assert (fast / page).read_bytes() == (SAMPLE_SITE / page).read_bytes()
@@ -294,10 +296,7 @@ def test_a_reingest_is_seen_by_every_class_of_the_site(
     (site / "quickstart.mdx").write_bytes(changed)
     (site / "new-page.md").write_bytes(b"# New\n")
     ingest(site, "--site", "acme", "--chroma-path", str(chroma), "--quiet")
-    deadline = time.monotonic() + 30
-    while not all((m / "new-page.md").exists() for m in (anon, billing)):
-        assert time.monotonic() < deadline, (server.class_root / "shared.log").read_text()[-2000:]
-        time.sleep(0.2)
+    wait_until(lambda: all((m / "new-page.md").exists() for m in (anon, billing)), 30, "the new page on both", 0.2)
     for mountpoint in (anon, billing):
         assert (mountpoint / "quickstart.mdx").read_bytes() == changed
         assert (mountpoint / "new-page.md").read_bytes() == b"# New\n"
@@ -322,10 +321,12 @@ def test_the_process_outlives_a_server_restart_and_ends_once_unused(
     server.stop()
     unmount(anon)
     unmount(billing)
-    deadline = time.monotonic() + IDLE_S + 5.0 + 30.0  # --class-idle, the grace, a loaded machine
-    while shared_processes(server) or server.shared in mounts_under(server.class_root):
-        assert time.monotonic() < deadline, "the shared process outlived its last session"
-        time.sleep(0.2)
+    wait_until(
+        lambda: not shared_processes(server) and server.shared not in mounts_under(server.class_root),
+        IDLE_S + 5.0 + 30.0,  # --class-idle, the grace, a loaded machine
+        "the shared process ended once its last session was gone",
+        0.2,
+    )
 
 
 def test_the_leak_probes_find_nothing_through_a_shared_session(
@@ -428,7 +429,9 @@ def test_the_server_reports_each_class_of_the_shared_mount(
         open_session(billing, [*session_args(chroma, server, token_file(["billing"]), secret_file), *NO_WARM])
         assert run(["grep", "-rl", "token", str(anon)]).returncode == 0
         assert run(["ls", str(billing)]).returncode == 0
-        time.sleep(2.5)  # the shared process writes its status every 2 s
+        read_at = time.time()
+        for pid in shared_processes(server):
+            fresh_status(pid, read_at)  # its status counts those reads
         metrics = _scrape(port)
         assert metrics[("chromafs_mountd_classes", ())] == 2
         readers = {dict(labels)["class"]: dict(labels)["reader"] for (name, labels) in metrics
