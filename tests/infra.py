@@ -42,7 +42,22 @@ SAMPLE_SITE = REPO / "chromafs_fuse" / "sample_site"
 MOUNT = str(BIN / "chromafs-mount")
 INGEST = str(BIN / "chromafs-ingest")
 
+CORPORA = REPO.parent / "shared" / "corpora"  # real docs repositories beside the checkout, read-only
+
 T = TypeVar("T")
+
+
+def need_corpus(path: Path) -> Path:
+    """`path` (under CORPORA), or the test ends: it fails in CI (CI set, as .ci/run and GitHub Actions
+    set it), where a missing corpus must not pass silently, and is skipped, saying why, elsewhere."""
+    import pytest
+
+    if not path.is_dir():
+        why = f"no corpus at {path} (the real repositories beside the checkout: tests/data/README.md)"
+        if os.environ.get("CI"):
+            pytest.fail(f"{why}; CI is set: the corpus tests must run", pytrace=False)
+        pytest.skip(why)
+    return path
 
 
 def child_env() -> dict[str, str]:
