@@ -98,6 +98,7 @@ def test_corrupt_tree_record_refuses_the_site(mnt: Path, tmp_path: Path) -> None
         assert not os.path.ismount(mnt)
 
 
+@pytest.mark.expect_log(r"ERROR .*: chroma: fetching chunks of .* failed: no answer")
 def test_frozen_chroma_fails_a_read_within_the_backend_timeout(
     mnt: Path, fresh_chroma_server: Callable[..., ChromaServer]
 ) -> None:
@@ -127,6 +128,7 @@ def test_frozen_chroma_fails_a_read_within_the_backend_timeout(
         assert recovered == (SAMPLE_SITE / pages[1]).read_bytes()
 
 
+@pytest.mark.expect_log(r"WARNING .*: page .* failed its checks as read directly", r"ERROR .*: page .* is corrupt")
 def test_tampered_chunk_gives_eio_never_wrong_bytes(mnt: Path, tmp_path: Path) -> None:
     """A chunk changed in Chroma after ingest (same length or not): that page fails with EIO and a
     log line, through the direct SQLite reader and through chromadb alike; other pages are served."""
@@ -155,6 +157,7 @@ def test_tampered_chunk_gives_eio_never_wrong_bytes(mnt: Path, tmp_path: Path) -
     assert "quickstart.mdx" in log and "sha256" in log
 
 
+@pytest.mark.expect_log(r"WARNING .*: page .* failed its checks as read directly", r"ERROR .*: page .* is corrupt")
 def test_a_source_file_that_cannot_be_read_is_reported_and_the_rest_is_ingested(mnt: Path, tmp_path: Path) -> None:
     """The ingest's source folder is a chromafs mount whose quickstart.mdx fails every read with EIO
     (a chunk tampered with in its Chroma) while it lists and stats as any file. The ingest goes on:

@@ -88,6 +88,7 @@ def test_public_mount_never_touches_hidden_keys(
         assert command not in seen
 
 
+@pytest.mark.expect_log(r"WARNING .*: Redis .* (unavailable, reading from the backend instead|is reachable again)")
 def test_reads_survive_redis_outage_and_use_it_again(
     redis_server: RedisServer, sample_backend: Callable[..., Backend], mnt: Path, tmp_path: Path
 ) -> None:
@@ -118,6 +119,7 @@ def test_reads_survive_redis_outage_and_use_it_again(
     assert log.count("is reachable again") == 1
 
 
+@pytest.mark.expect_log(r"WARNING .*: ignoring the shared cache.s copy of")
 def test_wrong_bytes_in_redis_are_never_served(redis_server: RedisServer, mnt: Path, tmp_path: Path) -> None:
     """A page in the shared cache that does not match the tree's size and sha256 is ignored with a
     warning: the mount reads the page from Chroma."""
@@ -135,6 +137,7 @@ def test_wrong_bytes_in_redis_are_never_served(redis_server: RedisServer, mnt: P
     assert "ignoring the shared cache's copy of quickstart.mdx" in (mnt.parent / "mnt.log").read_text()
 
 
+@pytest.mark.expect_log(r"ERROR .*: chroma: no Chroma database at")
 def test_a_reingest_keeps_unchanged_pages_in_the_shared_cache(
     redis_server: RedisServer, mnt: Path, tmp_path: Path
 ) -> None:
