@@ -312,6 +312,7 @@ def test_a_reingest_writes_no_piece_twice_and_drops_those_of_removed_files(inges
         assert (mnt / "kept.bin").read_bytes() == kept
 
 
+@pytest.mark.expect_log(r"ERROR .*: reading .*: chroma:[0-9a-f]+: piece \d+ does not match the tree's sha256")
 def test_a_corrupt_piece_fails_its_range_only(ingested: Ingested, tmp_path: Path) -> None:
     """Read lazily by range, each piece checked against the tree: a piece whose bytes changed in
     Chroma fails the reads that reach it, with EIO; the pieces before it are still served."""

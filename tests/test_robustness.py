@@ -14,6 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import chromadb
+import pytest
 from chromadb.config import Settings
 
 from chromafs_fuse.access import Principal, visible_entries
@@ -84,6 +85,7 @@ def test_redis_flapping_during_reads(
         assert failures == []
 
 
+@pytest.mark.expect_log(r"ERROR .*: reading images/.*: cannot read s3://")
 def test_s3_flapping_fails_only_lazy_reads_and_recovers(s3_server: S3Server, mnt: Path, tmp_path: Path) -> None:
     s3_server.client().create_bucket(Bucket="docs")
     chroma = tmp_path / "chroma"

@@ -52,6 +52,7 @@ def wait_unmounted(mountpoints: list[Path], by: float, what: str, interval_s: fl
     wait_until(lambda: not any(is_mounted(m) for m in mountpoints), by - time.time(), what, interval_s)
 
 
+@pytest.mark.expect_log(r"WARNING chromafs.mount: the token expired")
 def test_a_session_mount_ends_when_its_token_expires(
     sample_backend: Callable[..., Backend], token_file: Callable[..., Path], secret_file: Path, mnt: Path
 ) -> None:
