@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -18,8 +19,10 @@ from infra import (
     RedisServer,
     S3Server,
     ingest,
+    log_sizes,
     mounts_under,
     running_mount_server,
+    unexpected_log_lines,
     unmount,
 )
 
@@ -92,6 +95,19 @@ def chroma_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ChromaSe
 
 
 @pytest.fixture
+def fresh_chroma_server(tmp_path: Path) -> Iterator[Callable[..., ChromaServer]]:
+    """Starts a `chroma run` of the test's own (in tmp_path/`name`), for a test that stops, freezes or
+    restarts it; each is stopped by its PID when the test ends. A test that only reads and writes its
+    own collections uses the session's `chroma_server`."""
+    with contextlib.ExitStack() as servers:
+
+        def start(name: str = "chroma-data") -> ChromaServer:
+            return servers.enter_context(ChromaServer(tmp_path / name))
+
+        yield start
+
+
+@pytest.fixture
 def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
     with RedisServer(tmp_path) as server:
         yield server
@@ -137,6 +153,44 @@ def _no_stale_mounts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]
     for path in leftovers:
         unmount(path)
     assert not [p for p in leftovers if is_mounted(p)]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "expect_log(*patterns): log lines (regexes) a test provokes on purpose in the daemons it starts"
+    )
+
+
+@pytest.fixture
+def expect_log(request: pytest.FixtureRequest) -> Callable[..., None]:
+    """`expect_log(r"regex", ...)`: the daemons this test starts may log lines matching these (a
+    warning or traceback provoked on purpose); the `expect_log` marker says the same for a module or test."""
+    expected: list[re.Pattern[str]] = request.node.stash.setdefault(EXPECTED_LOG, [])
+
+    def expect(*patterns: str) -> None:
+        expected.extend(re.compile(p) for p in patterns)
+
+    return expect
+
+
+EXPECTED_LOG = pytest.StashKey[list[re.Pattern[str]]]()
+
+
+@pytest.fixture(autouse=True)
+def _daemon_logs(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Fails a test whose chromafs daemons (mount daemons with a --log-file, chromafs-mountd, serving
+    processes; infra's `watch_log`) logged a traceback, a warning or an error it did not expect
+    (`expect_log`). Set up before, so torn down after, the test's servers and mounts: their last lines
+    count."""
+    since = log_sizes()
+    yield
+    expected = list(request.node.stash.get(EXPECTED_LOG, []))
+    for marker in request.node.iter_markers("expect_log"):
+        expected += [re.compile(p) for p in marker.args]
+    bad = unexpected_log_lines(since, expected)
+    if bad:
+        pytest.fail("unexpected lines in the logs of the daemons this test started (expect_log if on purpose):\n  "
+                    + "\n  ".join(bad[:20]), pytrace=False)  # fmt: skip
 
 
 @pytest.fixture

@@ -17,6 +17,8 @@ import contextlib
 import dataclasses
 import json
 import os
+import re
+import select
 import shutil
 import signal
 import socket
@@ -40,7 +42,22 @@ SAMPLE_SITE = REPO / "chromafs_fuse" / "sample_site"
 MOUNT = str(BIN / "chromafs-mount")
 INGEST = str(BIN / "chromafs-ingest")
 
+CORPORA = REPO.parent / "shared" / "corpora"  # real docs repositories beside the checkout, read-only
+
 T = TypeVar("T")
+
+
+def need_corpus(path: Path) -> Path:
+    """`path` (under CORPORA), or the test ends: it fails in CI (CI set, as .ci/run and GitHub Actions
+    set it), where a missing corpus must not pass silently, and is skipped, saying why, elsewhere."""
+    import pytest
+
+    if not path.is_dir():
+        why = f"no corpus at {path} (the real repositories beside the checkout: tests/data/README.md)"
+        if os.environ.get("CI"):
+            pytest.fail(f"{why}; CI is set: the corpus tests must run", pytrace=False)
+        pytest.skip(why)
+    return path
 
 
 def child_env() -> dict[str, str]:
@@ -115,6 +132,124 @@ def wait_until(
     return answer
 
 
+def hold_for(seconds: float, why: str) -> None:
+    """Let `seconds` pass on purpose: the time itself is what is tested or simulated (a slow backend, the
+    pace of a load, "nothing happens for a while"), never a wait for something to be ready (`wait_until`).
+    `why` says which, for the reader."""
+    assert why
+    time.sleep(seconds)
+
+
+async def trio_hold_for(seconds: float, why: str) -> None:
+    """`hold_for` in a trio task (the other tasks run meanwhile)."""
+    import trio
+
+    assert why
+    await trio.sleep(seconds)
+
+
+async def trio_wait_until(
+    predicate: Callable[[], object], timeout_s: float, what: str, interval_s: float = 0.01
+) -> None:
+    """`wait_until` in a trio task: check `predicate` every `interval_s` (the other tasks run meanwhile)
+    for at most `timeout_s`."""
+    import trio
+
+    deadline = trio.current_time() + timeout_s
+    while not predicate():
+        if trio.current_time() > deadline:
+            raise AssertionError(f"not within {timeout_s:.3g}s: {what}")
+        await trio.sleep(interval_s)
+
+
+def file_changed(path: Path, timeout_s: float, what: str) -> bytes:
+    """Wait until `path` holds other bytes than now (it is rewritten: a status file, a state journal);
+    its new content."""
+    try:
+        before: bytes | None = path.read_bytes()
+    except OSError:
+        before = None
+
+    def fresh() -> bytes | None:
+        now = path.read_bytes()
+        return now if now != before else None
+
+    return wait_until(fresh, timeout_s, what, 0.05, ignoring=(OSError,))
+
+
+def fresh_status(pid: int, after: float, timeout_s: float = 15.0) -> dict[str, object]:
+    """The status file of the daemon or serving process `pid` once it describes the process later
+    than `after` (a time.time()): its `written_at` is past it. A writer that stalls fails the wait."""
+    from chromafs_fuse.serving.status import runtime_dir
+
+    path = Path(runtime_dir()) / f"{pid}.json"
+
+    def fresh() -> dict[str, object] | None:
+        status = json.loads(path.read_text())
+        return status if float(status.get("written_at", 0)) > after else None
+
+    return wait_until(fresh, timeout_s, f"a status of {pid} written after {after:.2f}", 0.05, (OSError, ValueError))
+
+
+# -- the daemons' logs, checked when each test ends (conftest's `_daemon_logs`) --------------------
+
+# A line that fails a test unless the test expects it: a traceback, or a record at WARNING or above,
+# in the text format of chromafs_fuse/logs.py or its JSON lines.
+BAD_LOG_LINE = re.compile(
+    r"Traceback \(most recent call last\)|chromafs\[\d+\] (WARNING|ERROR|CRITICAL) "
+    r'|"level": "(warning|error|critical)"'
+)
+_watched_logs: list[Path] = []  # a chromafs daemon's log file, or a folder whose *.log are (serving processes)
+
+
+def watch_log(path: Path | str) -> None:
+    """Check the log file (or every *.log in the folder) `path` of a chromafs daemon when tests end."""
+    path = Path(path)
+    if str(path) != os.devnull and path not in _watched_logs:
+        _watched_logs.append(path)
+
+
+def watched_log_files() -> list[Path]:
+    files: list[Path] = []
+    for path in _watched_logs:
+        files += sorted(path.glob("*.log")) if path.is_dir() else [path]
+    return files
+
+
+def log_sizes() -> dict[Path, int]:
+    """How far each watched log is written now: the next check reads from there."""
+    sizes = {}
+    for path in watched_log_files():
+        with contextlib.suppress(OSError):
+            sizes[path] = path.stat().st_size
+    return sizes
+
+
+def unexpected_log_lines(since: dict[Path, int], expected: list[re.Pattern[str]]) -> list[str]:
+    """The bad lines written to the watched logs after `since` (a `log_sizes()`) that no pattern of
+    `expected` matches, each named by its file; a traceback counts as one line with its last line
+    (the exception) appended, so that an expectation can name the exception."""
+    found = []
+    for path in watched_log_files():
+        try:
+            with path.open("rb") as f:
+                f.seek(since.get(path, 0))
+                lines = f.read().decode("utf-8", "replace").splitlines()
+        except OSError:
+            continue
+        for i, line in enumerate(lines):
+            if not BAD_LOG_LINE.search(line):
+                continue
+            if "Traceback (most recent call last)" in line:
+                end = i + 1
+                while end < len(lines) and (lines[end].startswith((" ", "\t")) or not lines[end].strip()):
+                    end += 1
+                line = f"{line} ... {lines[end] if end < len(lines) else ''}"
+            if not any(pattern.search(line) for pattern in expected):
+                found.append(f"{path}: {line}")
+    return found
+
+
 class Server(ABC):
     """A server process we start, wait for until it answers, and stop by its PID."""
 
@@ -133,6 +268,7 @@ class Server(ABC):
     def ready(self) -> bool: ...
 
     def start(self) -> None:
+        self.watch_logs()
         fd = os.open(self.log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)  # logs name pages and groups
         try:
             env = {**child_env(), **self.extra_env}
@@ -156,6 +292,10 @@ class Server(ABC):
     def stop(self) -> None:
         if self.proc is not None:
             stop_pid(self.proc)
+
+    def watch_logs(self) -> None:
+        """Which of its logs the tests check (`watch_log`): none of a server that is not chromafs's."""
+        return None
 
     def __enter__(self) -> Self:
         self.start()
@@ -222,6 +362,53 @@ class RedisServer(Server):
     def flushall(self) -> None:
         if self.cli("flushall") != "OK":
             raise RuntimeError("redis-cli flushall failed")
+
+
+def redis_subscribed(*servers: RedisServer) -> bool:
+    """Someone (a mount) listens on a channel of one of `servers`, sharded or not."""
+    return any(server.cli("PUBSUB", kind, "*").strip() for server in servers for kind in ("CHANNELS", "SHARDCHANNELS"))
+
+
+class RedisMonitor:
+    """`redis-cli monitor` on `server`: the commands it ran between `with` and `seen()`."""
+
+    def __init__(self, server: RedisServer) -> None:
+        self.server = server
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.out = b""
+
+    def _read_until(self, token: bytes, timeout_s: float) -> None:
+        assert self.proc is not None and self.proc.stdout is not None
+        fd = self.proc.stdout.fileno()
+        deadline = time.monotonic() + timeout_s
+        while token not in self.out:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise AssertionError(f"redis-cli monitor: no {token!r} within {timeout_s:.3g}s")
+            if select.select([fd], [], [], left)[0]:
+                more = os.read(fd, 65536)
+                if not more:
+                    raise AssertionError(f"redis-cli monitor ended before {token!r}")
+                self.out += more
+
+    def __enter__(self) -> Self:
+        argv = ["redis-cli", "-h", HOST, "-p", str(self.server.port), *self.server.cli_options, "monitor"]
+        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL)
+        self._read_until(b"OK", 10)  # monitoring from now on
+        return self
+
+    def seen(self) -> str:
+        """Every command seen so far: up to a marker the test sends now, so none before it is missed."""
+        marker = f"chromafs-monitor-mark-{time.monotonic_ns()}"
+        self.server.cli("echo", marker)
+        self._read_until(marker.encode(), 10)
+        return self.out.decode(errors="replace")
+
+    def __exit__(self, *exc: object) -> None:
+        if self.proc is not None:
+            stop_pid(self.proc)  # type: ignore[arg-type]
+            if self.proc.stdout is not None:
+                self.proc.stdout.close()
 
 
 class S3Server(Server):
@@ -298,6 +485,10 @@ class MountServer(Server):
         self.isolated = isolated
         self.class_idle_s = class_idle_s
         self.metrics_port = metrics_port
+
+    def watch_logs(self) -> None:
+        watch_log(self.log)
+        watch_log(self.class_root)  # the serving processes'
 
     def argv(self) -> list[str]:
         argv = [str(BIN / "chromafs-mountd"), "--socket", str(self.socket), "--log-file", str(self.log)]
@@ -411,6 +602,22 @@ def _exited(pid: int) -> bool:
         return True
 
 
+def blocked_in_fuse(pid: int) -> bool:
+    """The process sleeps in the kernel waiting for a FUSE daemon's answer (where /proc hides the
+    kernel function it waits in: sleeps in an open, a stat or a read)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+        wchan = Path(f"/proc/{pid}/wchan").read_text().strip()
+        syscall = Path(f"/proc/{pid}/syscall").read_text().split()[0]
+    except (OSError, IndexError):
+        return False
+    if state not in ("S", "D"):
+        return False
+    if wchan not in ("", "0"):
+        return "fuse" in wchan or wchan == "request_wait_answer"
+    return syscall in ("0", "257", "262", "332")  # read, openat, newfstatat, statx (x86-64)
+
+
 def wait_gone(pid: int, timeout_s: float = 15.0) -> bool:
     """True once the process has exited, False if it still runs after `timeout_s`."""
     return poll_until(lambda: _exited(pid), timeout_s, 0.02) is True
@@ -482,6 +689,8 @@ def ingest(source: Path, *args: str, status: int = 0) -> subprocess.CompletedPro
 
 
 def try_mount(mountpoint: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    if "--log-file" in args[:-1]:
+        watch_log(args[args.index("--log-file") + 1])
     full_env = {k: v for k, v in os.environ.items() if k != "CHROMAFS_TOKEN"}
     full_env.update(env or {})
     return subprocess.run(

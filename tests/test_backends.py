@@ -16,6 +16,7 @@ import pytest
 from chromadb.config import Settings
 
 from infra import (
+    CORPORA,
     SAMPLE_SITE,
     Backend,
     copy_subset,
@@ -23,11 +24,12 @@ from infra import (
     ingest,
     kernel_open_mode,
     mounted,
+    need_corpus,
     reader_args,
     run,
 )
 
-MINTLIFY = Path(__file__).resolve().parents[2] / "shared" / "corpora" / "mintlify-docs"
+MINTLIFY = CORPORA / "mintlify-docs"
 
 
 def test_chroma_server_backend(chroma_server, mnt: Path, tmp_path: Path, token_file, secret_file: Path) -> None:  # type: ignore[no-untyped-def]
@@ -204,8 +206,8 @@ def test_a_mount_on_the_old_tree_reads_replaced_pages_from_chroma_during_the_gra
             assert read(key) == (site / key).read_bytes(), f"a new mount: {key}"
 
 
-@pytest.mark.skipif(not MINTLIFY.is_dir(), reason="shared corpus not present")
 def test_real_docs_site_ingests_and_mounts_byte_for_byte(mnt: Path, tmp_path: Path) -> None:
+    need_corpus(MINTLIFY)
     chroma = tmp_path / "chroma"
     ingest(MINTLIFY, "--site", "mintlify", "--chroma-path", str(chroma), "--quiet")
     with mounted(mnt, "--site", "mintlify", "--chroma-path", str(chroma)):

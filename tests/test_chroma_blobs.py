@@ -79,7 +79,7 @@ class Ingested:
 
 
 @pytest.fixture(scope="module")
-def ingested(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ingested]:
+def ingested(tmp_path_factory: pytest.TempPathFactory, chroma_server: ChromaServer) -> Iterator[Ingested]:
     root = tmp_path_factory.mktemp("chroma-blobs")
     source = root / "site"
     shutil.copytree(SAMPLE_SITE, source)
@@ -87,13 +87,12 @@ def ingested(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ingested]:
         (source / rel).parent.mkdir(parents=True, exist_ok=True)
         (source / rel).write_bytes(data)
     (source / BIG).write_bytes(os.urandom(2 * PIECE_BYTES + 12345))
-    with ChromaServer(root / "chroma-data") as server:
-        report = root / "report.json"
-        done = ingest_cli(source, "--collection", COLLECTION, "--chroma-url", server.url, "--report", str(report))
-        assert done.returncode == 0, done.stderr
-        done = ingest_cli(source, "--chroma-path", str(root / "embedded"))
-        assert done.returncode == 0, done.stderr
-        yield Ingested(source, server, root / "embedded", json.loads(report.read_text()))
+    report = root / "report.json"  # the session's Chroma: only our own collection is read and written
+    done = ingest_cli(source, "--collection", COLLECTION, "--chroma-url", chroma_server.url, "--report", str(report))
+    assert done.returncode == 0, done.stderr
+    done = ingest_cli(source, "--chroma-path", str(root / "embedded"))
+    assert done.returncode == 0, done.stderr
+    yield Ingested(source, chroma_server, root / "embedded", json.loads(report.read_text()))
 
 
 def visible_to(reader: str) -> set[str]:
@@ -313,6 +312,7 @@ def test_a_reingest_writes_no_piece_twice_and_drops_those_of_removed_files(inges
         assert (mnt / "kept.bin").read_bytes() == kept
 
 
+@pytest.mark.expect_log(r"ERROR .*: reading .*: chroma:[0-9a-f]+: piece \d+ does not match the tree's sha256")
 def test_a_corrupt_piece_fails_its_range_only(ingested: Ingested, tmp_path: Path) -> None:
     """Read lazily by range, each piece checked against the tree: a piece whose bytes changed in
     Chroma fails the reads that reach it, with EIO; the pieces before it are still served."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
@@ -48,9 +48,9 @@ def served_site(chroma_server, tmp_path_factory: pytest.TempPathFactory) -> str:
 
 
 @pytest.fixture
-def own_server(tmp_path: Path) -> Iterator[ChromaServer]:
-    with ChromaServer(tmp_path / "chroma-data") as server:
-        yield server
+def own_server(fresh_chroma_server: Callable[..., ChromaServer]) -> ChromaServer:
+    """A server of this test's own: it is stopped and restarted on purpose."""
+    return fresh_chroma_server()
 
 
 def test_get_answers_as_chromadb_does(served_site: str) -> None:

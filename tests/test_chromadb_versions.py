@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -65,12 +65,16 @@ def test_an_embedded_collection_written_by_the_oldest_chromadb(
 
 
 def test_a_server_of_the_oldest_chromadb(
-    oldest_chromadb: dict[str, str], tmp_path: Path, mnt: Path, monkeypatch: pytest.MonkeyPatch
+    oldest_chromadb: dict[str, str],
+    tmp_path: Path,
+    mnt: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    fresh_chroma_server: Callable[..., ChromaServer],
 ) -> None:
     monkeypatch.setenv("PYTHONPATH", oldest_chromadb["PYTHONPATH"])  # the server runs the old release
-    with ChromaServer(tmp_path / "data") as server:
-        monkeypatch.delenv("PYTHONPATH")
-        blobs = f"file://{tmp_path / 'blobs'}"  # binary files: embedded Chroma keeps them beside its data
-        ingest_with(oldest_chromadb, "--chroma-url", server.url, "--blob-store", blobs)
-        with mounted(mnt, "--site", "old", "--chroma-url", server.url, "--preload", "off"):
-            assert_reads_the_site(mnt)
+    server = fresh_chroma_server("data")  # of its own: the old release, not the session's
+    monkeypatch.delenv("PYTHONPATH")
+    blobs = f"file://{tmp_path / 'blobs'}"  # binary files: embedded Chroma keeps them beside its data
+    ingest_with(oldest_chromadb, "--chroma-url", server.url, "--blob-store", blobs)
+    with mounted(mnt, "--site", "old", "--chroma-url", server.url, "--preload", "off"):
+        assert_reads_the_site(mnt)

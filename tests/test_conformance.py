@@ -34,6 +34,7 @@ import yaml
 
 from chromafs_fuse.serving.server.state_journal import StateJournal
 from infra import (
+    CORPORA,
     INGEST,
     MOUNT,
     REPO,
@@ -43,6 +44,7 @@ from infra import (
     child_env,
     expand,
     mounts_under,
+    need_corpus,
     running_mount_server,
     source_files,
     unmount,
@@ -56,7 +58,7 @@ pytestmark = [
 
 SITES = REPO / "tests" / "data" / "sites"
 SITES_YAML = yaml.safe_load((REPO / "tests" / "data" / "sites.yaml").read_text())
-CORPUS = REPO.parent / "shared" / "corpora" / "mintlify-docs"
+CORPUS = CORPORA / "mintlify-docs"
 READERS: dict[str, tuple[str, ...] | None] = {"anonymous": None, "admin": ("admin",), "billing": ("billing",)}
 MARKDOWN = (".md", ".mdx", ".markdown")
 
@@ -350,9 +352,9 @@ def conformance_root(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]
 
 
 @pytest.fixture(scope="module")
-def chroma(conformance_root: Path) -> Iterator[ChromaServer]:
-    with ChromaServer(conformance_root / "chroma") as server:
-        yield server
+def chroma(chroma_server: ChromaServer) -> ChromaServer:
+    """The session's `chroma run`: the sites' collections are this module's own."""
+    return chroma_server
 
 
 @pytest.fixture(scope="module")
@@ -506,8 +508,8 @@ SITE_NAMES = sorted([*SITES_YAML, "gen-batch-bound", "gen-odd-bytes", "gen-big",
 def test_a_reader_sees_exactly_what_the_frontmatter_says_and_nothing_leaks(
     deployment: Deployment, name: str, reader: str
 ) -> None:
-    if name == "mintlify-docs" and not CORPUS.is_dir():
-        pytest.skip(f"no corpus at {CORPUS}")
+    if name == "mintlify-docs":
+        need_corpus(CORPUS)
     site = deployment.sites[name]
     expected = site.visible[reader]
     hidden = set(site.files) - expected

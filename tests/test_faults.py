@@ -17,6 +17,7 @@ from infra import (
     SAMPLE_SITE,
     Backend,
     ChromaServer,
+    blocked_in_fuse,
     copy_subset,
     expected_visible,
     ingest,
@@ -27,36 +28,35 @@ from infra import (
 )
 
 
-def test_chroma_down_then_back_without_remount(mnt: Path, tmp_path: Path) -> None:
-    chroma = ChromaServer(tmp_path / "chroma-data")
-    chroma.start()
-    try:
-        ingest(
-            SAMPLE_SITE,
-            "--site",
-            "acme",
-            "--chroma-url",
-            chroma.url,
-            "--blob-store",
-            (tmp_path / "blobs").as_uri(),
-            "--quiet",
-        )
-        pages = sorted(p for p in expected_visible(SAMPLE_SITE, "public", None) if not p.endswith(".png"))
-        one_page_per_read = ["--preload", "off", "--readahead-pages", "0"]  # else one read loads the whole sample
-        with mounted(mnt, "--site", "acme", "--chroma-url", chroma.url, *one_page_per_read, "--backend-timeout", "3"):
-            cached = pages[0]
-            assert (mnt / cached).read_bytes() == (SAMPLE_SITE / cached).read_bytes()
-            chroma.stop()
-            assert (mnt / cached).read_bytes() == (SAMPLE_SITE / cached).read_bytes()  # from the caches
-            started = time.monotonic()
-            with pytest.raises(OSError) as info:
-                (mnt / pages[1]).read_bytes()
-            assert info.value.errno == 5
-            assert time.monotonic() - started < 10, "a dead backend must fail a read in seconds"
-            chroma.start()  # same port, same data
-            assert (mnt / pages[1]).read_bytes() == (SAMPLE_SITE / pages[1]).read_bytes()
-    finally:
+@pytest.mark.expect_log(r"ERROR .*: chroma: fetching chunks of .* failed: no answer")
+def test_chroma_down_then_back_without_remount(
+    mnt: Path, tmp_path: Path, fresh_chroma_server: Callable[..., ChromaServer]
+) -> None:
+    chroma = fresh_chroma_server()  # stopped and restarted on purpose
+    ingest(
+        SAMPLE_SITE,
+        "--site",
+        "acme",
+        "--chroma-url",
+        chroma.url,
+        "--blob-store",
+        (tmp_path / "blobs").as_uri(),
+        "--quiet",
+    )
+    pages = sorted(p for p in expected_visible(SAMPLE_SITE, "public", None) if not p.endswith(".png"))
+    one_page_per_read = ["--preload", "off", "--readahead-pages", "0"]  # else one read loads the whole sample
+    with mounted(mnt, "--site", "acme", "--chroma-url", chroma.url, *one_page_per_read, "--backend-timeout", "3"):
+        cached = pages[0]
+        assert (mnt / cached).read_bytes() == (SAMPLE_SITE / cached).read_bytes()
         chroma.stop()
+        assert (mnt / cached).read_bytes() == (SAMPLE_SITE / cached).read_bytes()  # from the caches
+        started = time.monotonic()
+        with pytest.raises(OSError) as info:
+            (mnt / pages[1]).read_bytes()
+        assert info.value.errno == 5
+        assert time.monotonic() - started < 10, "a dead backend must fail a read in seconds"
+        chroma.start()  # same port, same data
+        assert (mnt / pages[1]).read_bytes() == (SAMPLE_SITE / pages[1]).read_bytes()
 
 
 def test_reader_of_a_dead_mount_gets_an_error_not_a_hang(sample_backend: Callable[..., Backend], mnt: Path) -> None:
@@ -65,7 +65,7 @@ def test_reader_of_a_dead_mount_gets_an_error_not_a_hang(sample_backend: Callabl
         pid = int((mnt.parent / "mnt.pid").read_text())
         os.kill(pid, signal.SIGSTOP)  # the daemon hangs: a reader now blocks in the kernel
         reader = subprocess.Popen(["cat", str(mnt / "changelog.md")], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        time.sleep(0.5)
+        wait_until(lambda: blocked_in_fuse(reader.pid), 10, "the reader blocked on the hung daemon", 0.02)
         assert reader.poll() is None
         os.kill(pid, signal.SIGKILL)  # the daemon dies with the request pending
         assert reader.wait(timeout=10) != 0, "the blocked reader must get an error once the daemon is gone"
@@ -98,37 +98,37 @@ def test_corrupt_tree_record_refuses_the_site(mnt: Path, tmp_path: Path) -> None
         assert not os.path.ismount(mnt)
 
 
-def test_frozen_chroma_fails_a_read_within_the_backend_timeout(mnt: Path, tmp_path: Path) -> None:
+@pytest.mark.expect_log(r"ERROR .*: (chroma: fetching chunks of .* failed: no answer|reading .*: no answer within)")
+def test_frozen_chroma_fails_a_read_within_the_backend_timeout(
+    mnt: Path, fresh_chroma_server: Callable[..., ChromaServer]
+) -> None:
     """One deadline per read: waiting for a read-ahead batch that is stuck, then fetching the page
     itself, must not add up to twice --backend-timeout."""
-    chroma = ChromaServer(tmp_path / "chroma-data")
-    chroma.start()
-    try:
-        ingest(SAMPLE_SITE, "--site", "acme", "--chroma-url", chroma.url, "--quiet")
-        pages = sorted(p for p in expected_visible(SAMPLE_SITE, "public", None) if p.endswith((".md", ".mdx")))
-        timeout = 3.0
-        flags = ["--preload", "off", "--no-push-pages", "--backend-timeout", str(timeout)]
-        with mounted(mnt, "--site", "acme", "--chroma-url", chroma.url, *flags):
-            assert (mnt / pages[0]).read_bytes() == (SAMPLE_SITE / pages[0]).read_bytes()
-            assert chroma.proc is not None
-            os.kill(chroma.proc.pid, signal.SIGSTOP)
-            try:
-                for page in pages[1:3]:  # next to a delivered file: a read-ahead batch starts and hangs
-                    started = time.monotonic()
-                    with pytest.raises(OSError) as info:
-                        (mnt / page).read_bytes()
-                    elapsed = time.monotonic() - started
-                    assert info.value.errno == errno.EIO
-                    assert elapsed < timeout + 1.0, f"{page}: failed after {elapsed:.1f}s"
-            finally:
-                os.kill(chroma.proc.pid, signal.SIGCONT)
-            # back once the server answers again
-            recovered = wait_until((mnt / pages[1]).read_bytes, 30, "the mount's recovery", 0.5, ignoring=(OSError,))
-            assert recovered == (SAMPLE_SITE / pages[1]).read_bytes()
-    finally:
-        chroma.stop()
+    chroma = fresh_chroma_server()  # frozen on purpose
+    ingest(SAMPLE_SITE, "--site", "acme", "--chroma-url", chroma.url, "--quiet")
+    pages = sorted(p for p in expected_visible(SAMPLE_SITE, "public", None) if p.endswith((".md", ".mdx")))
+    timeout = 3.0
+    flags = ["--preload", "off", "--no-push-pages", "--backend-timeout", str(timeout)]
+    with mounted(mnt, "--site", "acme", "--chroma-url", chroma.url, *flags):
+        assert (mnt / pages[0]).read_bytes() == (SAMPLE_SITE / pages[0]).read_bytes()
+        assert chroma.proc is not None
+        os.kill(chroma.proc.pid, signal.SIGSTOP)
+        try:
+            for page in pages[1:3]:  # next to a delivered file: a read-ahead batch starts and hangs
+                started = time.monotonic()
+                with pytest.raises(OSError) as info:
+                    (mnt / page).read_bytes()
+                elapsed = time.monotonic() - started
+                assert info.value.errno == errno.EIO
+                assert elapsed < timeout + 1.0, f"{page}: failed after {elapsed:.1f}s"
+        finally:
+            os.kill(chroma.proc.pid, signal.SIGCONT)
+        # back once the server answers again
+        recovered = wait_until((mnt / pages[1]).read_bytes, 30, "the mount's recovery", 0.5, ignoring=(OSError,))
+        assert recovered == (SAMPLE_SITE / pages[1]).read_bytes()
 
 
+@pytest.mark.expect_log(r"WARNING .*: page .* failed its checks as read directly", r"ERROR .*: page .* is corrupt")
 def test_tampered_chunk_gives_eio_never_wrong_bytes(mnt: Path, tmp_path: Path) -> None:
     """A chunk changed in Chroma after ingest (same length or not): that page fails with EIO and a
     log line, through the direct SQLite reader and through chromadb alike; other pages are served."""
@@ -157,6 +157,7 @@ def test_tampered_chunk_gives_eio_never_wrong_bytes(mnt: Path, tmp_path: Path) -
     assert "quickstart.mdx" in log and "sha256" in log
 
 
+@pytest.mark.expect_log(r"WARNING .*: page .* failed its checks as read directly", r"ERROR .*: page .* is corrupt")
 def test_a_source_file_that_cannot_be_read_is_reported_and_the_rest_is_ingested(mnt: Path, tmp_path: Path) -> None:
     """The ingest's source folder is a chromafs mount whose quickstart.mdx fails every read with EIO
     (a chunk tampered with in its Chroma) while it lists and stats as any file. The ingest goes on:

@@ -9,12 +9,12 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from infra import INGEST, ChromaServer, child_env, mounted
+from infra import INGEST, ChromaServer, child_env, hold_for, mounted
 
 
 def run_ingest(source: Path, url: str, *args: str, site: str = "acme") -> subprocess.CompletedProcess[str]:
@@ -23,10 +23,9 @@ def run_ingest(source: Path, url: str, *args: str, site: str = "acme") -> subpro
 
 
 @pytest.fixture
-def own_server(tmp_path: Path) -> Iterator[ChromaServer]:
+def own_server(fresh_chroma_server: Callable[..., ChromaServer]) -> ChromaServer:
     """A server of this test's own: it is stopped (SIGSTOP) on purpose."""
-    with ChromaServer(tmp_path / "chroma-data") as server:
-        yield server
+    return fresh_chroma_server()
 
 
 def test_a_page_with_more_chunks_than_the_server_takes_at_once(
@@ -54,7 +53,7 @@ def pause(server: ChromaServer, seconds: float) -> threading.Thread:
     os.kill(server.proc.pid, signal.SIGSTOP)
 
     def resume() -> None:
-        time.sleep(seconds)
+        hold_for(seconds, "the server stays stopped this long")
         assert server.proc is not None
         os.kill(server.proc.pid, signal.SIGCONT)
 

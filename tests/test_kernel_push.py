@@ -9,7 +9,6 @@ import re
 import signal
 import subprocess
 import threading
-import time
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
@@ -18,7 +17,18 @@ import pytest
 
 from chromafs_fuse.serving.daemon.watchdog import connection_of
 from chromafs_fuse.serving.kernel_push import KernelPusher
-from infra import SAMPLE_SITE, Backend, expected_visible, free_port, mounted, poll_until, run, wait_gone, wait_until
+from infra import (
+    SAMPLE_SITE,
+    Backend,
+    expected_visible,
+    free_port,
+    hold_for,
+    mounted,
+    poll_until,
+    run,
+    wait_gone,
+    wait_until,
+)
 
 REQUEST_LINE = re.compile(r'^chromafs_requests_total\{op="(\w+)"\} ([0-9.e+]+)$', re.M)
 PUSHED_LINE = re.compile(r'^chromafs_pages_pushed_total\{outcome="(\w+)"\} ([0-9.e+]+)$', re.M)
@@ -127,7 +137,7 @@ def test_a_killed_daemon_never_leaves_a_hung_mount(sample_backend: Callable[...,
             reader = subprocess.Popen(
                 ["grep", "-rl", "e", str(mnt)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
             )
-            time.sleep(0.002 * attempt)
+            hold_for(0.002 * attempt, "the kill lands a little later in the reads each attempt")
             os.kill(daemon, signal.SIGKILL)
             assert wait_gone(daemon, 10), "the killed daemon is stuck"
             assert wait_gone(watchdog, 10)

@@ -10,7 +10,6 @@ import os
 import shutil
 import subprocess
 import threading
-import time
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
@@ -28,6 +27,7 @@ from infra import (
     ingest,
     mounted,
     reader_args,
+    redis_subscribed,
     try_mount,
     unmount,
     wait_until,
@@ -122,12 +122,13 @@ def test_an_ingest_published_to_redis_reaches_mounts_at_once(
     minute away switches within two seconds."""
     site = shutil.copytree(SAMPLE_SITE, tmp_path / "site")
     backend = ["--site", SITE, "--chroma-path", str(tmp_path / "chroma")]
-    backend += ["--redis-url", request.getfixturevalue("redis_server").url]
+    redis = request.getfixturevalue("redis_server")
+    backend += ["--redis-url", redis.url]
     ingest(site, *backend, "--quiet")
     with mounted(mnt, *backend, "--refresh-interval", "60", "--preload", "off"):
         page = "quickstart.mdx"
         assert (mnt / page).read_bytes() == (site / page).read_bytes()
-        time.sleep(1)  # the mount has subscribed
+        wait_until(lambda: redis_subscribed(redis), 10, "the mount subscribed", 0.05)
         (site / page).write_bytes((site / page).read_bytes() + b"\nAnnounced.\n")
         ingest(site, *backend, "--quiet")
         wait_until(
@@ -209,8 +210,13 @@ def test_a_reingest_under_four_grep_loops_reaches_a_mountd_mount_on_a_chroma_ser
                 loops = [threading.Thread(target=grep_loop) for _ in range(4)]
                 for loop in loops:
                     loop.start()
+
+                def more_greps() -> None:  # every grep loop goes round once more
+                    done = len(outcomes)
+                    wait_until(lambda: len(outcomes) >= done + len(loops), 60, "four more greps", 0.05)
+
                 try:
-                    time.sleep(1)
+                    more_greps()
                     with (site / edited).open("a") as f:
                         f.write("\nEdited while four greps ran.\n")
                     text = (site / locked).read_text()
@@ -220,7 +226,7 @@ def test_a_reingest_under_four_grep_loops_reaches_a_mountd_mount_on_a_chroma_ser
                         wait_for(lambda m=mount: (m / edited).read_bytes() == (site / edited).read_bytes(), "the edit")
                     wait_for(lambda: errno_of(anonymous / locked) == errno.ENOENT, "the locked page gone")
                     assert (admin / locked).read_bytes() == (site / locked).read_bytes()
-                    time.sleep(1)
+                    more_greps()
                 finally:
                     stop.set()
                     for loop in loops:

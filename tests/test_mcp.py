@@ -165,7 +165,7 @@ def test_an_mcp_session_stops_reading_when_its_token_expires(
 
     async def calls(client: Client) -> tuple[tuple[bool, str], tuple[bool, str]]:
         before = await text(client, "read", path="quickstart.mdx")
-        await anyio.sleep(max(0.0, expires_at - time.time()) + 0.5)
+        await anyio.sleep(max(0.0, expires_at - time.time()) + 0.5)  # not a wait: the token's time runs out
         return before, await text(client, "read", path="quickstart.mdx")
 
     before, after = over_stdio(args, calls)

@@ -120,7 +120,7 @@ def test_a_killed_serving_process_is_replaced_and_its_sessions_read_again_at_the
             for mountpoint in sessions["beta"]:
                 if not reads_source(mountpoint):
                     broken_beta.append(str(mountpoint))
-            time.sleep(0.05)
+            watching.wait(0.05)  # the pace of the checks; ends at once when told
 
     watcher = threading.Thread(target=watch_beta)
     watcher.start()
@@ -167,52 +167,54 @@ def test_every_serving_process_killed_every_session_reads_again(
 
 
 def test_a_frozen_backend_of_one_site_never_delays_another_sites_sessions(
-    server: MountServer, token_file: Callable[..., Path], secret_file: Path, tmp_path: Path
+    server: MountServer,
+    token_file: Callable[..., Path],
+    secret_file: Path,
+    tmp_path: Path,
+    fresh_chroma_server: Callable[..., ChromaServer],
 ) -> None:
     """Site alpha's Chroma is frozen (SIGSTOP) while a session of a new alpha class waits on it:
     sessions of site beta, on its running class and on a new one, are answered at once, and a
     session whose token expires meanwhile is detached on time."""
-    alpha_data, beta_chroma = tmp_path / "alpha-data", tmp_path / "beta-chroma"
+    beta_chroma = tmp_path / "beta-chroma"
     ingest(SAMPLE_SITE, "--site", "beta", "--chroma-path", str(beta_chroma), "--quiet")
-    with ChromaServer(alpha_data) as alpha:
-        alpha_args = ["--site", "alpha", "--chroma-url", alpha.url]
-        ingest(SAMPLE_SITE, *alpha_args, "--quiet")
-        open_session(server, "beta", beta_chroma, tmp_path / "beta-anon", None, secret_file)
-        expires_at = int(time.time()) + 4
-        expiring = tmp_path / "beta-expiring"
+    alpha = fresh_chroma_server("alpha-data")  # frozen on purpose
+    alpha_args = ["--site", "alpha", "--chroma-url", alpha.url]
+    ingest(SAMPLE_SITE, *alpha_args, "--quiet")
+    open_session(server, "beta", beta_chroma, tmp_path / "beta-anon", None, secret_file)
+    expires_at = int(time.time()) + 4
+    expiring = tmp_path / "beta-expiring"
+    open_session(server, "beta", beta_chroma, expiring, token_file(["admin"], exp=expires_at, site="beta"), secret_file)
+    pending_mount = tmp_path / "alpha-pending"
+    pending_mount.mkdir()
+    assert alpha.proc is not None
+    os.kill(alpha.proc.pid, signal.SIGSTOP)
+    try:
+        argv = [str(MOUNT), str(pending_mount), *alpha_args, "--mountd", str(server.socket)]
+        argv += ["--backend-timeout", "5", "--refresh-interval", "0"]
+        pending = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        wait_until(lambda: "(alpha): serving it" in server.log.read_text(), 10, "alpha's request being served")
+        started = time.perf_counter()
+        open_session(server, "beta", beta_chroma, tmp_path / "beta-anon-2", None, secret_file)
+        running_class_s = time.perf_counter() - started
+        started = time.perf_counter()
         open_session(
-            server, "beta", beta_chroma, expiring, token_file(["admin"], exp=expires_at, site="beta"), secret_file
+            server,
+            "beta",
+            beta_chroma,
+            tmp_path / "beta-billing",
+            token_file(["billing"], site="beta"),
+            secret_file,
         )
-        pending_mount = tmp_path / "alpha-pending"
-        pending_mount.mkdir()
-        assert alpha.proc is not None
-        os.kill(alpha.proc.pid, signal.SIGSTOP)
-        try:
-            argv = [str(MOUNT), str(pending_mount), *alpha_args, "--mountd", str(server.socket)]
-            argv += ["--backend-timeout", "5", "--refresh-interval", "0"]
-            pending = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-            wait_until(lambda: "(alpha): serving it" in server.log.read_text(), 10, "alpha's request being served")
-            started = time.perf_counter()
-            open_session(server, "beta", beta_chroma, tmp_path / "beta-anon-2", None, secret_file)
-            running_class_s = time.perf_counter() - started
-            started = time.perf_counter()
-            open_session(
-                server,
-                "beta",
-                beta_chroma,
-                tmp_path / "beta-billing",
-                token_file(["billing"], site="beta"),
-                secret_file,
-            )
-            new_class_s = time.perf_counter() - started
-            wait_until(lambda: not is_mounted(expiring), expires_at + 1.5 - time.time(), "the expired session detached")
-            assert pending.poll() is None, "alpha's request did not wait on its frozen backend"
-            # the bars (100 ms, 1 s) are the bench's; here: far below alpha's 5 s backend timeout
-            assert running_class_s < 2.0 and new_class_s < 3.0, (running_class_s, new_class_s)
-        finally:
-            os.kill(alpha.proc.pid, signal.SIGCONT)
-        pending.wait(60)
-        assert reads_source(tmp_path / "beta-anon")
+        new_class_s = time.perf_counter() - started
+        wait_until(lambda: not is_mounted(expiring), expires_at + 1.5 - time.time(), "the expired session detached")
+        assert pending.poll() is None, "alpha's request did not wait on its frozen backend"
+        # the bars (100 ms, 1 s) are the bench's; here: far below alpha's 5 s backend timeout
+        assert running_class_s < 2.0 and new_class_s < 3.0, (running_class_s, new_class_s)
+    finally:
+        os.kill(alpha.proc.pid, signal.SIGCONT)
+    pending.wait(60)
+    assert reads_source(tmp_path / "beta-anon")
 
 
 def test_requests_of_one_class_at_once_start_it_once(

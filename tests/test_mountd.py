@@ -32,6 +32,7 @@ from infra import (
     running_mount_server,
     try_mount,
     unmount,
+    wait_gone,
 )
 
 
@@ -89,7 +90,7 @@ def test_mounts_outlive_the_server(mountd: Path, sample_backend: Callable[..., B
         pids = subprocess.run(["pgrep", "-f", f"chromafs-mountd --socket {mountd}"], capture_output=True, text=True)
         for pid in pids.stdout.split():
             os.kill(int(pid), signal.SIGTERM)
-        time.sleep(0.5)
+        assert all(wait_gone(int(pid)) for pid in pids.stdout.split()), "the server outlived its SIGTERM"
         assert (mnt / "auth" / "oauth.mdx").read_bytes() == (SAMPLE_SITE / "auth" / "oauth.mdx").read_bytes()
     finally:
         unmount(mnt)
@@ -216,6 +217,7 @@ def request_as(uid: int, socket_path: Path, argv: list[str], gid: int | None = N
     return os.waitstatus_to_exitcode(status), printed
 
 
+@pytest.mark.expect_log(r"WARNING chromafs.mountd: refused a mount request from uid")
 def test_a_mount_request_from_another_user_is_refused(sample_backend: Callable[..., Backend], tmp_path: Path) -> None:
     """Only root or the server's own user may ask chromafs-mountd for a mount. Its socket is
     root's alone (0600); opened to everyone here, so that the server's own check of the peer's
@@ -238,6 +240,7 @@ def test_a_mount_request_from_another_user_is_refused(sample_backend: Callable[.
         assert (mnt / "quickstart.mdx").read_bytes() == (SAMPLE_SITE / "quickstart.mdx").read_bytes()
 
 
+@pytest.mark.expect_log(r"WARNING chromafs.mountd: refused a mount request from uid")
 def test_the_server_checks_the_callers_uid_not_its_gid(sample_backend: Callable[..., Backend], tmp_path: Path) -> None:
     """The peer's credentials are (pid, uid, gid): a caller of uid 65534 in group 0 (root's) is
     refused as any other user, with nothing mounted; root in group 65534 is served."""

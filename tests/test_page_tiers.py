@@ -13,12 +13,14 @@ from collections.abc import Awaitable, Callable, Iterator, Sequence
 
 import pytest
 import trio
+import trio.testing
 
 from chromafs_fuse.backends.blobstore import BlobError
 from chromafs_fuse.page_cache import PageCache
 from chromafs_fuse.site.page_source import BLOB_BLOCK, PageTimedOut, PageUnavailable, TieredPages
 from chromafs_fuse.site.tiers.memory import MemoryTier
 from chromafs_fuse.tree import PathEntry, parse_tree
+from infra import hold_for, trio_hold_for, trio_wait_until
 
 TIMEOUT_S = 1.0
 TREE = {
@@ -81,7 +83,7 @@ class FakeBlobs:
 
     def read_range(self, entry: PathEntry, offset: int, length: int) -> bytes:
         self.asked.append(offset)
-        time.sleep(self.seconds_per_block)
+        hold_for(self.seconds_per_block, "a slow blob store")
         if entry.blob is None or offset + length > entry.blob.size:
             raise BlobError("no such range")
         return bytes([offset // BLOB_BLOCK]) * length
@@ -148,9 +150,8 @@ def test_concurrent_reads_of_a_page_share_one_load() -> None:
         async with trio.open_nursery() as nursery:
             for _ in range(10):
                 nursery.start_soon(reader)
-            while not chroma.asked:
-                await trio.sleep(0.01)
-            await trio.sleep(0.05)  # every reader is waiting now
+            await trio_wait_until(lambda: chroma.asked, 5, "the first reader asking Chroma")
+            await trio.testing.wait_all_tasks_blocked()  # every reader is waiting now
             assert chroma.gate is not None
             chroma.gate.set()
 
@@ -174,7 +175,7 @@ def test_a_read_waits_for_the_read_ahead_batch_loading_its_page() -> None:
             assert pages.start_batch([ENTRIES[k] for k in ("a.md", "b.md", "c.md")], outcomes.append)
             assert pages.is_cached_or_loading("b.md", None)
             nursery.start_soon(reader)
-            await trio.sleep(0.1)
+            await trio.testing.wait_all_tasks_blocked()
             assert len(chroma.asked) == 1 and got == []  # the reader waits for the batch
             assert chroma.gate is not None
             chroma.gate.set()
@@ -196,7 +197,7 @@ def test_a_read_that_waited_for_a_stuck_batch_fails_within_one_deadline() -> Non
     async def main() -> float:
         async with pages.running():
             pages.start_batch([ENTRIES["a.md"]], lambda loaded: None)
-            await trio.sleep(TIMEOUT_S / 2)
+            await trio_hold_for(TIMEOUT_S / 2, "half the deadline spent on the stuck batch")
             started = trio.current_time()
             with pytest.raises(PageTimedOut):
                 await read_all(pages, "a.md")

@@ -4,11 +4,9 @@ each page once, in batches, and never stops to fetch pages one by one."""
 from __future__ import annotations
 
 import re
-import subprocess
-import time
 from pathlib import Path
 
-from infra import RedisServer, ingest, mounted, run
+from infra import RedisMonitor, RedisServer, ingest, mounted, run
 
 FILES = 100
 
@@ -26,19 +24,12 @@ def test_reading_a_directory_in_order_fetches_pages_in_batches(
     with mounted(tmp_path / "prime", *base, "--preload", "on"):
         run(["grep", "-rq", "never-matches", str(tmp_path / "prime")])  # every page into Redis
 
-    monitor = subprocess.Popen(
-        ["redis-cli", "-p", str(redis_server.port), "monitor"], stdout=subprocess.PIPE, text=True
-    )
-    try:
-        time.sleep(0.3)
+    with RedisMonitor(redis_server) as monitor:
         with mounted(mnt, *base, "--preload", "off"):
             for i in range(FILES):  # one reader, in order, like `cat many/*`
                 name = f"page-{i:03d}.md"
                 assert (mnt / "many" / name).read_bytes() == (site / "many" / name).read_bytes()
-            time.sleep(0.5)
-    finally:
-        monitor.terminate()
-        seen = monitor.communicate(timeout=10)[0]
+        seen = monitor.seen()
     fetches = [line for line in seen.splitlines() if re.search(r'"(MGET|GET)"', line) and ":page:" in line]
     fetched = re.findall(r":page:many/(page-\d+\.md)", "\n".join(fetches))
     assert sorted(fetched) == sorted(set(fetched)), "a page was fetched twice"

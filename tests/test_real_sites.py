@@ -11,11 +11,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from infra import INGEST, REPO, expand, mounted, source_files
+from infra import CORPORA, INGEST, REPO, expand, mounted, need_corpus, source_files
 
 SITES = REPO / "tests" / "data" / "sites"
 EXPECTED = yaml.safe_load((REPO / "tests" / "data" / "sites.yaml").read_text())
-CORPORA = REPO.parent / "shared" / "corpora"
 
 
 def mounted_files(root: Path) -> dict[str, bytes]:
@@ -59,14 +58,13 @@ def test_docs_tree_ingests_and_mounts_byte_exact(
             assert data == files[key].read_bytes(), f"{who}: {key} differs from its source"
 
 
-@pytest.mark.skipif(not CORPORA.is_dir(), reason="no shared/corpora beside the checkout")
-@pytest.mark.parametrize("corpus", sorted(p.name for p in CORPORA.iterdir()) if CORPORA.is_dir() else [])
+@pytest.mark.parametrize("corpus", sorted(p.name for p in CORPORA.iterdir()) if CORPORA.is_dir() else ["(none)"])
 def test_real_repository_ingests_in_one_run(
     corpus: str, tmp_path: Path, mnt: Path, token_file: Callable[..., Path], secret_file: Path
 ) -> None:
     """A whole real docs repository: every file that is not reported is on the admin's mount, byte-exact;
     the anonymous reader sees a subset and no page whose frontmatter names groups."""
-    source = CORPORA / corpus
+    source = need_corpus(CORPORA / corpus)
     files = source_files(source)
     _, report = ingest_site(source, tmp_path / "chroma", tmp_path / "report.json")
     not_served = {p["path"] for p in report["problems"] if p["severity"] == "error"}  # type: ignore[union-attr,index]

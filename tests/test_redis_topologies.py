@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from infra import HOST, SAMPLE_SITE, RedisServer, ingest, mounted, try_mount, wait_until
+from infra import HOST, SAMPLE_SITE, RedisServer, hold_for, ingest, mounted, redis_subscribed, try_mount, wait_until
 from redis_topologies import RedisClusterServers, RedisSentinelServers, TlsRedisServer, make_tls_files
 
 SITE = "acme"
@@ -54,7 +54,7 @@ def read_during(mnt: Path, site: Path, pages: list[str], pace_s: float) -> tuple
         except OSError as exc:
             problems.append(f"{page}: {exc}")
         latencies.append(time.perf_counter() - started)
-        time.sleep(pace_s)
+        hold_for(pace_s, "the pace of the reads")
     return problems, latencies
 
 
@@ -83,7 +83,7 @@ def test_a_failover_costs_no_read_and_the_mount_follows_the_new_master(
         outcome: list[tuple[list[str], list[float]]] = []
         reader = threading.Thread(target=lambda: outcome.append(read_during(mnt, site, pages[10:], 0.07)))
         reader.start()
-        time.sleep(1.0)
+        hold_for(1.0, "the master is lost in the middle of the paced reads")
         lost.kill()
         reader.join(120)
         problems, latencies = outcome[0]
@@ -118,7 +118,7 @@ def test_a_cluster_without_sharded_pubsub_still_announces(tmp_path: Path, mnt: P
         with mounted(mnt, *backend, "--refresh-interval", "60"):
             page = "quickstart.mdx"
             assert (mnt / page).read_bytes() == (site / page).read_bytes()
-            time.sleep(1)  # subscribed
+            wait_until(lambda: redis_subscribed(*cluster.nodes), 10, "the mount subscribed", 0.05)
             (site / page).write_bytes((site / page).read_bytes() + b"\nAnnounced without sharding.\n")
             done = ingest(site, *backend, "--quiet", "--log-level", "warning")
             assert "no sharded pub/sub" in done.stderr

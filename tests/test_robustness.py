@@ -14,6 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import chromadb
+import pytest
 from chromadb.config import Settings
 
 from chromafs_fuse.access import Principal, visible_entries
@@ -27,6 +28,7 @@ from infra import (
     RedisServer,
     S3Server,
     expected_visible,
+    hold_for,
     is_mounted,
     mounted,
     unmount,
@@ -34,7 +36,7 @@ from infra import (
 )
 
 
-def _read_loop(mnt: Path, pages: list[str], stop: threading.Event, failures: list[str]) -> None:
+def _read_loop(mnt: Path, pages: list[str], stop: threading.Event, failures: list[str], reads: list[str]) -> None:
     while not stop.is_set():
         for rel in pages:
             try:
@@ -42,6 +44,7 @@ def _read_loop(mnt: Path, pages: list[str], stop: threading.Event, failures: lis
                     failures.append(f"wrong bytes: {rel}")
             except OSError as exc:
                 failures.append(f"{rel}: {exc}")
+            reads.append(rel)
 
 
 def test_redis_flapping_during_reads(
@@ -61,21 +64,28 @@ def test_redis_flapping_during_reads(
         "off",
     ]
     with mounted(mnt, *args):
-        stop, failures = threading.Event(), []
-        reader = threading.Thread(target=_read_loop, args=(mnt, pages, stop, failures))
+        stop, failures, reads = threading.Event(), [], []
+        reader = threading.Thread(target=_read_loop, args=(mnt, pages, stop, failures, reads))
         reader.start()
+
+        def more_reads() -> None:  # each phase, up or down, sees a round of reads
+            done = len(reads)
+            wait_until(lambda: len(reads) >= done + len(pages), 30, "a round of reads", 0.02)
+
         try:
             for _ in range(3):
-                time.sleep(1.0)
+                more_reads()
                 redis_server.stop()
-                time.sleep(1.0)
+                more_reads()
                 redis_server.start()
+            more_reads()
         finally:
             stop.set()
             reader.join(60)
         assert failures == []
 
 
+@pytest.mark.expect_log(r"ERROR .*: reading images/.*: cannot read s3://")
 def test_s3_flapping_fails_only_lazy_reads_and_recovers(s3_server: S3Server, mnt: Path, tmp_path: Path) -> None:
     s3_server.client().create_bucket(Bucket="docs")
     chroma = tmp_path / "chroma"
@@ -147,7 +157,7 @@ def test_sigterm_during_heavy_reads_exits_zero(sample_backend: Callable[..., Bac
             subprocess.Popen(["sh", "-c", f"for i in $(seq 50); do grep -rc e {mnt} >/dev/null 2>&1; done"])
             for _ in range(4)
         ]
-        time.sleep(1.0)
+        hold_for(1.0, "SIGTERM lands in the middle of the greps")
         daemon.send_signal(signal.SIGTERM)
         assert daemon.wait(30) == 0
         for reader in readers:

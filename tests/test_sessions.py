@@ -26,6 +26,8 @@ from infra import (
     copy_subset,
     expected_visible,
     free_port,
+    fresh_status,
+    hold_for,
     is_mounted,
     mounted,
     mounts_under,
@@ -50,6 +52,7 @@ def wait_unmounted(mountpoints: list[Path], by: float, what: str, interval_s: fl
     wait_until(lambda: not any(is_mounted(m) for m in mountpoints), by - time.time(), what, interval_s)
 
 
+@pytest.mark.expect_log(r"WARNING chromafs.mount: the token expired")
 def test_a_session_mount_ends_when_its_token_expires(
     sample_backend: Callable[..., Backend], token_file: Callable[..., Path], secret_file: Path, mnt: Path
 ) -> None:
@@ -61,7 +64,7 @@ def test_a_session_mount_ends_when_its_token_expires(
         assert mine["expires_at"] == expires_at and "user=tester" in mine["reader"]
         while time.time() < expires_at - 0.5:
             assert is_mounted(mnt)  # serving until the token expires
-            time.sleep(0.25)
+            hold_for(0.25, "the pace of the checks until the expiry")
         wait_unmounted([mnt], expires_at + EXPIRY_BOUND_S, "the mount ended within 5 s of its token's expiry")
     assert "the token expired" in (mnt.parent / "mnt.log").read_text()
 
@@ -245,7 +248,7 @@ def test_a_session_ends_at_its_expiry_or_unmount_and_the_others_go_on(
     page = long_ / "quickstart.mdx"
     while time.time() < expires_at - 0.5:
         assert (short / "quickstart.mdx").read_bytes() == page.read_bytes()
-        time.sleep(0.25)
+        hold_for(0.25, "the pace of the checks until the expiry")
     wait_unmounted([short], expires_at + EXPIRY_BOUND_S, "the expired session ended within 5 s of exp")
     assert page.read_bytes() == (SAMPLE_SITE / "quickstart.mdx").read_bytes()  # the other session goes on
     assert "expired" in shared_server.log.read_text()
@@ -308,7 +311,7 @@ def test_serving_processes_end_by_themselves_once_unused_when_no_server_runs(
     shared_server.stop()
     unmount(anonymous)
     grace = shared_server.class_idle_s + 5.0
-    time.sleep(grace)  # past the serving process's own idle time: one session's bind still stands
+    hold_for(grace, "past the serving process's own idle time, it must go on: one session's bind still stands")
     assert (admin / "quickstart.mdx").read_bytes() == (SAMPLE_SITE / "quickstart.mdx").read_bytes()
     unmount(admin)
     wait_until(
@@ -351,7 +354,9 @@ def test_the_server_reports_its_classes_and_sessions_as_metrics(
     billing = tmp_path / "billing"
     open_session(billing, token_file(["billing"], exp=expires_at))
     assert run(["grep", "-rl", "token", str(tmp_path / "anon-1")]).returncode == 0
-    time.sleep(2.5)  # serving processes write their status every 2 s
+    read_at = time.time()
+    for pid in {mount.pid for mount in StateJournal(str(server.class_root / "state.json")).load().classes.values()}:
+        fresh_status(pid, read_at)  # its status counts those reads
     metrics = _scrape(port)
     assert metrics[("chromafs_mountd_classes", ())] == 2
     assert metrics[("chromafs_mountd_sessions", ())] == 3

@@ -4,37 +4,48 @@ from __future__ import annotations
 
 import errno
 import shutil
-import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from infra import SAMPLE_SITE, Backend, ChromaServer, RedisServer, expected_visible, ingest, mounted, reader_args, run
+from chromafs_fuse.backends.redis_cache import RETRY_AFTER_S
+from infra import (
+    SAMPLE_SITE,
+    Backend,
+    ChromaServer,
+    RedisMonitor,
+    RedisServer,
+    expected_visible,
+    hold_for,
+    ingest,
+    mounted,
+    reader_args,
+    run,
+)
 
 
-def test_second_mount_boots_from_redis_with_chroma_down(redis_server: RedisServer, mnt: Path, tmp_path: Path) -> None:
-    chroma = ChromaServer(tmp_path / "chroma-data")
-    chroma.start()
-    try:
-        ingest(
-            SAMPLE_SITE,
-            "--site",
-            "acme",
-            "--chroma-url",
-            chroma.url,
-            "--blob-store",
-            (tmp_path / "blobs").as_uri(),
-            "--redis-url",
-            redis_server.url,
-            "--quiet",
-        )
-        args = ["--site", "acme", "--chroma-url", chroma.url, "--redis-url", redis_server.url, "--preload", "on"]
-        with mounted(mnt, *args):
-            run(["grep", "-rq", "never-matches-anything", str(mnt)])  # every visible page read once
-    finally:
-        chroma.stop()
+def test_second_mount_boots_from_redis_with_chroma_down(
+    redis_server: RedisServer, mnt: Path, tmp_path: Path, fresh_chroma_server: Callable[..., ChromaServer]
+) -> None:
+    chroma = fresh_chroma_server()  # stopped on purpose
+    ingest(
+        SAMPLE_SITE,
+        "--site",
+        "acme",
+        "--chroma-url",
+        chroma.url,
+        "--blob-store",
+        (tmp_path / "blobs").as_uri(),
+        "--redis-url",
+        redis_server.url,
+        "--quiet",
+    )
+    args = ["--site", "acme", "--chroma-url", chroma.url, "--redis-url", redis_server.url, "--preload", "on"]
+    with mounted(mnt, *args):
+        run(["grep", "-rq", "never-matches-anything", str(mnt)])  # every visible page read once
+    chroma.stop()
     # Chroma is gone: the tree and every page the first mount read come from Redis
     second = tmp_path / "second"
     with mounted(second, *args, "--backend-timeout", "3"):
@@ -64,19 +75,12 @@ def test_public_mount_never_touches_hidden_keys(
     hidden = everything - visible
     assert any(k.endswith(":page:internal/billing.mdx") for k in keys), "admin mount should have filled Redis"
 
-    monitor = subprocess.Popen(
-        ["redis-cli", "-p", str(redis_server.port), "monitor"], stdout=subprocess.PIPE, text=True
-    )
-    try:
-        time.sleep(0.3)
+    with RedisMonitor(redis_server) as monitor:
         with mounted(mnt, *base):
             run(["grep", "-rq", "never-matches-anything", str(mnt)])
             run(["cat", *[str(mnt / h) for h in hidden]])
             run(["find", str(mnt)])
-            time.sleep(0.5)
-    finally:
-        monitor.terminate()
-        seen = monitor.communicate(timeout=10)[0]
+        seen = monitor.seen()
     assert '"MGET"' in seen or '"GET"' in seen, "the public mount should use the shared cache"
     for rel in hidden:
         assert rel not in seen, f"public mount asked Redis about hidden page {rel}"
@@ -84,6 +88,7 @@ def test_public_mount_never_touches_hidden_keys(
         assert command not in seen
 
 
+@pytest.mark.expect_log(r"WARNING .*: Redis .* (unavailable, reading from the backend instead|is reachable again)")
 def test_reads_survive_redis_outage_and_use_it_again(
     redis_server: RedisServer, sample_backend: Callable[..., Backend], mnt: Path, tmp_path: Path
 ) -> None:
@@ -105,7 +110,7 @@ def test_reads_survive_redis_outage_and_use_it_again(
             assert (mnt / rel).read_bytes() == (SAMPLE_SITE / rel).read_bytes()
         assert time.monotonic() - started < 10
         redis_server.start()  # same port
-        time.sleep(5.5)
+        hold_for(RETRY_AFTER_S + 0.5, "the mount tries Redis again RETRY_AFTER_S after a failure, not before")
         for rel in pages[10:]:
             assert (mnt / rel).read_bytes() == (SAMPLE_SITE / rel).read_bytes()
         assert any(k.endswith(f":page:{pages[-1]}") for k in redis_server.cli("--scan").split())
@@ -114,6 +119,7 @@ def test_reads_survive_redis_outage_and_use_it_again(
     assert log.count("is reachable again") == 1
 
 
+@pytest.mark.expect_log(r"WARNING .*: ignoring the shared cache.s copy of")
 def test_wrong_bytes_in_redis_are_never_served(redis_server: RedisServer, mnt: Path, tmp_path: Path) -> None:
     """A page in the shared cache that does not match the tree's size and sha256 is ignored with a
     warning: the mount reads the page from Chroma."""
@@ -131,6 +137,7 @@ def test_wrong_bytes_in_redis_are_never_served(redis_server: RedisServer, mnt: P
     assert "ignoring the shared cache's copy of quickstart.mdx" in (mnt.parent / "mnt.log").read_text()
 
 
+@pytest.mark.expect_log(r"ERROR .*: chroma: no Chroma database at")
 def test_a_reingest_keeps_unchanged_pages_in_the_shared_cache(
     redis_server: RedisServer, mnt: Path, tmp_path: Path
 ) -> None:

@@ -31,6 +31,8 @@ from infra import (
     copy_subset,
     expected_visible,
     free_port,
+    fresh_status,
+    hold_for,
     ingest,
     mounts_under,
     run,
@@ -227,55 +229,55 @@ def test_a_class_is_read_into_the_kernel_once_in_the_background(
 
 
 def test_a_frozen_site_fails_its_reads_in_time_and_stalls_no_other_site(
-    server: SharedServer, sample_chroma: Callable[[str], Path], secret_file: Path, tmp_path: Path
+    server: SharedServer,
+    sample_chroma: Callable[[str], Path],
+    secret_file: Path,
+    tmp_path: Path,
+    fresh_chroma_server: Callable[..., ChromaServer],
 ) -> None:
     """One process serves both sites: while one site's `chroma run` is stopped (SIGSTOP), its
     reads fail with EIO within --backend-timeout, the other site's cold reads go on as before,
     and the frozen site reads again once its backend answers."""
-    chroma = ChromaServer(tmp_path / "chroma-data")
-    chroma.start()
-    try:
-        ingest(SAMPLE_SITE, "--site", "slow", "--chroma-url", chroma.url, "--quiet")
-        timeout = 3.0
-        slow, fast = tmp_path / "slow", tmp_path / "fast"
-        slow_args = ["--site", "slow", "--chroma-url", chroma.url, "--mountd", str(server.socket)]
-        open_session(slow, [*slow_args, "--refresh-interval", "0", "--backend-timeout", str(timeout), *NO_WARM])
-        open_session(fast, [*session_args(sample_chroma("public"), server, None, secret_file), *NO_WARM])
-        pages = sorted(p for p in expected_visible(SAMPLE_SITE, "public", None) if p.endswith((".md", ".mdx")))
-        assert (slow / pages[0]).read_bytes() == (SAMPLE_SITE / pages[0]).read_bytes()
-        assert chroma.proc is not None
-        os.kill(chroma.proc.pid, signal.SIGSTOP)
-        outcomes: list[tuple[str, int | None, float]] = []
+    chroma = fresh_chroma_server()  # frozen on purpose
+    ingest(SAMPLE_SITE, "--site", "slow", "--chroma-url", chroma.url, "--quiet")
+    timeout = 3.0
+    slow, fast = tmp_path / "slow", tmp_path / "fast"
+    slow_args = ["--site", "slow", "--chroma-url", chroma.url, "--mountd", str(server.socket)]
+    open_session(slow, [*slow_args, "--refresh-interval", "0", "--backend-timeout", str(timeout), *NO_WARM])
+    open_session(fast, [*session_args(sample_chroma("public"), server, None, secret_file), *NO_WARM])
+    pages = sorted(p for p in expected_visible(SAMPLE_SITE, "public", None) if p.endswith((".md", ".mdx")))
+    assert (slow / pages[0]).read_bytes() == (SAMPLE_SITE / pages[0]).read_bytes()
+    assert chroma.proc is not None
+    os.kill(chroma.proc.pid, signal.SIGSTOP)
+    outcomes: list[tuple[str, int | None, float]] = []
 
-        def read_frozen(page: str) -> None:
-            started = time.monotonic()
-            try:
-                (slow / page).read_bytes()
-                outcomes.append((page, None, time.monotonic() - started))
-            except OSError as exc:
-                outcomes.append((page, exc.errno, time.monotonic() - started))
-
+    def read_frozen(page: str) -> None:
+        started = time.monotonic()
         try:
-            readers = [threading.Thread(target=read_frozen, args=(page,)) for page in pages[-4:]]
-            for reader in readers:
-                reader.start()
-            time.sleep(0.3)  # the frozen site's reads are waiting now
-            for page in pages:
-                started = time.monotonic()
-                assert (fast / page).read_bytes() == (SAMPLE_SITE / page).read_bytes()
-                took = time.monotonic() - started
-                assert took < 1.0, f"{page} of the other site took {took:.1f}s while one site was frozen"
-            for reader in readers:
-                reader.join(timeout + 5)
-        finally:
-            os.kill(chroma.proc.pid, signal.SIGCONT)
-        assert len(outcomes) == 4 and all(code == errno.EIO and took < timeout + 1.0 for _, code, took in outcomes), (
-            outcomes
-        )
-        recovered = wait_until((slow / pages[-1]).read_bytes, 30, "the frozen site's recovery", 0.5, (OSError,))
-        assert recovered == (SAMPLE_SITE / pages[-1]).read_bytes()
+            (slow / page).read_bytes()
+            outcomes.append((page, None, time.monotonic() - started))
+        except OSError as exc:
+            outcomes.append((page, exc.errno, time.monotonic() - started))
+
+    try:
+        readers = [threading.Thread(target=read_frozen, args=(page,)) for page in pages[-4:]]
+        for reader in readers:
+            reader.start()
+        hold_for(0.3, "the frozen site's reads are under way when the other site's start")
+        for page in pages:
+            started = time.monotonic()
+            assert (fast / page).read_bytes() == (SAMPLE_SITE / page).read_bytes()
+            took = time.monotonic() - started
+            assert took < 1.0, f"{page} of the other site took {took:.1f}s while one site was frozen"
+        for reader in readers:
+            reader.join(timeout + 5)
     finally:
-        chroma.stop()
+        os.kill(chroma.proc.pid, signal.SIGCONT)
+    assert len(outcomes) == 4 and all(code == errno.EIO and took < timeout + 1.0 for _, code, took in outcomes), (
+        outcomes
+    )
+    recovered = wait_until((slow / pages[-1]).read_bytes, 30, "the frozen site's recovery", 0.5, (OSError,))
+    assert recovered == (SAMPLE_SITE / pages[-1]).read_bytes()
 
 
 def test_a_reingest_is_seen_by_every_class_of_the_site(
@@ -294,10 +296,7 @@ def test_a_reingest_is_seen_by_every_class_of_the_site(
     (site / "quickstart.mdx").write_bytes(changed)
     (site / "new-page.md").write_bytes(b"# New\n")
     ingest(site, "--site", "acme", "--chroma-path", str(chroma), "--quiet")
-    deadline = time.monotonic() + 30
-    while not all((m / "new-page.md").exists() for m in (anon, billing)):
-        assert time.monotonic() < deadline, (server.class_root / "shared.log").read_text()[-2000:]
-        time.sleep(0.2)
+    wait_until(lambda: all((m / "new-page.md").exists() for m in (anon, billing)), 30, "the new page on both", 0.2)
     for mountpoint in (anon, billing):
         assert (mountpoint / "quickstart.mdx").read_bytes() == changed
         assert (mountpoint / "new-page.md").read_bytes() == b"# New\n"
@@ -322,10 +321,12 @@ def test_the_process_outlives_a_server_restart_and_ends_once_unused(
     server.stop()
     unmount(anon)
     unmount(billing)
-    deadline = time.monotonic() + IDLE_S + 5.0 + 30.0  # --class-idle, the grace, a loaded machine
-    while shared_processes(server) or server.shared in mounts_under(server.class_root):
-        assert time.monotonic() < deadline, "the shared process outlived its last session"
-        time.sleep(0.2)
+    wait_until(
+        lambda: not shared_processes(server) and server.shared not in mounts_under(server.class_root),
+        IDLE_S + 5.0 + 30.0,  # --class-idle, the grace, a loaded machine
+        "the shared process ended once its last session was gone",
+        0.2,
+    )
 
 
 def test_the_leak_probes_find_nothing_through_a_shared_session(
@@ -428,7 +429,9 @@ def test_the_server_reports_each_class_of_the_shared_mount(
         open_session(billing, [*session_args(chroma, server, token_file(["billing"]), secret_file), *NO_WARM])
         assert run(["grep", "-rl", "token", str(anon)]).returncode == 0
         assert run(["ls", str(billing)]).returncode == 0
-        time.sleep(2.5)  # the shared process writes its status every 2 s
+        read_at = time.time()
+        for pid in shared_processes(server):
+            fresh_status(pid, read_at)  # its status counts those reads
         metrics = _scrape(port)
         assert metrics[("chromafs_mountd_classes", ())] == 2
         readers = {dict(labels)["class"]: dict(labels)["reader"] for (name, labels) in metrics

@@ -23,6 +23,7 @@ from infra import (
     SharedServer,
     copy_subset,
     expected_visible,
+    hold_for,
     ingest,
     is_mounted,
     mounts_under,
@@ -81,7 +82,7 @@ def test_a_session_ends_at_its_expiry_and_its_class_and_the_others_read_on(
     assert len(control(server, {"op": "describe"})["views"]) == 2
     while time.time() < expires_at - 0.5:
         assert same_as_source(short, BILLING_PAGE)  # serving until the token expires
-        time.sleep(0.25)
+        hold_for(0.25, "the pace of the checks until the expiry")
     wait_unmounted([short], expires_at + EXPIRY_BOUND_S, "the expired session ended within 5 s of exp")
     with pytest.raises(OSError) as info:
         (short / PAGE).read_bytes()

@@ -14,7 +14,7 @@ import trio
 from chromafs_fuse.site.follower import TreeFollower, follow_in_thread, new_trees
 from chromafs_fuse.site.watch import SiteWatch
 from chromafs_fuse.tree import SiteTree, parse_tree
-from infra import wait_until
+from infra import hold_for, trio_wait_until, wait_until
 
 
 def tree(text: str) -> SiteTree:
@@ -55,7 +55,7 @@ class FakeSite:
 
     def current_version(self, chroma: Callable[[], object]) -> str:
         self.version_reads += 1
-        time.sleep(self.hang_s)
+        hold_for(self.hang_s, "a Chroma that hangs")
         if self.failing is not None:
             raise self.failing
         return self.published.version
@@ -162,9 +162,7 @@ def test_on_trio_a_site_watch_hands_new_trees_to_the_loop_in_order_and_abandons_
                 site.reingest("two")
                 got.append((await trees.receive()).version)
                 site.hang_s = 0.5  # longer than the check's timeout: abandoned, counted, tried again
-                with trio.fail_after(5):
-                    while follower.failures == 0:
-                        await trio.sleep(0.01)
+                await trio_wait_until(lambda: follower.failures, 5, "a check abandoned")
                 site.hang_s = 0.0
                 site.reingest("three")
                 got.append((await trees.receive()).version)

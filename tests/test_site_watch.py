@@ -18,12 +18,18 @@ from chromafs_fuse.site.follower import TreeFollower, new_trees
 from chromafs_fuse.site.loader import SiteLoader
 from chromafs_fuse.site.watch import SiteWatch
 from chromafs_fuse.tree import SiteTree, parse_tree
+from infra import trio_hold_for, trio_wait_until
 
 if TYPE_CHECKING:
     from infra import RedisServer
 
 SITES = 30
 Scenario = Callable[[RedisCache, SiteWatch, dict[str, list[str]]], Awaitable[None]]
+
+
+def listened(redis_server: RedisServer, site: str) -> bool:
+    """The watch's subscription listens on the site's channel."""
+    return redis_server.cli("PUBSUB", "NUMSUB", f"chromafs:{{{site}}}:{site}:tree-updates").split()[-1] == "1"
 
 
 def document(text: str) -> bytes:
@@ -88,20 +94,16 @@ async def watch_sites(redis_server: RedisServer, interval_s: float, scenario: Sc
 
 def test_one_subscription_hears_every_site_and_hands_each_tree_to_its_own_site(redis_server: RedisServer) -> None:
     async def scenario(redis: RedisCache, watch: SiteWatch, received: dict[str, list[str]]) -> None:
-        with trio.fail_after(10):
-            while "1" not in redis_server.cli("PUBSUB", "NUMSUB", "chromafs:{site29}:site29:tree-updates"):
-                await trio.sleep(0.05)
+        await trio_wait_until(lambda: listened(redis_server, "site29"), 10, "the watch subscribed", 0.05)
         clients = redis_server.cli("CLIENT", "LIST", "TYPE", "pubsub").splitlines()
         assert len(clients) == 1, clients  # one subscription for 30 sites
         gets_before = stat(redis_server, "get")
         new = publish(redis, "site17", "two")
         started = trio.current_time()
-        with trio.fail_after(5):
-            while not received["site17"]:
-                await trio.sleep(0.01)
+        await trio_wait_until(lambda: received["site17"], 5, "site17's new tree")
         assert trio.current_time() - started < 2.0  # the interval is 60 s: the announcement did it
         assert received["site17"] == [new.version]
-        await trio.sleep(0.3)
+        await trio_hold_for(0.3, "no other site may receive a tree meanwhile")
         assert {name: got for name, got in received.items() if got} == {"site17": [new.version]}
         assert stat(redis_server, "get") - gets_before <= 3  # only the announced site read its version
 
@@ -110,17 +112,14 @@ def test_one_subscription_hears_every_site_and_hands_each_tree_to_its_own_site(r
 
 def test_a_tree_nobody_announced_is_found_by_one_batched_read_per_interval(redis_server: RedisServer) -> None:
     async def scenario(redis: RedisCache, watch: SiteWatch, received: dict[str, list[str]]) -> None:
-        await trio.sleep(1.2)  # a few rounds of nothing new
+        await trio_wait_until(lambda: watch.rounds >= 2, 5, "a few rounds of nothing new")
         gets, mgets, rounds = stat(redis_server, "get"), stat(redis_server, "mget"), watch.rounds
-        await trio.sleep(1.5)
+        await trio_wait_until(lambda: watch.rounds - rounds >= 4, 5, "four more rounds")
         rounds = watch.rounds - rounds
-        assert rounds >= 4
         assert stat(redis_server, "get") == gets  # no site read its version on its own
         assert stat(redis_server, "mget") - mgets == rounds  # one read of 30 versions per round
         new = publish(redis, "site05", "two", announce=False)
-        with trio.fail_after(5):
-            while not received["site05"]:
-                await trio.sleep(0.01)
+        await trio_wait_until(lambda: received["site05"], 5, "site05's new tree")
         assert received["site05"] == [new.version]
         assert all(not got for name, got in received.items() if name != "site05")
 
@@ -129,13 +128,12 @@ def test_a_tree_nobody_announced_is_found_by_one_batched_read_per_interval(redis
 
 def test_a_redis_that_stops_and_comes_back_is_subscribed_to_again(redis_server: RedisServer) -> None:
     async def scenario(redis: RedisCache, watch: SiteWatch, received: dict[str, list[str]]) -> None:
-        await trio.sleep(0.5)
+        await trio_wait_until(lambda: listened(redis_server, "site03"), 10, "the watch subscribed", 0.05)
         redis_server.cli("CLIENT", "KILL", "TYPE", "pubsub")  # the subscription is lost
-        await trio.sleep(1.5)  # resubscribed within a wait
+        assert not listened(redis_server, "site03")
+        await trio_wait_until(lambda: listened(redis_server, "site03"), 5, "the watch subscribed again", 0.05)
         new = publish(redis, "site03", "three")
-        with trio.fail_after(5):
-            while not received["site03"]:
-                await trio.sleep(0.01)
+        await trio_wait_until(lambda: received["site03"], 5, "site03's new tree")
         assert received["site03"] == [new.version]
 
     trio.run(watch_sites, redis_server, 60.0, scenario)

@@ -7,6 +7,7 @@ import threading
 from pathlib import Path
 
 import trio
+import trio.testing
 
 from chromafs_fuse.serving.serving_process.warm import WARMERS, ViewWarmer, WarmJob
 
@@ -31,16 +32,18 @@ def test_only_a_view_warming_alone_is_waited_for(tmp_path: Path) -> None:
         warmer = ViewWarmer()
         async with trio.open_nursery() as nursery:
             nursery.start_soon(warmer.run)
-            await trio.sleep(0.05)  # every warmer waits for a job
+            await trio.testing.wait_all_tasks_blocked()  # every warmer waits for a job
             first = WarmJob(str(held), set(), current_until_released)
             seen.append(warmer.offer(first))
-            await trio.sleep(0.05)
-            for n in range(WARMERS + 1):  # beside a busy warmer, then queued behind all of them
-                seen.append(warmer.offer(WarmJob(str(_tree(tmp_path / f"v{n}", 1)), set(), lambda: True)))
+            await trio.testing.wait_all_tasks_blocked()  # a warmer took it
+            offered = [WarmJob(str(_tree(tmp_path / f"v{n}", 1)), set(), lambda: True) for n in range(WARMERS + 1)]
+            for job in offered:  # beside a busy warmer, then queued behind all of them
+                seen.append(warmer.offer(job))
             release.set()
             with trio.fail_after(10):
-                await first.done.wait()
-            await trio.sleep(0.2)
+                for job in [first, *offered]:
+                    await job.done.wait()
+            await trio.testing.wait_all_tasks_blocked()  # every warmer waits for a job again
             seen.append(warmer.offer(WarmJob(str(_tree(tmp_path / "later", 2)), set(), lambda: True)))
             nursery.cancel_scope.cancel()
 
@@ -57,7 +60,7 @@ def test_a_view_is_read_once_per_site(tmp_path: Path) -> None:
         warmer = ViewWarmer()
         async with trio.open_nursery() as nursery:
             nursery.start_soon(warmer.run)
-            await trio.sleep(0.05)
+            await trio.testing.wait_all_tasks_blocked()
             for job in jobs:
                 warmer.offer(job)
                 with trio.fail_after(10):

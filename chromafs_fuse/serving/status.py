@@ -62,9 +62,14 @@ class StatusFile:
         self.path = os.path.join(directory, f"{os.getpid()}.json") if directory else ""
         self.pid_start = process_start(os.getpid())
 
+    def described(self) -> dict[str, Any]:
+        """The mount's status now, with `written_at`: the moment it was described (what a reader of the
+        file, such as a test, can wait for to be past)."""
+        return {**self.describe(), "written_at": time.time()}
+
     def write(self) -> None:
         if self.path:
-            self.write_described(self.describe())
+            self.write_described(self.described())
 
     def write_described(self, status: dict[str, Any]) -> None:
         """Write a status already described (blocking: a process serving many views encodes and

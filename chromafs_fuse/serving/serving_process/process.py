@@ -123,7 +123,7 @@ class ServingProcess:
         while True:
             # described on the loop (one moment), encoded and written off it: with a thousand
             # views that is tens of milliseconds every time
-            await trio.to_thread.run_sync(self.status.write_described, self.describe())
+            await trio.to_thread.run_sync(self.status.write_described, self.status.described())
             await trio.sleep(STATUS_EVERY_S)
 
     # -- the control socket ----------------------------------------------------------------
