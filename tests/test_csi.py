@@ -221,6 +221,7 @@ def test_refusals_leave_nothing_mounted(
     assert mounts_at(target) == 0 and not target.exists()
 
 
+@pytest.mark.expect_log(r"(ERROR|WARNING) .*cannot open Chroma at .*: no answer")
 def test_backend_down_is_unavailable_with_the_servers_message(stack: Stack, make_token: Callable[..., str]) -> None:
     target = stack.target()
     dead = f"http://127.0.0.1:{free_port()}"
@@ -282,6 +283,7 @@ def pod(target: Path, folder: Path) -> Iterator[Callable[[str], str]]:
         proc.wait(10)
 
 
+@pytest.mark.expect_log(r"WARNING .*session on .* expired")
 @pytest.mark.parametrize("isolated", [False, True], ids=["class-session", "isolated"])
 def test_token_expiry(stack: Stack, make_token: Callable[..., str], tmp_path: Path, isolated: bool) -> None:
     """What docs/KUBERNETES.md says a pod sees when its token expires: the node's session ends

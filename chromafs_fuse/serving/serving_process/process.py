@@ -32,7 +32,7 @@ import trio
 
 from chromafs_fuse.access import Principal
 from chromafs_fuse.config import MountConfig
-from chromafs_fuse.errors import unexpected
+from chromafs_fuse.errors import ChromafsError, unexpected
 from chromafs_fuse.logs import setup_logging
 from chromafs_fuse.page_cache import PageCache
 from chromafs_fuse.serving.failures import failure_text, report_failure
@@ -40,7 +40,7 @@ from chromafs_fuse.serving.fuse_adapter import FuseAdapter, entry_attributes, py
 from chromafs_fuse.serving.handshake import READY
 from chromafs_fuse.serving.lifetime import end_when_unused, watch_signals
 from chromafs_fuse.serving.process import limit_malloc_arenas
-from chromafs_fuse.serving.serving_process.sites import ServedSites, ServeError
+from chromafs_fuse.serving.serving_process.sites import ServedSites
 from chromafs_fuse.serving.status import StatusFile, uptime_since
 from chromafs_fuse.shared_filesystem import SharedFilesystem
 
@@ -161,11 +161,13 @@ class ServingProcess:
             if op == "describe":
                 return {"ok": True, **self.describe()}
             return {"ok": False, "error": f"unknown op {op!r}"}
+        except ChromafsError as exc:  # the answer (a backend down, a bad token, a corrupt tree): no traceback
+            log.log(exc.level, "control request refused: %s", exc.message)
+            return {"ok": False, "error": exc.message}
         except (KeyError, TypeError, ValueError) as exc:
             return {"ok": False, "error": f"bad request: {exc}"}
-        except Exception as exc:  # a ServeError is the answer; anything else is a bug, logged
-            if not isinstance(exc, ServeError):
-                log.exception("control request failed")
+        except Exception as exc:  # a bug: logged with its traceback, worded for the mount server
+            log.exception("control request failed")
             return {"ok": False, "error": failure_text(exc)}
 
     def describe(self) -> dict[str, Any]:
