@@ -6,7 +6,7 @@ one take the same path and get the same answer. Reads go through a `PageReader` 
 tiers) and tell the `ReadScheduler` what happened. It answers with attributes too (built once
 per node by an `AttributeMaker`, and kept), and for the old versions a re-ingest replaced and
 the `--search-dir` directory. The pyfuse3 adapter (serving/fuse_adapter.py) only forwards; the
-semantics are tested in-process against a fake page source (tests/test_filesystem.py) as well
+semantics are tested in-process against a fake page source (tests/unit/test_filesystem.py) as well
 as through real mounts.
 See docs/SEMANTICS.md for the user-visible contract.
 """

@@ -9,7 +9,7 @@ that word's IDF for everyone). The index is cached per view (one per reader clas
 
 Scoring is Okapi BM25 as Lucene computes it: k1 = 1.2, b = 0.75, idf = ln(1 + (N - df + 0.5) /
 (df + 0.5)), times tf / (tf + k1 (1 - b + b len / mean len)); bm25s's "lucene" method, and
-tests/test_lexical.py checks that it gives bm25s's scores. Pure: no I/O.
+tests/unit/test_lexical.py checks that it gives bm25s's scores. Pure: no I/O.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ From this table cli/common.py builds the argparse flags; config.py takes its fie
 the flag each field is read from and the bounds it checks (`checked_value`); the mount server takes
 its defaults (`MOUNTD_DEFAULTS`); the mount client's quick path (cli/mount_request.py) takes the
 names it may read without argparse; and mount.fuse.chromafs (cli/mount_helper.py) takes its `-o`
-option names ('_' for '-'). tests/test_options.py keeps all of them equal to the table.
+option names ('_' for '-'). tests/unit/test_options.py keeps all of them equal to the table.
 
 Standard library only, and not even dataclasses or typing: the mount client imports this on its
 fast path.

@@ -5,7 +5,7 @@ need: which files the kernel already holds, which directories it has listed, whi
 are in flight, where a streaming reader's batches end. It acts only through two small
 interfaces, a `PageLoader` (the page tiers: start a batch, say what is in memory) and a
 `Pusher` (offers pages to the kernel's cache), so its rules are tested without FUSE or a
-backend (tests/test_readahead_rules.py).
+backend (tests/unit/test_readahead_rules.py).
 
 The rules, in the order `grep -r` and `rg` read a tree (file order = tree order):
 - A read of a page not in memory, next to a file the kernel already has, loads the aligned

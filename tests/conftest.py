@@ -155,10 +155,28 @@ def _no_stale_mounts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]
     assert not [p for p in leftovers if is_mounted(p)]
 
 
+TIERS = {
+    "unit": "in-process: no mount, no server (the whole tier under a minute)",
+    "mount": "real FUSE mounts of embedded Chroma",
+    "server": "Chroma servers, Redis, S3 and the mount server, started for real",
+    "containers": "the container files and the container checks",
+}
+
+
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "expect_log(*patterns): log lines (regexes) a test provokes on purpose in the daemons it starts"
     )
+    for tier, what in TIERS.items():
+        config.addinivalue_line("markers", f"{tier}: {what} (the tests under tests/{tier})")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Each test is marked with its tier, the folder it is in (`-m unit` as `scripts/test --tier unit`)."""
+    for item in items:
+        tier = item.path.parent.name
+        if tier in TIERS:
+            item.add_marker(tier)
 
 
 @pytest.fixture

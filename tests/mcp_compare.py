@@ -1,5 +1,5 @@
 """What `chromafs mcp` answers next to what the real tools print on a mount with the same token:
-shared by tests/test_mcp.py and scripts/probe_frontends (a real docs site)."""
+shared by tests/mount/test_mcp.py and scripts/probe_frontends (a real docs site)."""
 
 from __future__ import annotations
 

@@ -16,7 +16,7 @@ from chromafs_fuse.cli.mountd import build_parser as mountd_parser
 from chromafs_fuse.csi.servicer import DRIVER_NAME
 from chromafs_fuse.csi.volume import PublishRequest, mount_argv
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy" / "kubernetes"
 KUBELET_PODS = "/var/lib/kubelet/pods"
 # kubelet's own sidecar, the one image no Dockerfile here builds: it registers the plugin's socket

@@ -175,6 +175,7 @@ def test_a_read_waits_for_the_read_ahead_batch_loading_its_page() -> None:
             assert pages.start_batch([ENTRIES[k] for k in ("a.md", "b.md", "c.md")], outcomes.append)
             assert pages.is_cached_or_loading("b.md", None)
             nursery.start_soon(reader)
+            await trio_wait_until(lambda: len(chroma.asked) == 1, 5, "the batch asked Chroma (its thread)")
             await trio.testing.wait_all_tasks_blocked()
             assert len(chroma.asked) == 1 and got == []  # the reader waits for the batch
             assert chroma.gate is not None
