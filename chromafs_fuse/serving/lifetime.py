@@ -33,7 +33,7 @@ async def end_when_unused(mountpoint: str, idle_s: float) -> None:
         if binds:
             idle_since = time.monotonic()
         elif time.monotonic() - idle_since >= idle_s:
-            log.warning("no session for %.0fs: unmounting", time.monotonic() - idle_since)
+            log.info("no session for %.0fs: unmounting", time.monotonic() - idle_since)
             unmount_now()
             return
 

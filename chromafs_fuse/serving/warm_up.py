@@ -49,7 +49,7 @@ def should_warm_kernel(config: MountConfig, pushing: bool, table: InodeTable) ->
         return False
     total, budget = visible_bytes(table), warm_budget(config)
     if total > budget:
-        log.warning("not warming: %d visible bytes, over --warm-max-bytes %d", total, budget)
+        log.info("not warming: %d visible bytes, over --warm-max-bytes %d", total, budget)
         return False
     return True
 

@@ -82,6 +82,7 @@ PAGES = {
 
 
 @pytest.mark.parametrize("variant", ["plain-json-leading-slash", "gzip-base64-custom-fields"])
+@pytest.mark.expect_log(r"(ERROR|WARNING) .*page broken\.md (is corrupt|failed its checks)")
 def test_minimal_reference_format_mounts_and_reads(variant: str, mnt: Path, tmp_path: Path) -> None:
     tree = {
         ("/" + k if variant.startswith("plain") else k): {"isPublic": not k.startswith("secret"), "groups": []}

@@ -70,6 +70,7 @@ def test_ranged_reads_move_only_what_is_asked(s3_server: S3Server, mnt: Path, tm
         assert _moved((tmp_path / "mnt.log").read_text()) < 2 * spec_size
 
 
+@pytest.mark.expect_log(r"ERROR .*reading images/diagram\.png: cannot read s3://")
 def test_s3_down_fails_that_file_only(s3_server: S3Server, mnt: Path, tmp_path: Path) -> None:
     _ingest_to_s3(s3_server, tmp_path / "chroma")
     with mounted(

@@ -95,6 +95,7 @@ def open_session(
     assert done.returncode == 0, done.stderr
 
 
+@pytest.mark.expect_log(r"(ERROR .*its serving process is gone; serving it again|WARNING .*served again by pid)")
 def test_a_killed_serving_process_is_replaced_and_its_sessions_read_again_at_their_own_paths(
     server: MountServer, token_file: Callable[..., Path], secret_file: Path, tmp_path: Path
 ) -> None:
@@ -148,6 +149,7 @@ def test_a_killed_serving_process_is_replaced_and_its_sessions_read_again_at_the
     assert os.stat(late).st_dev == os.stat(anonymous).st_dev and reads_source(late)
 
 
+@pytest.mark.expect_log(r"(ERROR .*its serving process is gone; serving it again|WARNING .*served again by pid)")
 def test_every_serving_process_killed_every_session_reads_again(
     server: MountServer, token_file: Callable[..., Path], secret_file: Path, tmp_path: Path
 ) -> None:
@@ -166,6 +168,7 @@ def test_every_serving_process_killed_every_session_reads_again(
     assert len(serving_processes(server)) == 2
 
 
+@pytest.mark.expect_log(r"WARNING .*session on .* expired")
 def test_a_frozen_backend_of_one_site_never_delays_another_sites_sessions(
     server: MountServer,
     token_file: Callable[..., Path],
@@ -245,6 +248,7 @@ def test_requests_of_one_class_at_once_start_it_once(
     assert len({os.stat(m).st_dev for m in mountpoints}) == 1  # one serving process's mount
 
 
+@pytest.mark.expect_log(r"CRITICAL .*the forker is gone")
 def test_a_server_whose_forker_died_exits_with_an_error_and_its_sessions_read_on(
     server: MountServer, secret_file: Path, tmp_path: Path
 ) -> None:

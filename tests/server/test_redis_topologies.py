@@ -59,6 +59,7 @@ def read_during(mnt: Path, site: Path, pages: list[str], pace_s: float) -> tuple
 
 
 @pytest.mark.parametrize("topology", ["cluster", "sentinel"])
+@pytest.mark.expect_log(r"WARNING .*Redis \(.*\) (unavailable, reading from the backend instead|is reachable again)")
 def test_a_failover_costs_no_read_and_the_mount_follows_the_new_master(
     topology: str, tmp_path: Path, mnt: Path, request: pytest.FixtureRequest
 ) -> None:
@@ -150,6 +151,7 @@ def test_a_cluster_serves_a_second_mount_with_chroma_gone(
         assert "loaded from Redis" in (tmp_path / "second.log").read_text()
 
 
+@pytest.mark.expect_log(r"WARNING .*Redis \(rediss://.*\) unavailable, .*CERTIFICATE_VERIFY_FAILED")
 def test_tls_with_a_private_ca(tmp_path: Path, mnt: Path) -> None:
     ca, cert, key = make_tls_files(tmp_path / "tls")
     with TlsRedisServer(tmp_path / "redis", ca, cert, key) as redis:

@@ -231,6 +231,7 @@ def test_a_restarted_server_stops_only_the_classes_left_without_a_session(
     assert is_mounted(kept)
 
 
+@pytest.mark.expect_log(r"WARNING .*session on .* expired")
 def test_a_session_ends_at_its_expiry_or_unmount_and_the_others_go_on(
     shared_server: MountServer, open_session: OpenSession, token_file: Callable[..., Path], tmp_path: Path
 ) -> None:
@@ -254,6 +255,7 @@ def test_a_session_ends_at_its_expiry_or_unmount_and_the_others_go_on(
     assert "expired" in shared_server.log.read_text()
 
 
+@pytest.mark.expect_log(r"WARNING .*session on .* expired")
 def test_the_server_restarts_without_harm(
     shared_server: MountServer, open_session: OpenSession, token_file: Callable[..., Path], tmp_path: Path
 ) -> None:
@@ -338,6 +340,7 @@ def session_class(mountpoint: Path) -> str:
     return next(s["session"]["class"] for s in statuses() if s["mountpoint"] == str(mountpoint))
 
 
+@pytest.mark.expect_log(r"WARNING .*session on .* expired")
 def test_the_server_reports_its_classes_and_sessions_as_metrics(
     start_mount_server: Callable[..., MountServer],
     sample_chroma: Callable[[str], Path],

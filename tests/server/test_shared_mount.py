@@ -228,6 +228,7 @@ def test_a_class_is_read_into_the_kernel_once_in_the_background(
         assert (billing / rel).read_bytes() == (SAMPLE_SITE / rel).read_bytes()
 
 
+@pytest.mark.expect_log(r"ERROR .*(fetching chunks of .* failed: no answer|reading .*: no answer within)")
 def test_a_frozen_site_fails_its_reads_in_time_and_stalls_no_other_site(
     server: SharedServer,
     sample_chroma: Callable[[str], Path],
@@ -447,6 +448,7 @@ def test_the_server_reports_each_class_of_the_shared_mount(
         assert served["anonymous"] > served["user=? groups=billing"] > 0
 
 
+@pytest.mark.expect_log(r"(ERROR|WARNING) .*page broken\.md (is corrupt|failed its checks)")
 def test_a_tree_without_sizes_reads_whole_and_a_broken_page_fails_with_eio(
     server: SharedServer, secret_file: Path, tmp_path: Path
 ) -> None:
@@ -549,6 +551,7 @@ def control_as(uid: int, server: SharedServer, request: dict) -> tuple[bytes, st
     return answer, ended.decode()
 
 
+@pytest.mark.expect_log(r"WARNING .*refused a control connection from uid")
 def test_the_control_socket_answers_no_other_user(
     server: SharedServer, sample_chroma: Callable[[str], Path], secret_file: Path, tmp_path: Path
 ) -> None:

@@ -71,6 +71,7 @@ def classes_of(*mountpoints: Path) -> list[str]:
     return [sessions[str(m)] for m in mountpoints]
 
 
+@pytest.mark.expect_log(r"WARNING .*session on .* expired")
 def test_a_session_ends_at_its_expiry_and_its_class_and_the_others_read_on(
     server: SharedServer, opener: Callable[..., Path], token_file: Callable[..., Path]
 ) -> None:
@@ -91,6 +92,7 @@ def test_a_session_ends_at_its_expiry_and_its_class_and_the_others_read_on(
     assert is_mounted(long_) and is_mounted(anon) and "expired" in server.log.read_text()
 
 
+@pytest.mark.expect_log(r"WARNING .*session on .* expired")
 def test_the_server_restarts_under_live_sessions_without_harm(
     server: SharedServer, opener: Callable[..., Path], token_file: Callable[..., Path]
 ) -> None:
@@ -192,6 +194,9 @@ def test_a_shell_over_a_shared_session_sees_what_the_session_sees(
     assert len(shared_processes(server)) == 1 and same_as_source(session, BILLING_PAGE)
 
 
+@pytest.mark.expect_log(
+    r"(ERROR redis\.cluster: Topology refresh failed|WARNING .*Redis \(cluster .*\) (unavailable|is reachable again))"
+)
 def test_a_redis_cluster_backed_session_reads_the_site_and_follows_a_reingest(
     server: SharedServer, token_file: Callable[..., Path], secret_file: Path, tmp_path: Path
 ) -> None:

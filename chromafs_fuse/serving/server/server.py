@@ -217,7 +217,7 @@ class MountServer:
             self.stopping.set()
             if self.keeper is not None:  # a last pass: sessions unmounted meanwhile leave no status behind
                 try:
-                    self.keeper.housekeep()
+                    self.keeper.housekeep(stopping=True)
                 except Exception:  # stopping anyway: the next server's recovery cleans up
                     log.exception("the last housekeeping pass failed")
             if metrics is not None:

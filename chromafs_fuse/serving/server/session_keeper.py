@@ -221,14 +221,17 @@ class SessionKeeper:
         with self.lock:
             return min((s.expires_at for s in self.table.sessions.values() if s.expires_at is not None), default=None)
 
-    def housekeep(self, now: float | None = None) -> None:
+    def housekeep(self, now: float | None = None, stopping: bool = False) -> None:
+        """One pass; `stopping`: the server's last, which ends what must end (expired tokens,
+        sessions unmounted) but heals and drops nothing: serving processes stopped with the
+        server are the next server's to serve again."""
         now = time.time() if now is None else now
         idle: list[ClassMount] = []
         with self.lock:
             changed = self._expire(now)
             host = HostSnapshot.take()
             for mount in list(self.table.classes.values()):
-                if mount.key in self._healing or self.host.alive(mount, host):
+                if stopping or mount.key in self._healing or self.host.alive(mount, host):
                     continue
                 if self._may_heal(mount):
                     self._heal_in_background(mount)
@@ -244,7 +247,7 @@ class SessionKeeper:
                     self.table.ended += 1
                     log.info("session on %s ended: unmounted", session.mountpoint)
                     changed = True
-            for mount in self.table.idle(now, self.idle_s):
+            for mount in [] if stopping else self.table.idle(now, self.idle_s):
                 log.info("class %s idle for %.0fs: stopping it", mount.key[:12], now - (mount.idle_since or now))
                 self.table.drop_class(mount.key)
                 idle.append(mount)
