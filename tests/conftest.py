@@ -3,6 +3,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -161,6 +162,12 @@ TIERS = {
     "server": "Chroma servers, Redis, S3 and the mount server, started for real",
     "containers": "the container files and the container checks",
 }
+# Test modules share helpers across tiers (a server test probes as a mount test does): each tier's
+# folder is importable whichever tier runs alone (module names are unique across tiers).
+for _tier in TIERS:
+    _folder = str(Path(__file__).resolve().parent / _tier)
+    if _folder not in sys.path:
+        sys.path.append(_folder)
 
 
 def pytest_configure(config: pytest.Config) -> None:
