@@ -22,6 +22,10 @@ With --tests, the integration tests then run inside a container with /dev/fuse.
 Every build gets this machine's CA bundle as a file of its context (docker/build-ca/), so pip
 passes a TLS-inspecting proxy with docker or podman, BuildKit on or off. A run killed halfway
 leaves containers that the next run removes first (and a dockerd of its own that it adopts).
+
+Here: the command line, the run in that order, its teardown, and --tests. Each part is in
+scripts/containers_lib/: engine.py (1), images.py (2, 3), stack.py (4-6), compose.py (7),
+firewall.py (what an engine changes, put back), common.py (paths, names, log, sh).
 """
 
 from __future__ import annotations
