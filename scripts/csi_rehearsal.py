@@ -15,9 +15,7 @@ and every target gone after NodeUnpublishVolume.
 from __future__ import annotations
 
 import contextlib
-import importlib
 import os
-import sys
 import time
 from pathlib import Path
 from types import ModuleType
@@ -26,6 +24,20 @@ from typing import Any
 import grpc
 import jwt
 import yaml
+
+from containers_lib.common import P, StackError, log, sh
+from containers_lib.images import image
+from containers_lib.stack import (
+    AGENT_SESSION,
+    S3_ENV,
+    SECRET,
+    SITE,
+    USERS,
+    check_agent,
+    remove_containers,
+    shared_mount_point,
+    visible_files,
+)
 
 REPO = Path(__file__).resolve().parent.parent
 DEPLOY = REPO / "deploy" / "kubernetes"
@@ -39,38 +51,31 @@ BACKENDS = {
 }
 
 
-def _stack_module() -> ModuleType:
-    """container_stack, as it runs (scripts/containers runs it as __main__)."""
-    main = sys.modules.get("__main__")
-    return main if hasattr(main, "AGENT_SESSION") else importlib.import_module("container_stack")  # type: ignore[return-value]
-
-
 def _manifest(name: str, kind: str) -> dict[str, Any]:
     docs = yaml.safe_load_all((DEPLOY / name).read_text())
     return next(d for d in docs if d["kind"] == kind)
 
 
 def rehearse_kubelet(stack: Any) -> tuple[dict[str, float], list[str]]:
-    """(figures, problems) of the rehearsal on `stack` (container_stack.Stack, up)."""
-    cs = _stack_module()
+    """(figures, problems) of the rehearsal on `stack` (containers_lib.stack.Stack, up)."""
     root = stack.work / "kubelet"
     dirs = {"pods": root / "pods", "run": root / "run", "plugin-dir": root / "plugin", "jwt-key": stack.secrets}
     for name in ("pods", "run", "plugin-dir"):
         dirs[name].mkdir(parents=True)
-    cs.shared_mount_point(dirs["pods"])
+    shared_mount_point(dirs["pods"])
     started: list[str] = []
     try:
         for name in ("mountd", "csi"):
             container = _node_container(name)
-            stack.run(f"csi-{name}", _run_argv(cs, container, dirs, name == "mountd"))
-            started.append(f"{cs.P}-csi-{name}")
-        return _rehearse(cs, stack, dirs)
-    except (cs.StackError, grpc.RpcError, OSError) as exc:
+            stack.run(f"csi-{name}", _run_argv(container, dirs, name == "mountd"))
+            started.append(f"{P}-csi-{name}")
+        return _rehearse(stack, dirs)
+    except (StackError, grpc.RpcError, OSError) as exc:
         return {}, [f"kubelet rehearsal: {_words(exc)}"]
     finally:
-        cs.remove_containers(stack.engine, started, [])
-        with contextlib.suppress(cs.StackError):
-            cs.sh(["umount", "-R", str(dirs["pods"])], check=False, quiet=True)
+        remove_containers(stack.engine, started, [])
+        with contextlib.suppress(StackError):
+            sh(["umount", "-R", str(dirs["pods"])], check=False, quiet=True)
 
 
 def _node_container(name: str) -> dict[str, Any]:
@@ -78,12 +83,12 @@ def _node_container(name: str) -> dict[str, Any]:
     return next(c for c in spec["containers"] if c["name"] == name)
 
 
-def _run_argv(cs: ModuleType, container: dict[str, Any], dirs: dict[str, Path], backends: bool) -> list[str]:
+def _run_argv(container: dict[str, Any], dirs: dict[str, Path], backends: bool) -> list[str]:
     """`engine run` arguments for a DaemonSet container: its mounts (Bidirectional: rshared),
     its environment and arguments ($(NODE_NAME) as kubelet expands it)."""
     argv = [
         "--privileged",
-        *(["--network", f"container:{cs.P}-net", *cs.S3_ENV] if backends else ["--network", "none"]),
+        *(["--network", f"container:{P}-net", *S3_ENV] if backends else ["--network", "none"]),
     ]
     for mount in container.get("volumeMounts", []):
         if mount["name"] == "fuse":
@@ -96,10 +101,10 @@ def _run_argv(cs: ModuleType, container: dict[str, Any], dirs: dict[str, Path], 
         argv += ["-e", f"{env['name']}={env.get('value', NODE)}"]
     command, *rest = container["command"]
     args = [a.replace("$(NODE_NAME)", NODE) for a in [*rest, *container.get("args", [])]]
-    return [*argv, "--entrypoint", command, cs.image("chromafs"), *args]
+    return [*argv, "--entrypoint", command, image("chromafs"), *args]
 
 
-def _rehearse(cs: ModuleType, stack: Any, dirs: dict[str, Path]) -> tuple[dict[str, float], list[str]]:
+def _rehearse(stack: Any, dirs: dict[str, Path]) -> tuple[dict[str, float], list[str]]:
     from chromafs_fuse.csi.stubs import pb, rpc
 
     pod = _manifest("example-pod.yaml", "Pod")
@@ -110,8 +115,7 @@ def _rehearse(cs: ModuleType, stack: Any, dirs: dict[str, Path]) -> tuple[dict[s
     socket = dirs["plugin-dir"] / "csi.sock"
     with grpc.insecure_channel(f"unix://{socket}") as channel:
         identity, node = rpc.IdentityStub(channel), rpc.NodeStub(channel)
-        _wait_ready(cs, identity, pb)
-        log = cs.log
+        _wait_ready(identity, pb)
 
         def publish(uid: str, token: str) -> tuple[Path, float]:
             (dirs["pods"] / uid / "volumes" / "kubernetes.io~csi" / "docs").mkdir(parents=True, exist_ok=True)
@@ -132,7 +136,7 @@ def _rehearse(cs: ModuleType, stack: Any, dirs: dict[str, Path]) -> tuple[dict[s
                 pb.NodeUnpublishVolumeRequest(volume_id=f"csi-{uid}", target_path=target), timeout=60
             )
 
-        for user, groups in cs.USERS.items():
+        for user, groups in USERS.items():
             token = (stack.secrets / f"{user}.jwt").read_text()
             host_target, took = publish(f"pod-{user}", token)
             figures[f"csi_publish_{user}_s"] = round(took, 3)
@@ -140,15 +144,15 @@ def _rehearse(cs: ModuleType, stack: Any, dirs: dict[str, Path]) -> tuple[dict[s
             stacked = _mounts_at(host_target)
             if stacked != 1:
                 problems.append(f"{user}: {stacked} mounts at the pod's target after two publishes (1 expected)")
-            output = _agent(cs, stack, pod, user, host_target)
-            found = cs.check_agent(f"{user} (csi)", output, cs.visible_files(groups))
+            output = _agent(stack, pod, user, host_target)
+            found = check_agent(f"{user} (csi)", output, visible_files(groups))
             problems += found
             log(f"kubelet rehearsal: {user}'s pod published in {took * 1000:.0f} ms; {found or 'ok'}")
             unpublish(f"pod-{user}")
             unpublish(f"pod-{user}")  # again: OK
             if host_target.exists():
                 problems.append(f"{user}: the pod's target is still there after NodeUnpublishVolume")
-        expired = jwt.encode({"sub": "late", "site": cs.SITE, "exp": int(time.time()) - 5}, cs.SECRET)
+        expired = jwt.encode({"sub": "late", "site": SITE, "exp": int(time.time()) - 5}, SECRET)
         try:
             publish("pod-expired", expired)
             problems.append("an expired token was published")
@@ -158,8 +162,8 @@ def _rehearse(cs: ModuleType, stack: Any, dirs: dict[str, Path]) -> tuple[dict[s
         if (dirs["pods"] / "pod-expired" / "volumes" / "kubernetes.io~csi" / "docs" / "mount").exists():
             problems.append("an expired token left a target behind")
         host_target, _ = publish("pod-restart", (stack.secrets / "alice.jwt").read_text())
-        cs.sh([stack.engine, "restart", "-t", "10", f"{cs.P}-csi-csi"], timeout=120)
-        _wait_ready(cs, identity, pb)
+        sh([stack.engine, "restart", "-t", "10", f"{P}-csi-csi"], timeout=120)
+        _wait_ready(identity, pb)
         unpublish("pod-restart")
         if os.path.ismount(host_target) or host_target.exists():
             problems.append("a restarted plugin did not unpublish what it published")
@@ -167,25 +171,25 @@ def _rehearse(cs: ModuleType, stack: Any, dirs: dict[str, Path]) -> tuple[dict[s
     return figures, problems
 
 
-def _wait_ready(cs: ModuleType, identity: Any, pb: ModuleType) -> None:
+def _wait_ready(identity: Any, pb: ModuleType) -> None:
     deadline = time.monotonic() + 90
     while True:
         with contextlib.suppress(grpc.RpcError):
             if identity.Probe(pb.ProbeRequest(), timeout=5).ready.value:
                 return
         if time.monotonic() > deadline:
-            raise cs.StackError("chromafs-csi did not answer Probe ready within 90 s (its container's logs say why)")
+            raise StackError("chromafs-csi did not answer Probe ready within 90 s (its container's logs say why)")
         time.sleep(0.3)
 
 
-def _agent(cs: ModuleType, stack: Any, pod: dict[str, Any], user: str, host_target: Path) -> str:
+def _agent(stack: Any, pod: dict[str, Any], user: str, host_target: Path) -> str:
     """The example pod's agent container, as kubelet would run it, with the stack's agent script."""
     (agent,) = pod["spec"]["containers"]
     (mount,) = agent["volumeMounts"]
     user_flag = f"{pod['spec']['securityContext']['runAsUser']}:{pod['spec']['securityContext']['runAsGroup']}"
     argv = ["--network", "none", "--user", user_flag, "--read-only", "--tmpfs", "/tmp", "--cap-drop", "ALL",
             "--security-opt", "no-new-privileges", "-v", f"{host_target}:{mount['mountPath']}:ro",
-            agent["image"], "bash", "-c", cs.AGENT_SESSION]  # fmt: skip
+            agent["image"], "bash", "-c", AGENT_SESSION]  # fmt: skip
     return str(stack.run(f"csi-agent-{user}", argv, detach=False))
 
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from bench_lib.gensite import MEDIAN_PAGE_BYTES, generate
 from bench_lib.procs import run_checked
-from infra import BIN
+from harness.processes import BIN
 
 REPO = Path(__file__).resolve().parents[2]
 SAMPLE = REPO / "chromafs_fuse" / "sample_site"

@@ -19,7 +19,8 @@ import grpc
 import jwt
 
 from bench_lib.measure import percentile
-from infra import SAMPLE_SITE, ChromaServer, CsiPlugin, RedisServer, ingest, running_mount_server
+from harness.processes import SAMPLE_SITE, ingest
+from harness.servers import ChromaServer, CsiPlugin, RedisServer, running_mount_server
 
 PUBLISHES = 20
 GOAL_P90_MS = 100.0

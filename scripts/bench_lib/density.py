@@ -37,7 +37,7 @@ from bench_lib.mounts import _smaps_rollup
 from bench_lib.procs import run_timed
 from bench_lib.sessions import Sessions, _visible_sets, describe_pool
 from bench_lib.site_copies import SiteCopier
-from infra import unmount
+from harness.processes import unmount
 
 MIN_AVAILABLE_KB = 4 * 1024 * 1024
 CLASSES: dict[str, list[str] | None] = {"anonymous": None, "signed-in": []}

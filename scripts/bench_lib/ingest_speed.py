@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from bench_lib.procs import run_checked
-from infra import BIN
+from harness.processes import BIN
 
 SCRIPTS = Path(__file__).resolve().parents[1]
 

@@ -20,7 +20,7 @@ import jwt
 
 from bench_lib.procs import run_timed, subtree
 from bench_lib.sessions import SECRET, PoolServer, stop_server
-from infra import BIN, child_env
+from harness.processes import BIN, child_env
 
 CLASS_IDLE_S = 600.0
 # the processes serving FUSE mounts, by setproctitle: the pool's, and a daemon of a session's own (--isolated)

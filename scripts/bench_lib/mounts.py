@@ -10,7 +10,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from infra import BIN, child_env, unmount_daemon
+from harness.processes import BIN, child_env, unmount_daemon
 
 # chromafs-mount asks the host's mount server listening here unless told --no-mountd (older
 # versions, as --baseline runs them, know no such flag: it is given only when one listens)

@@ -46,7 +46,9 @@ from bench_lib.corpus import SAMPLE
 from bench_lib.mount_server import Host, Opened, cmdline, mount_counts
 from bench_lib.procs import run_timed
 from bench_lib.site_copies import SiteCopier
-from infra import ChromaServer, RedisServer, Server, ingest, is_mounted
+from chromafs_fuse.serving.mounttable import is_mounted
+from harness.processes import ingest
+from harness.servers import ChromaServer, RedisServer, Server
 
 KNOWN_FILE = "quickstart.mdx"  # public (docs.json navigation): every class sees it
 CLASSES: dict[str, list[str] | None] = {"anonymous": None, "signed-in": []}

@@ -1,6 +1,6 @@
 """Timed commands of the benchmark, and adopting the mount daemons it starts.
 
-The servers it starts (`chroma run`, `redis-server`, `chromafs-mountd`) are in tests/infra.py.
+The servers it starts (`chroma run`, `redis-server`, `chromafs-mountd`) are in scripts/harness.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from infra import child_env
+from harness.processes import child_env
 
 CMD_TIMEOUT_S = 1800.0
 

@@ -19,7 +19,8 @@ from bench_lib import corpus as corpora
 from bench_lib.mounts import Mounter
 from bench_lib.procs import run_timed
 from bench_lib.systems import Chromafs, Sandbox, System, Tmpfs
-from infra import ChromaServer, MountServer, RedisServer, mounts_under, unmount
+from harness.processes import mounts_under, unmount
+from harness.servers import ChromaServer, MountServer, RedisServer
 
 PREFETCH_AUTO_MAX = 16 * 1024 * 1024  # --preload auto: min(--preload-max-bytes, --cache-bytes / 2)
 SANDBOX_BOOT_RUNS = 5

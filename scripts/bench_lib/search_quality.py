@@ -26,7 +26,7 @@ from typing import Any
 
 from bench_lib.corpus import REPO
 from bench_lib.procs import run_checked
-from infra import BIN
+from harness.processes import BIN
 
 DESCRIPTION = re.compile(r"^description:[ \t]*(.*)\n", re.MULTILINE)
 TEXT_SUFFIXES = (".md", ".mdx")
@@ -107,7 +107,7 @@ def measure_set(run: Any, spec: QuerySet) -> dict[str, Any]:
 
 def rank_in_subprocess(site: str, chroma: Path, queries: list[tuple[str, str]], modes: list[str]) -> dict[str, Any]:
     """Scores and latencies from a fresh process (the one `chromafs search` would be)."""
-    paths = [str(REPO), str(REPO / "tests"), str(REPO / "scripts")]
+    paths = [str(REPO), str(REPO / "scripts")]
     script = f"import sys; sys.path[:0] = {paths!r}; import bench_lib.search_quality as m; m.rank_main()"
     request = json.dumps({"site": site, "chroma": str(chroma), "queries": queries, "modes": modes})
     done = subprocess.run([sys.executable, "-c", script], input=request, capture_output=True, text=True, timeout=3600)

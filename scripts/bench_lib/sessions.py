@@ -31,7 +31,8 @@ from bench_lib import corpus as corpora
 from bench_lib import measure
 from bench_lib.mounts import _smaps_rollup
 from bench_lib.procs import run_timed, subtree
-from infra import BIN, MountServer, mounts_under, unmount, wait_gone
+from harness.processes import BIN, mounts_under, unmount, wait_gone
+from harness.servers import MountServer
 
 SECRET = "bench-secret-0123456789abcdef0123456789"
 SESSIONS_FOR_MEMORY = 16
@@ -48,7 +49,7 @@ def _token(site: str, groups: list[str] | None, exp: float) -> str:
 
 
 class PoolServer(MountServer):
-    """chromafs-mountd as infra starts it (socket, log, class root, --class-idle), with the
+    """chromafs-mountd as harness.servers starts it (socket, log, class root, --class-idle), with the
     server's own pool of serving processes (one per core) unless `serving_processes` is given."""
 
     def __init__(self, folder: Path, class_idle_s: float, serving_processes: int | None = None) -> None:

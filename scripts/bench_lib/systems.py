@@ -18,7 +18,8 @@ from typing import Any, Protocol
 import redis
 
 from bench_lib.mounts import Mounter
-from infra import RedisServer, child_env
+from harness.processes import child_env
+from harness.servers import RedisServer
 
 
 @dataclass

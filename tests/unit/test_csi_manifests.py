@@ -4,8 +4,9 @@ pod example is what the plugin accepts, and every image is one `scripts/containe
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -33,11 +34,11 @@ def objects() -> dict[tuple[str, str], dict[str, Any]]:
 
 
 def built_images() -> set[str]:
-    spec = importlib.util.spec_from_file_location("container_stack", REPO / "scripts" / "container_stack.py")
-    assert spec is not None and spec.loader is not None
-    stack = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(stack)
-    return {stack.image(name) for name in stack.IMAGES}
+    """scripts/containers_lib/images.py's images, as scripts/containers names them."""
+    if str(REPO / "scripts") not in sys.path:
+        sys.path.append(str(REPO / "scripts"))
+    images = importlib.import_module("containers_lib.images")
+    return {images.image(name) for name in images.IMAGES}
 
 
 def container(pod_spec: dict[str, Any], name: str) -> dict[str, Any]:
