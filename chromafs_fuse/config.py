@@ -17,7 +17,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from chromafs_fuse.backends.chroma_store import ChromaLocation
 from chromafs_fuse.errors import UsageError
 from chromafs_fuse.options import (
     DEFAULTS,
@@ -59,6 +58,21 @@ def flag_values(cls: type, args: argparse.Namespace) -> dict[str, Any]:
     return values
 
 
+@dataclass(frozen=True)
+class ChromaLocation:
+    path: str | None = None  # embedded, a directory
+    url: str | None = None  # a Chroma server
+    collection: str = ""
+    headers: Mapping[str, str] | None = None
+    tenant: str | None = None
+    database: str | None = None
+
+    def describe(self) -> str:
+        where = self.url if self.url else f"embedded:{self.path}"
+        scope = "".join(f" {k}={v}" for k, v in (("tenant", self.tenant), ("database", self.database)) if v)
+        return f"{where}{scope} collection={self.collection}"
+
+
 def chroma_location(args: argparse.Namespace) -> ChromaLocation:
     path = args.chroma_path
     url = (args.chroma_url or os.environ.get("CHROMAFS_CHROMA_URL")) if not path else None
@@ -93,7 +107,7 @@ def redis_settings(
     url: str, prefix: str, ca_file: str | None, tree_ttl_s: int, page_ttl_s: int = DEFAULTS["--redis-ttl"]
 ) -> RedisSettings:
     """Checked settings of --redis-url and its flags (chromafs-ingest has no --redis-ttl: it writes no pages)."""
-    from chromafs_fuse.backends.redis_topology import RedisURLError, parse_redis_url
+    from chromafs_fuse.redis_url import RedisURLError, parse_redis_url
 
     try:
         parse_redis_url(url)

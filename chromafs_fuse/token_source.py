@@ -16,6 +16,8 @@ TYPE_CHECKING = False  # not `from typing import ...`: typing costs the mount cl
 if TYPE_CHECKING:
     import argparse
 
+    from chromafs_fuse.tokens import VerificationKey
+
 
 def read_token_file(path: str) -> str:
     try:
@@ -53,3 +55,25 @@ def resolve_token(args: argparse.Namespace) -> str | None:
     if args.token_stdin:
         return sys.stdin.read().strip() or None
     return token_of(args.token, args.token_file)
+
+
+def load_verification_key(secret_file: str | None, public_key_file: str | None) -> VerificationKey | None:
+    """The key of --jwt-secret-file or --jwt-public-key, read from its file (tokens.verification_key)."""
+    from chromafs_fuse.tokens import TokenError, verification_key  # jwt and cryptography: only when asked
+
+    if secret_file and public_key_file:
+        raise TokenError("give --jwt-secret-file or --jwt-public-key, not both")
+    secret = pem = None
+    if secret_file:
+        try:
+            with open(secret_file, "rb") as f:
+                secret = f.read()
+        except OSError as exc:
+            raise TokenError(f"cannot read JWT secret file {secret_file}: {exc.strerror}") from exc
+    if public_key_file:
+        try:
+            with open(public_key_file, "rb") as f:
+                pem = f.read()
+        except OSError as exc:
+            raise TokenError(f"cannot read JWT public key {public_key_file}: {exc.strerror}") from exc
+    return verification_key(secret, pem, public_key_file or "the public key")

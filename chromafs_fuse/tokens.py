@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 import jwt
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
@@ -33,26 +32,23 @@ class VerificationKey:
     algorithms: Sequence[str]
 
 
-def load_verification_key(secret_file: str | None, public_key_file: str | None) -> VerificationKey | None:
-    if secret_file and public_key_file:
+def verification_key(
+    secret: bytes | None, public_pem: bytes | None, pem_name: str = "the public key"
+) -> VerificationKey | None:
+    """The key a token is checked with, from an HS256 secret or a PEM public key (pure: the files
+    are read by token_source.load_verification_key); None without either."""
+    if secret is not None and public_pem is not None:
         raise TokenError("give --jwt-secret-file or --jwt-public-key, not both")
-    if secret_file:
-        try:
-            secret = Path(secret_file).read_bytes().strip()
-        except OSError as exc:
-            raise TokenError(f"cannot read JWT secret file {secret_file}: {exc.strerror}") from exc
+    if secret is not None:
+        secret = secret.strip()
         if len(secret) < 16:
             raise TokenError("JWT secret is shorter than 16 bytes")
         return VerificationKey(secret, ["HS256"])
-    if public_key_file:
+    if public_pem is not None:
         try:
-            pem = Path(public_key_file).read_bytes()
-        except OSError as exc:
-            raise TokenError(f"cannot read JWT public key {public_key_file}: {exc.strerror}") from exc
-        try:
-            key = load_pem_public_key(pem)
+            key = load_pem_public_key(public_pem)
         except ValueError as exc:
-            raise TokenError(f"{public_key_file} is not a PEM public key") from exc
+            raise TokenError(f"{pem_name} is not a PEM public key") from exc
         if isinstance(key, ed25519.Ed25519PublicKey):
             return VerificationKey(key, ["EdDSA"])
         if isinstance(key, rsa.RSAPublicKey):

@@ -11,11 +11,11 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from chromafs_fuse.backends.deadline import with_deadline
+from chromafs_fuse.config import ChromaLocation
 from chromafs_fuse.errors import NotFound, Unavailable
 from chromafs_fuse.names import (
     CHUNK_INDEX_FIELD,
@@ -40,21 +40,6 @@ class BackendError(Unavailable, RuntimeError):
 
 class SiteNotFound(NotFound, RuntimeError):
     """The collection or its tree record does not exist."""
-
-
-@dataclass(frozen=True)
-class ChromaLocation:
-    path: str | None = None  # embedded, a directory
-    url: str | None = None  # a Chroma server
-    collection: str = ""
-    headers: Mapping[str, str] | None = None
-    tenant: str | None = None
-    database: str | None = None
-
-    def describe(self) -> str:
-        where = self.url if self.url else f"embedded:{self.path}"
-        scope = "".join(f" {k}={v}" for k, v in (("tenant", self.tenant), ("database", self.database)) if v)
-        return f"{where}{scope} collection={self.collection}"
 
 
 def _settings() -> Any:

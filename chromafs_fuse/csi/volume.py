@@ -21,7 +21,8 @@ from chromafs_fuse.config import MountConfig, mount_settings
 from chromafs_fuse.errors import Refused, UsageError
 from chromafs_fuse.serving.server.session_table import class_key
 from chromafs_fuse.serving.status import session_status_path
-from chromafs_fuse.tokens import TokenError, TokenNotForSite, load_verification_key, principal_from_token
+from chromafs_fuse.token_source import load_verification_key
+from chromafs_fuse.tokens import TokenError, TokenNotForSite, principal_from_token
 
 # chromafs-mount's parser, handed in by cli/csi.py: a request's argv -> its flags; ValueError
 # (worded for the user) when they are wrong

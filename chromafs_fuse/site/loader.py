@@ -26,7 +26,8 @@ from chromafs_fuse.page_cache import PageCache
 from chromafs_fuse.site.page_source import PageSource
 from chromafs_fuse.site.publisher import publish_tree
 from chromafs_fuse.site.tables import prune
-from chromafs_fuse.tokens import load_verification_key, principal_from_token
+from chromafs_fuse.token_source import load_verification_key
+from chromafs_fuse.tokens import principal_from_token
 from chromafs_fuse.tree import SiteTree, TreeError, parse_tree
 
 if TYPE_CHECKING:

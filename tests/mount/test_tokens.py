@@ -13,7 +13,8 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
 
-from chromafs_fuse.tokens import TokenError, load_verification_key, principal_from_token
+from chromafs_fuse.token_source import load_verification_key
+from chromafs_fuse.tokens import TokenError, principal_from_token
 from infra import Backend, is_mounted, try_mount
 
 SECRET = "unit-test-secret-0123456789abcdef-0123"
