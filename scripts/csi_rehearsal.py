@@ -87,12 +87,14 @@ def _run_argv(container: dict[str, Any], dirs: dict[str, Path], backends: bool) 
     """`engine run` arguments for a DaemonSet container: its mounts (Bidirectional: rshared),
     its environment and arguments ($(NODE_NAME) as kubelet expands it)."""
     argv = [
-        "--privileged",
+        # What the manifest's `privileged: true` is used for, as the stack's mount server gets it:
+        # Docker on some hosts cannot apply a privileged container's whole capability set.
+        *("--device", "/dev/fuse", "--cap-add", "SYS_ADMIN", "--security-opt", "apparmor=unconfined"),
         *(["--network", f"container:{P}-net", *S3_ENV] if backends else ["--network", "none"]),
     ]
     for mount in container.get("volumeMounts", []):
         if mount["name"] == "fuse":
-            continue  # --privileged gives /dev/fuse
+            continue  # --device gives /dev/fuse
         flags = (
             "rshared" if mount.get("mountPropagation") == "Bidirectional" else ("ro" if mount.get("readOnly") else "")
         )
