@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-LEXICON_FORMAT = 1
+LEXICON_FORMATS = (1, 2)
 TITLE_BOOST = 3  # a page's title and path words count this many extra times: they name the page
 K1 = 1.2
 B = 0.75
@@ -82,24 +82,40 @@ def page_terms(text: str, title: str, path: str) -> Counter[str]:
 
 
 # -- the record ------------------------------------------------------------------------------
-# {"format": 1, "pages": {path: [sha256, {term: count}]}} as compact JSON, gzip, base64.
+# {"format": 1, "pages": {path: [sha256, {term: count}]}} as compact JSON, gzip, base64; format 2
+# (a site whose embedder gives pages a vector, e5_model.py) adds each page's vector:
+# [sha256, {term: count}, vector], the vector as e5_model.encode_vector's string.
+
+LexiconPage = tuple[str, Mapping[str, int], str | None]  # sha256, term counts, page vector or None
 
 
-def encode_lexicon(pages: Mapping[str, tuple[str, Mapping[str, int]]]) -> str:
-    body = {"format": LEXICON_FORMAT, "pages": {path: [sha, dict(counts)] for path, (sha, counts) in pages.items()}}
+def encode_lexicon(pages: Mapping[str, LexiconPage]) -> str:
+    with_vectors = any(vector is not None for _, _, vector in pages.values())
+    body = {
+        "format": 2 if with_vectors else 1,
+        "pages": {
+            path: [sha, dict(counts), vector] if with_vectors else [sha, dict(counts)]
+            for path, (sha, counts, vector) in pages.items()
+        },
+    }
     data = json.dumps(body, separators=(",", ":"), sort_keys=True, ensure_ascii=False).encode("utf-8")
     return base64.b64encode(gzip.compress(data, compresslevel=6, mtime=0)).decode("ascii")
 
 
-def decode_lexicon(document: str) -> dict[str, tuple[str, dict[str, int]]]:
+def decode_lexicon(document: str) -> dict[str, LexiconPage]:
     """The pages of a lexicon record; ValueError for anything that is not one."""
     try:
         body = json.loads(gzip.decompress(base64.b64decode(document)))
     except (ValueError, TypeError, OSError, EOFError) as exc:  # base64 (binascii.Error), gzip, JSON
         raise ValueError(f"the lexicon record cannot be read: {exc}") from exc
-    if not isinstance(body, dict) or body.get("format") != LEXICON_FORMAT or not isinstance(body.get("pages"), dict):
+    known = isinstance(body, dict) and body.get("format") in LEXICON_FORMATS
+    if not known or not isinstance(body.get("pages"), dict):
         raise ValueError("the lexicon record has an unknown format")
-    return {str(path): (str(sha), dict(counts)) for path, (sha, counts) in body["pages"].items()}
+    out: dict[str, LexiconPage] = {}
+    for path, page in body["pages"].items():
+        vector = page[2] if len(page) > 2 and isinstance(page[2], str) else None
+        out[str(path)] = (str(page[0]), dict(page[1]), vector)
+    return out
 
 
 # -- the index -------------------------------------------------------------------------------

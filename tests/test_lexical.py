@@ -60,8 +60,11 @@ def test_titles_and_paths_weigh_more() -> None:
 
 
 def test_the_lexicon_record_round_trips() -> None:
-    pages = {"a.md": ("sha-a", Counter({"alpha": 2, "été": 1})), "b/c.md": ("sha-b", Counter())}
-    assert decode_lexicon(encode_lexicon(pages)) == {"a.md": ("sha-a", {"alpha": 2, "été": 1}), "b/c.md": ("sha-b", {})}
+    pages = {"a.md": ("sha-a", Counter({"alpha": 2, "été": 1}), None), "b/c.md": ("sha-b", Counter(), None)}
+    expected = {"a.md": ("sha-a", {"alpha": 2, "été": 1}, None), "b/c.md": ("sha-b", {}, None)}
+    assert decode_lexicon(encode_lexicon(pages)) == expected
+    with_vector = {"a.md": ("sha-a", {"alpha": 2}, "AAEC"), "b.md": ("sha-b", {}, None)}
+    assert decode_lexicon(encode_lexicon(with_vector)) == with_vector  # format 2: a vector per page
     with pytest.raises(ValueError, match="lexicon"):
         decode_lexicon("not a record")
 

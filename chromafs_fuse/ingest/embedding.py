@@ -8,8 +8,12 @@ import math
 import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from chromafs_fuse.ingest.e5_model import E5PageEmbedder
 
 Embedder = Callable[[Sequence[str]], "np.ndarray | list[list[float]]"]
 _TOKEN = re.compile(r"\w+", re.UNICODE)
@@ -149,8 +153,9 @@ def embed_with_titles(embed: Embedder, chunks: Sequence[str], titles: Sequence[s
     return vectors
 
 
-EMBEDDERS = ("wordllama", "hashing", "chroma-default")
-DEFAULT_EMBEDDER = "wordllama"  # new sites; a collection keeps the one it records
+EMBEDDERS = ("wordllama+e5", "wordllama", "hashing", "chroma-default")
+DEFAULT_EMBEDDER = "wordllama+e5"  # new sites; a collection keeps the one it records
+PAGE_MODEL_SUFFIX = "+e5"  # chunks by the name before it, and one e5 vector per page (e5_model.py)
 
 
 class EmbedderUnavailable(Exception):
@@ -158,9 +163,12 @@ class EmbedderUnavailable(Exception):
 
 
 def make_embedder(name: str) -> tuple[Embedder, int | None]:
-    """(embedder, dimensions if fixed). `wordllama` (static embeddings shipped in the wordllama
-    wheel, the default for new sites), `hashing` (no model), or `chroma-default` (Chroma's
-    MiniLM, only where its model files are already on disk: nothing is ever downloaded)."""
+    """The chunks' (embedder, dimensions if fixed). `wordllama+e5` (the default for new sites:
+    chunks by wordllama, and each page by e5, `page_embedder`), `wordllama` (static embeddings
+    shipped in the wordllama wheel), `hashing` (no model), or `chroma-default` (Chroma's MiniLM,
+    only where its model files are already on disk: nothing is ever downloaded)."""
+    if name == "wordllama" + PAGE_MODEL_SUFFIX:
+        name = "wordllama"
     if name == "hashing":
         embedder = HashingEmbedder()
         return embedder, embedder.dimensions
@@ -175,6 +183,18 @@ def make_embedder(name: str) -> tuple[Embedder, int | None]:
     if name == "chroma-default":
         return _chroma_default(), None
     raise ValueError(f"unknown embedder {name!r} ({', '.join(EMBEDDERS)})")
+
+
+def page_embedder(name: str) -> E5PageEmbedder | None:
+    """The model that gives each page one vector under embedder `name`, None if it has none."""
+    if not name.endswith(PAGE_MODEL_SUFFIX):
+        return None
+    from chromafs_fuse.ingest import e5_model
+
+    try:
+        return e5_model.load()
+    except e5_model.ModelUnavailable as exc:
+        raise EmbedderUnavailable(str(exc)) from exc
 
 
 def _chroma_default() -> Embedder:

@@ -13,10 +13,11 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from chromafs_fuse.backends.blobstore import BlobStore
 from chromafs_fuse.backends.chroma_store import ChromaLocation, connect_client
@@ -31,7 +32,13 @@ from chromafs_fuse.ingest.chroma_blobs import (
     plan_chroma_blobs,
 )
 from chromafs_fuse.ingest.chroma_writes import DEFAULT_RETRIES, RetryingCollection, retried
-from chromafs_fuse.ingest.embedding import DEFAULT_EMBEDDER, embed_with_titles, make_embedder, page_title
+from chromafs_fuse.ingest.embedding import (
+    DEFAULT_EMBEDDER,
+    embed_with_titles,
+    make_embedder,
+    page_embedder,
+    page_title,
+)
 from chromafs_fuse.ingest.retention import (
     DEFAULT_GRACE_PERIOD_S,
     RetentionPlan,
@@ -41,7 +48,7 @@ from chromafs_fuse.ingest.retention import (
     plan_retention,
 )
 from chromafs_fuse.ingest.scan import Problem, ScanOptions, SourceFile, one_per_file, scan_site
-from chromafs_fuse.lexical import decode_lexicon, encode_lexicon, page_terms
+from chromafs_fuse.lexical import LexiconPage, decode_lexicon, encode_lexicon, page_terms
 from chromafs_fuse.names import (
     DEFAULT_CHUNK_INDEX_FIELD,
     DEFAULT_PAGE_FIELD,
@@ -60,6 +67,9 @@ from chromafs_fuse.names import (
     chunk_id,
 )
 from chromafs_fuse.tree import PathEntry, TreeError, encode_tree_document, parse_tree, tree_version
+
+if TYPE_CHECKING:
+    from chromafs_fuse.ingest.e5_model import E5PageEmbedder
 
 log = logging.getLogger("chromafs.ingest")
 DEFAULT_LARGE_FILE_THRESHOLD = 1024 * 1024
@@ -253,6 +263,49 @@ class ChunkWriter:
         self._bytes = 0
 
 
+class PageVectors:
+    """Each new page's vector from the site's page model (e5_model.py), embedded in a worker
+    thread while the main one chunks and writes (the model's engine releases the GIL), in
+    batches of BATCH pages. Nothing to do when the embedder gives pages no vector."""
+
+    BATCH = 64
+
+    def __init__(self, model: E5PageEmbedder | None) -> None:
+        self.model = model
+        self._keys: list[str] = []
+        self._texts: list[str] = []
+        self._done: list[tuple[list[str], Future[Any]]] = []
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="page-vectors") if model is not None else None
+
+    def add(self, key: str, text: str, title: str) -> None:
+        if self.model is None:
+            return
+        from chromafs_fuse.ingest.e5_model import page_summary
+
+        self._keys.append(key)
+        self._texts.append(page_summary(text, title))
+        if len(self._keys) >= self.BATCH:
+            self._submit()
+
+    def _submit(self) -> None:
+        if self._keys and self._pool is not None and self.model is not None:
+            self._done.append((self._keys, self._pool.submit(self.model.passages, self._texts)))
+            self._keys, self._texts = [], []
+
+    def results(self) -> Iterator[tuple[str, str]]:
+        """(page, its vector as stored) for every page added; waits for the worker."""
+        from chromafs_fuse.ingest.e5_model import encode_vector
+
+        self._submit()
+        try:
+            for keys, future in self._done:
+                for key, vector in zip(keys, future.result(), strict=True):
+                    yield key, encode_vector(vector)
+        finally:
+            if self._pool is not None:
+                self._pool.shutdown(cancel_futures=True)
+
+
 def _open_collection(options: IngestOptions) -> tuple[RetryingCollection, int, str]:
     """The site's collection (made if new), the number of records one upsert may carry, and
     the embedder its chunks are embedded with: the one it records (an existing site keeps it;
@@ -298,6 +351,7 @@ def ingest(options: IngestOptions, show_progress: bool = False) -> IngestSummary
         return summary
     collection, batch_size, embedder = _open_collection(options)
     embed, dimensions = make_embedder(embedder)
+    page_vectors = PageVectors(page_embedder(embedder))
     summary.embedder = embedder
     old_tree = _existing_tree(collection)
     # Only pages stored as chunks count: a page that was a blob must get chunks written.
@@ -308,7 +362,7 @@ def ingest(options: IngestOptions, show_progress: bool = False) -> IngestSummary
 
     tree: dict[str, dict[str, Any]] = {}
     old_lexicon = _existing_lexicon(collection)
-    lexicon: dict[str, tuple[str, Mapping[str, int]]] = {}  # every chunked page's terms (lexical.py)
+    lexicon: dict[str, LexiconPage] = {}  # every chunked page's terms and vector (lexical.py)
     with _progress(len(files), show_progress, f"ingest {options.site}") as bar:
         for source in files:
             bar.update(1)
@@ -332,10 +386,13 @@ def ingest(options: IngestOptions, show_progress: bool = False) -> IngestSummary
             assert source.text is not None
             previous = old_pages.get(source.key)
             known = old_lexicon.get(source.key)
-            if previous is not None and previous.sha256 == sha and known is not None and known[0] == sha:
-                lexicon[source.key] = known  # an unchanged page keeps its terms
+            unchanged = previous is not None and previous.sha256 == sha and known is not None and known[0] == sha
+            if unchanged and known is not None and (page_vectors.model is None or known[2] is not None):
+                lexicon[source.key] = known  # an unchanged page keeps its terms and its vector
             else:
-                lexicon[source.key] = (sha, page_terms(source.text, page_title(source.text), source.key))
+                title = page_title(source.text)
+                lexicon[source.key] = (sha, page_terms(source.text, title, source.key), None)
+                page_vectors.add(source.key, source.text, title)
             if previous is not None and previous.sha256 == sha:
                 summary.unchanged += 1
                 if previous.chunks is not None:
@@ -349,6 +406,9 @@ def ingest(options: IngestOptions, show_progress: bool = False) -> IngestSummary
                 metadata = {options.page_field: source.key, options.chunk_index_field: index, PAGE_SHA_FIELD: sha}
                 writer.add(chunk_id(source.key, sha, index), chunk, title, metadata)
         writer.flush()
+    for key, vector in page_vectors.results():
+        sha, counts, _ = lexicon[key]
+        lexicon[key] = (sha, counts, vector)
     dimensions = writer.dimensions
     zero_vector = [0.0] * (dimensions or len(embed([""])[0]))
     summary.blob_pieces_written = blobs.write(zero_vector)
@@ -446,7 +506,7 @@ def _write_retired(
     )
 
 
-def _existing_lexicon(collection: RetryingCollection) -> dict[str, tuple[str, Mapping[str, int]]]:
+def _existing_lexicon(collection: RetryingCollection) -> dict[str, LexiconPage]:
     """The lexicon the last ingest wrote (nothing if none, or one that cannot be read)."""
     found = collection.get("read of the lexicon", ids=[LEXICON_RECORD_ID], include=["documents"])
     documents = found.get("documents") or []
