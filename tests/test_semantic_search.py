@@ -178,7 +178,7 @@ def test_new_sites_store_a_vector_per_page_and_old_embedders_keep_working(tmp_pa
     ingest(SAMPLE_SITE, "--site", "acme", "--chroma-path", str(chroma), "--quiet")
     pages = lexicon_pages(chroma, "acme")
     assert pages and all(vector is not None for _, _, vector in pages.values())
-    ingest(SAMPLE_SITE, "--site", "acme", "--chroma-path", str(chroma), "--quiet")
+    ingest(SAMPLE_SITE, "--site", "acme", "--chroma-path", str(chroma), "--embedder", "wordllama+e5", "--quiet")
     assert lexicon_pages(chroma, "acme") == pages
     done = search_cli(chroma, "how do I revoke a leaked credential", "--timings", "-n", "3")
     assert "hybrid (wordllama+e5)" in done.stderr and "page_embed" in done.stderr, done.stderr

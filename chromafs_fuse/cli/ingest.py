@@ -22,6 +22,7 @@ from chromafs_fuse.errors import ChromafsError, unexpected
 from chromafs_fuse.ingest.access_rules import parse_acl
 from chromafs_fuse.ingest.chroma_blobs import DEFAULT_CHROMA_BLOB_LIMIT
 from chromafs_fuse.ingest.chroma_writes import DEFAULT_RETRIES
+from chromafs_fuse.ingest.embedding import EMBEDDERS
 from chromafs_fuse.ingest.pipeline import (
     DEFAULT_LARGE_FILE_THRESHOLD,
     DEFAULT_WRITE_TIMEOUT_S,
@@ -51,10 +52,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--acl", metavar="FILE", help="YAML/JSON glob rules for files without frontmatter")
     parser.add_argument(
         "--embedder",
-        choices=["wordllama", "hashing", "chroma-default"],
-        help="how chunks are embedded: wordllama (a new site's default; a model shipped in its pip package), "
-        "hashing (no model), chroma-default (Chroma's MiniLM, if already on this machine). "
-        "An existing site keeps the one it records",
+        choices=list(EMBEDDERS),
+        help="how chunks and pages are embedded: wordllama+e5 (a new site's default: chunks by wordllama, "
+        "and each page's title and headings by multilingual-e5-small, both shipped in pip packages), "
+        "wordllama (chunks only), hashing (no model), chroma-default (Chroma's MiniLM, if already on this "
+        "machine). An existing site keeps the one it records",
     )
     parser.add_argument("--max-chunk-chars", type=int, default=2000)
     parser.add_argument(
