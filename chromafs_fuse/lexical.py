@@ -83,8 +83,8 @@ def page_terms(text: str, title: str, path: str) -> Counter[str]:
 
 # -- the record ------------------------------------------------------------------------------
 # {"format": 1, "pages": {path: [sha256, {term: count}]}} as compact JSON, gzip, base64; format 2
-# (a site whose embedder gives pages a vector, e5_model.py) adds each page's vector:
-# [sha256, {term: count}, vector], the vector as e5_model.encode_vector's string.
+# (a site whose embedder gives pages a vector, embedding.py's `page_embedder`) adds each page's
+# vector: [sha256, {term: count}, vector], the vector as `encode_vector`'s string.
 
 LexiconPage = tuple[str, Mapping[str, int], str | None]  # sha256, term counts, page vector or None
 
@@ -100,6 +100,23 @@ def encode_lexicon(pages: Mapping[str, LexiconPage]) -> str:
     }
     data = json.dumps(body, separators=(",", ":"), sort_keys=True, ensure_ascii=False).encode("utf-8")
     return base64.b64encode(gzip.compress(data, compresslevel=6, mtime=0)).decode("ascii")
+
+
+def encode_vector(vector: np.ndarray) -> str:
+    """A page vector as stored: scaled so its largest component is 127, int8, base64."""
+    peak = float(np.abs(vector).max()) or 1.0
+    return base64.b64encode(np.round(np.asarray(vector) * (127.0 / peak)).astype(np.int8).tobytes()).decode("ascii")
+
+
+def decode_vectors(encoded: list[str]) -> np.ndarray:
+    """(n, dimensions) float32 unit vectors from `encode_vector`'s strings, all of one size;
+    ValueError otherwise."""
+    rows = [base64.b64decode(one) for one in encoded]
+    if not rows or len({len(row) for row in rows}) != 1 or not rows[0]:
+        raise ValueError("the stored page vectors are not all of one size")
+    matrix = np.frombuffer(b"".join(rows), dtype=np.int8).reshape(len(rows), -1).astype(np.float32)
+    norms = np.linalg.norm(matrix, axis=1, keepdims=True)
+    return matrix / np.where(norms == 0.0, 1.0, norms)
 
 
 def decode_lexicon(document: str) -> dict[str, LexiconPage]:

@@ -9,8 +9,8 @@ embedder in the collection's metadata.
 
 Hybrid ranking (the default) fuses the vector ranking and the BM25 ranking of the same visible
 pages by reciprocal rank fusion (`fuse`): a page's score is the sum over the rankings of
-weight / (RRF_K + its rank). A site whose embedder also gives each page a vector (`wordllama+e5`)
-adds a third ranking, the pages by that vector (`PageVectorIndex`), and its vector ranking fuses
+weight / (RRF_K + its rank). A site whose embedder also gives each page a vector (`wordllama+pages`,
+`wordllama+e5`) adds a third ranking, the pages by that vector (`PageVectorIndex`), and its vector ranking fuses
 chunks and pages. Both rankings hold only visible pages, and BM25's statistics are
 counted over the visible pages alone (lexical.py), so nothing the reader cannot see moves a
 rank or a score.
@@ -43,10 +43,13 @@ MODES = ("hybrid", "vector", "lexical")
 # the first places of each ranking decide; BM25 is the stronger ranking on docs, so it weighs more.
 RRF_K = 3
 LEXICAL_WEIGHT = 1.5
-# With page vectors (embedder `wordllama+e5`) three rankings are fused: chunks, BM25, pages, with
-# these weights and k, chosen the same way (150 tuning queries per tree, none of the benchmark's).
-PAGES_RRF_K = 5
-PAGES_WEIGHTS = {"chunks": 1.0, "lexical": 2.0, "pages": 1.5}
+# With page vectors (embedders `wordllama+pages`, `wordllama+e5`) three rankings are fused: chunks,
+# BM25, pages; k and the weights per page model, chosen the same way (150 tuning queries per tree,
+# none of the benchmark's). wordllama's page vectors are weak alone and count little.
+PAGE_FUSION: dict[str, tuple[int, dict[str, float]]] = {
+    "wordllama": (1, {"chunks": 1.0, "lexical": 1.5, "pages": 0.25}),
+    "e5": (5, {"chunks": 1.0, "lexical": 2.0, "pages": 1.5}),
+}
 
 
 @dataclass(frozen=True)
@@ -125,7 +128,7 @@ class VectorIndex:
 
 @dataclass(frozen=True)
 class PageVectorIndex:
-    """One vector per visible page (e5_model.py), unit length: ranked by cosine, exactly."""
+    """One vector per visible page (its title and headings'), unit length: ranked by cosine, exactly."""
 
     paths: tuple[str, ...]
     matrix: np.ndarray  # (pages, dimensions) float32

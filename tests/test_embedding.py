@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from chromafs_fuse.ingest.embedding import HashingEmbedder
 from infra import SAMPLE_SITE
 
@@ -97,7 +99,8 @@ def test_the_default_models_load_offline_from_their_wheels(tmp_path: Path) -> No
 def test_a_page_summary_is_its_title_and_headings_and_vectors_survive_storage() -> None:
     import numpy as np
 
-    from chromafs_fuse.ingest.e5_model import SUMMARY_CHARS, decode_vectors, encode_vector, page_summary
+    from chromafs_fuse.ingest.embedding import SUMMARY_CHARS, page_summary
+    from chromafs_fuse.lexical import decode_vectors, encode_vector
 
     text = "---\ntitle: API keys\n---\n# API keys\nRotate them.\n## Revoke a key\ntext\n"
     assert page_summary(text, "API keys") == "API keys. API keys; Revoke a key"
@@ -106,3 +109,5 @@ def test_a_page_summary_is_its_title_and_headings_and_vectors_survive_storage() 
     vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
     back = decode_vectors([encode_vector(v) for v in vectors])
     assert np.allclose(np.einsum("ij,ij->i", back, vectors), 1.0, atol=1e-3)  # int8, still the same direction
+    with pytest.raises(ValueError, match="one size"):
+        decode_vectors([encode_vector(vectors[0]), encode_vector(vectors[1][:256])])

@@ -123,7 +123,7 @@ def test_a_hidden_page_changes_no_rank_or_score_the_reader_sees(tmp_path: Path) 
 def test_search_says_where_its_time_goes_and_which_ranking_ran(sample_chroma: Callable[[str], Path]) -> None:
     done = search_cli(sample_chroma("public"), "rotate API keys", "--timings", "-n", "3")
     assert done.returncode == 0, done.stderr
-    assert "hybrid (wordllama+e5)" in done.stderr and "total" in done.stderr and "model" in done.stderr
+    assert "hybrid (wordllama+pages)" in done.stderr and "total" in done.stderr and "model" in done.stderr
     assert done.stdout.splitlines()[0].startswith("auth/api-keys.mdx:")
 
 
@@ -171,20 +171,22 @@ def lexicon_pages(chroma: Path, site: str) -> dict:
 
 
 def test_new_sites_store_a_vector_per_page_and_old_embedders_keep_working(tmp_path: Path) -> None:
-    """The default embedder (wordllama+e5) stores each page's e5 vector in the lexicon and fuses
-    three rankings; an unchanged re-ingest embeds nothing and rewrites no lexicon; a wordllama site
-    stores none and is searched as before."""
+    """The default embedder (wordllama+pages) stores each page's vector in the lexicon and fuses
+    three rankings; an unchanged re-ingest embeds nothing and rewrites no lexicon; wordllama+e5
+    stores multilingual e5 vectors; a wordllama site stores none and is searched as before."""
     chroma = tmp_path / "chroma"
     ingest(SAMPLE_SITE, "--site", "acme", "--chroma-path", str(chroma), "--quiet")
     pages = lexicon_pages(chroma, "acme")
     assert pages and all(vector is not None for _, _, vector in pages.values())
-    ingest(SAMPLE_SITE, "--site", "acme", "--chroma-path", str(chroma), "--embedder", "wordllama+e5", "--quiet")
+    ingest(SAMPLE_SITE, "--site", "acme", "--chroma-path", str(chroma), "--embedder", "wordllama+pages", "--quiet")
     assert lexicon_pages(chroma, "acme") == pages
-    done = search_cli(chroma, "how do I revoke a leaked credential", "--timings", "-n", "3")
-    assert "hybrid (wordllama+e5)" in done.stderr and "page_embed" in done.stderr, done.stderr
+    done = search_cli(chroma, "how do I revoke a leaked key", "--timings", "-n", "3")
+    assert "hybrid (wordllama+pages)" in done.stderr and "page_embed" in done.stderr, done.stderr
     assert "auth/api-keys.mdx" in done.stdout
-    vector = search(chroma, "révoquer une clé API", "--rank", "vector", "-n", "3")
-    assert vector[0]["path"] == "auth/api-keys.mdx"  # the page vectors are multilingual
+    ingest(SAMPLE_SITE, "--site", "multilingual", "--chroma-path", str(chroma), "--embedder", "wordllama+e5", "--quiet")
+    assert all(vector is not None for _, _, vector in lexicon_pages(chroma, "multilingual").values())
+    vector = search(chroma, "révoquer une clé API", "--rank", "vector", "-n", "3", site="multilingual")
+    assert vector[0]["path"] == "auth/api-keys.mdx"  # e5's page vectors are multilingual
     ingest(SAMPLE_SITE, "--site", "old", "--chroma-path", str(chroma), "--embedder", "wordllama", "--quiet")
     assert all(vector is None for _, _, vector in lexicon_pages(chroma, "old").values())
     done = search_cli(chroma, "rotate API keys", "--timings", "-n", "3", site="old")

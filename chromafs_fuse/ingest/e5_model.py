@@ -8,8 +8,8 @@ libraries): nothing is downloaded, ever; the package has no code that reaches th
 except its optional server, which chromafs never starts.
 
 A transformer costs far more per token than wordllama's table, so chromafs gives it one short
-text per page, not its chunks (`page_summary`: the title and the headings, what a page is
-about), and fuses that ranking with the chunks' and BM25's (search.py). E5 wants its inputs
+text per page, not its chunks (embedding.py's `page_summary`: the title and the headings, what a page
+is about), and fuses that ranking with the chunks' and BM25's (search.py). E5 wants its inputs
 prefixed: "passage: " for what is indexed, "query: " for a search; the engine adds them.
 
 One model per process (`load`); the C engine runs its own threads and releases the GIL, so
@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import re
 import threading
 from collections.abc import Sequence
 from typing import Any
@@ -29,26 +28,13 @@ import numpy as np
 
 NAME = "e5"
 DIMENSIONS = 384
-SUMMARY_CHARS = 400  # about 100 tokens: the cost of a page stays small and bounded
 
 _lock = threading.Lock()
 _loaded: E5PageEmbedder | None = None
-_HEADING = re.compile(r"^#{1,6}\s+(.+?)\s*#*\s*$", re.MULTILINE)
 
 
 class ModelUnavailable(Exception):
     """The model's package is not installed; the message says what to install."""
-
-
-def page_summary(text: str, title: str) -> str:
-    """What a page is about, as the model reads it: its title, then its headings, at most
-    SUMMARY_CHARS characters (front matter left out)."""
-    body = text
-    if body.startswith("---"):
-        end = body.find("\n---", 3)
-        if end > 0:
-            body = body[end + 4 :]
-    return (title + ". " + "; ".join(_HEADING.findall(body)))[:SUMMARY_CHARS]
 
 
 class E5PageEmbedder:
@@ -92,25 +78,3 @@ def load() -> E5PageEmbedder:
         if _loaded is None:
             _loaded = E5PageEmbedder()
         return _loaded
-
-
-# -- stored page vectors: int8, base64 (a unit vector scaled so its largest component is 127) ---
-
-
-def encode_vector(vector: np.ndarray) -> str:
-    import base64
-
-    peak = float(np.abs(vector).max()) or 1.0
-    return base64.b64encode(np.round(np.asarray(vector) * (127.0 / peak)).astype(np.int8).tobytes()).decode("ascii")
-
-
-def decode_vectors(encoded: Sequence[str]) -> np.ndarray:
-    """(n, 384) float32 unit vectors from `encode_vector`'s strings; ValueError for a bad one."""
-    import base64
-
-    data = b"".join(base64.b64decode(one) for one in encoded)
-    if len(data) != len(encoded) * DIMENSIONS:
-        raise ValueError("a stored page vector has the wrong size")
-    matrix = np.frombuffer(data, dtype=np.int8).reshape(len(encoded), DIMENSIONS).astype(np.float32)
-    norms = np.linalg.norm(matrix, axis=1, keepdims=True)
-    return matrix / np.where(norms == 0.0, 1.0, norms)

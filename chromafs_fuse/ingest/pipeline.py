@@ -17,7 +17,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from chromafs_fuse.backends.blobstore import BlobStore
 from chromafs_fuse.backends.chroma_store import ChromaLocation, connect_client
@@ -34,9 +34,11 @@ from chromafs_fuse.ingest.chroma_blobs import (
 from chromafs_fuse.ingest.chroma_writes import DEFAULT_RETRIES, RetryingCollection, retried
 from chromafs_fuse.ingest.embedding import (
     DEFAULT_EMBEDDER,
+    PageEmbedder,
     embed_with_titles,
     make_embedder,
     page_embedder,
+    page_summary,
     page_title,
 )
 from chromafs_fuse.ingest.retention import (
@@ -48,7 +50,7 @@ from chromafs_fuse.ingest.retention import (
     plan_retention,
 )
 from chromafs_fuse.ingest.scan import Problem, ScanOptions, SourceFile, one_per_file, scan_site
-from chromafs_fuse.lexical import LexiconPage, decode_lexicon, encode_lexicon, page_terms
+from chromafs_fuse.lexical import LexiconPage, decode_lexicon, encode_lexicon, encode_vector, page_terms
 from chromafs_fuse.names import (
     DEFAULT_CHUNK_INDEX_FIELD,
     DEFAULT_PAGE_FIELD,
@@ -67,9 +69,6 @@ from chromafs_fuse.names import (
     chunk_id,
 )
 from chromafs_fuse.tree import PathEntry, TreeError, encode_tree_document, parse_tree, tree_version
-
-if TYPE_CHECKING:
-    from chromafs_fuse.ingest.e5_model import E5PageEmbedder
 
 log = logging.getLogger("chromafs.ingest")
 DEFAULT_LARGE_FILE_THRESHOLD = 1024 * 1024
@@ -264,13 +263,14 @@ class ChunkWriter:
 
 
 class PageVectors:
-    """Each new page's vector from the site's page model (e5_model.py), embedded in a worker
-    thread while the main one chunks and writes (the model's engine releases the GIL), in
+    """Each new page's vector from the site's page model (embedding.py's `page_embedder`),
+    embedded in a worker thread while the main one chunks and writes (e5's engine and wordllama's
+    tokenizer release the GIL), in
     batches of BATCH pages. Nothing to do when the embedder gives pages no vector."""
 
     BATCH = 64
 
-    def __init__(self, model: E5PageEmbedder | None) -> None:
+    def __init__(self, model: PageEmbedder | None) -> None:
         self.model = model
         self._keys: list[str] = []
         self._texts: list[str] = []
@@ -280,8 +280,6 @@ class PageVectors:
     def add(self, key: str, text: str, title: str) -> None:
         if self.model is None:
             return
-        from chromafs_fuse.ingest.e5_model import page_summary
-
         self._keys.append(key)
         self._texts.append(page_summary(text, title))
         if len(self._keys) >= self.BATCH:
@@ -294,8 +292,6 @@ class PageVectors:
 
     def results(self) -> Iterator[tuple[str, str]]:
         """(page, its vector as stored) for every page added; waits for the worker."""
-        from chromafs_fuse.ingest.e5_model import encode_vector
-
         self._submit()
         try:
             for keys, future in self._done:

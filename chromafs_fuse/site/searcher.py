@@ -17,7 +17,7 @@ import threading
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
-from chromafs_fuse.lexical import LexicalIndex, decode_lexicon
+from chromafs_fuse.lexical import LexicalIndex, decode_lexicon, decode_vectors
 from chromafs_fuse.names import LEXICON_RECORD_ID
 from chromafs_fuse.search import PageVectorIndex, SearchError, VectorIndex, embedder_name, view_filter
 
@@ -126,8 +126,6 @@ class Searcher:
 
     def _build(self, document: str) -> LexicalIndex | None:
         """The BM25 index of the view's pages, and their page vectors if the site stored any."""
-        from chromafs_fuse.ingest.e5_model import decode_vectors
-
         try:
             pages = decode_lexicon(document)
         except ValueError as exc:

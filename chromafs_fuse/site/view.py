@@ -208,8 +208,7 @@ def search_view(
     from chromafs_fuse.search import (
         LEXICAL_WEIGHT,
         MODES,
-        PAGES_RRF_K,
-        PAGES_WEIGHTS,
+        PAGE_FUSION,
         RRF_K,
         Hit,
         SearchError,
@@ -265,9 +264,11 @@ def search_view(
         raise SearchError("no ranking can run for this site")
     both = bool(nearest) and "lexical" in rankings
     result.mode = mode if both or mode != "hybrid" else ("vector" if nearest else "lexical")
-    if "pages" in rankings:
-        weights = [PAGES_WEIGHTS[kind] for kind in rankings]
-        top = fuse(list(rankings.values()), k=PAGES_RRF_K, weights=weights)[:limit]
+    if "pages" in rankings and result.embedder is not None:
+        from chromafs_fuse.ingest.embedding import page_model
+
+        k, weights = PAGE_FUSION[page_model(result.embedder) or "e5"]
+        top = fuse(list(rankings.values()), k=k, weights=[weights[kind] for kind in rankings])[:limit]
     elif both:
         top = fuse([rankings["chunks"], rankings["lexical"]], k=RRF_K, weights=[1.0, LEXICAL_WEIGHT])[:limit]
     elif nearest:
