@@ -40,16 +40,32 @@ should so some such than that the their theirs them themselves then there these 
 through to too under until up very was we were what when where which while who whom why will with
 would you your yours yourself yourselves
 """
-STOPWORDS = frozenset(_STOPWORDS.split())  # English function words, as bm25s leaves out
+# French and Spanish function words (Lucene's analysers leave them out; docs trees carry their
+# translations, and a query in French otherwise matches every French page through them). Words
+# that name things in technical English (`os`, `del`) are kept.
+_STOPWORDS_FR = """
+au aux avec ce ces cet cette chaque comme dans de des dont du elle elles en entre est et eux il ils je
+la le les leur leurs lors lui ma mais me mes moi mon même ne nos notre nous on ou où par pas peut plus
+pour qu que qui sa sans se ses si son sont sous sur ta te tes toi ton tous tout toute toutes tu un une
+vers vos votre vous été être afin ainsi aussi
+"""
+_STOPWORDS_ES = """
+al algo algunas algunos ante antes cada como con contra cual cuando de desde donde durante el ella
+ellas ellos en entre era es esa esas ese eso esos esta estar estas este esto estos hasta hay la las le
+les lo los mi mis muy más nada ni nos nosotros nuestra nuestro otra otras otro otros para pero poco
+por porque puede que quien qué se sin sobre son su sus también te ti todo todos tu tus tú una uno unos
+ya yo él
+"""
+STOPWORDS = frozenset((_STOPWORDS + _STOPWORDS_FR + _STOPWORDS_ES).split())  # as bm25s leaves out English ones
 
 
 _CJK = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff]+")
 
 
 def terms(text: str) -> list[str]:
-    """The words BM25 counts: lower-cased runs of two or more word characters, stopwords left out;
-    Chinese, Japanese and Korean, written without spaces, as overlapping pairs of characters (as
-    Lucene's CJK analyser does), so a query matches inside a run."""
+    """The words BM25 counts: lower-cased runs of two or more word characters, stopwords (English,
+    French, Spanish) left out; Chinese, Japanese and Korean, written without spaces, as overlapping
+    pairs of characters (as Lucene's CJK analyser does), so a query matches inside a run."""
     out: list[str] = []
     for word in _WORD.findall(text.lower()):
         if word in STOPWORDS:

@@ -57,6 +57,8 @@ def test_titles_and_paths_weigh_more() -> None:
     assert counts["tokens"] == 1 and counts["rotate"] == 3 and counts["keys"] == 6  # title + path
     assert path_words("functions/strings/Contains.md") == "functions strings Contains"
     assert terms("The API's keys, and a b") == ["api", "keys"]  # stopwords and one-letter words go
+    assert terms("Intégrez les clés de votre API") == ["intégrez", "clés", "api"]  # French ones too
+    assert terms("Gestiona las claves de tu API y del OS") == ["gestiona", "claves", "api", "del", "os"]
 
 
 def test_the_lexicon_record_round_trips() -> None:
