@@ -290,6 +290,13 @@ class PageVectors:
             self._done.append((self._keys, self._pool.submit(self.model.passages, self._texts)))
             self._keys, self._texts = [], []
 
+    def __enter__(self) -> PageVectors:
+        return self
+
+    def __exit__(self, kind: object, error: object, trace: object) -> None:
+        if error is not None and self._pool is not None:  # a failed ingest waits for no queued batch
+            self._pool.shutdown(cancel_futures=True)
+
     def results(self) -> Iterator[tuple[str, str]]:
         """(page, its vector as stored) for every page added; waits for the worker."""
         self._submit()
@@ -359,7 +366,7 @@ def ingest(options: IngestOptions, show_progress: bool = False) -> IngestSummary
     tree: dict[str, dict[str, Any]] = {}
     old_lexicon = _existing_lexicon(collection)
     lexicon: dict[str, LexiconPage] = {}  # every chunked page's terms and vector (lexical.py)
-    with _progress(len(files), show_progress, f"ingest {options.site}") as bar:
+    with _progress(len(files), show_progress, f"ingest {options.site}") as bar, page_vectors:
         for source in files:
             bar.update(1)
             sha = source.sha256
