@@ -47,8 +47,8 @@ LEXICAL_WEIGHT = 1.5
 # BM25, pages; k and the weights per page model, chosen the same way (150 tuning queries per tree,
 # none of the benchmark's). wordllama's page vectors are weak alone and count little.
 PAGE_FUSION: dict[str, tuple[int, dict[str, float]]] = {
-    "wordllama": (1, {"chunks": 1.0, "lexical": 1.5, "pages": 0.25}),
-    "e5": (5, {"chunks": 1.0, "lexical": 2.0, "pages": 1.5}),
+    "wordllama": (2, {"chunks": 1.0, "lexical": 2.0, "pages": 0.5}),
+    "e5": (5, {"chunks": 0.5, "lexical": 3.0, "pages": 2.0}),
 }
 
 
