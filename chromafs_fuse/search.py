@@ -8,8 +8,10 @@ the page are given. The query is embedded as the collection's pages were: chroma
 embedder in the collection's metadata.
 
 Hybrid ranking (the default) fuses the vector ranking and the BM25 ranking of the same visible
-pages by reciprocal rank fusion (`fuse`): a page's score is the sum over the two rankings of
-weight / (RRF_K + its rank). Both rankings hold only visible pages, and BM25's statistics are
+pages by reciprocal rank fusion (`fuse`): a page's score is the sum over the rankings of
+weight / (RRF_K + its rank). A site whose embedder also gives each page a vector (`wordllama+pages`,
+`wordllama+e5`) adds a third ranking, the pages by that vector (`PageVectorIndex`), and its vector ranking fuses
+chunks and pages. Both rankings hold only visible pages, and BM25's statistics are
 counted over the visible pages alone (lexical.py), so nothing the reader cannot see moves a
 rank or a score.
 
@@ -41,6 +43,13 @@ MODES = ("hybrid", "vector", "lexical")
 # the first places of each ranking decide; BM25 is the stronger ranking on docs, so it weighs more.
 RRF_K = 3
 LEXICAL_WEIGHT = 1.5
+# With page vectors (embedders `wordllama+pages`, `wordllama+e5`) three rankings are fused: chunks,
+# BM25, pages; k and the weights per page model, chosen the same way (150 tuning queries per tree,
+# none of the benchmark's). wordllama's page vectors are weak alone and count little.
+PAGE_FUSION: dict[str, tuple[int, dict[str, float]]] = {
+    "wordllama": (2, {"chunks": 1.0, "lexical": 2.0, "pages": 0.5}),
+    "e5": (5, {"chunks": 0.5, "lexical": 3.0, "pages": 2.0}),
+}
 
 
 @dataclass(frozen=True)
@@ -115,6 +124,22 @@ class VectorIndex:
         rows = order[first]
         out = [(self.paths[self.owners[r]], float(distances[r]), self.ids[r]) for r in rows.tolist()]
         return sorted(out, key=lambda hit: (hit[1], hit[0]))
+
+
+@dataclass(frozen=True)
+class PageVectorIndex:
+    """One vector per visible page (its title and headings'), unit length: ranked by cosine, exactly."""
+
+    paths: tuple[str, ...]
+    matrix: np.ndarray  # (pages, dimensions) float32
+
+    def rank(self, query: Sequence[float]) -> list[str]:
+        """Every page, nearest first (ties by path)."""
+        if not self.paths:
+            return []
+        similarity = self.matrix @ np.asarray(query, dtype=np.float32)
+        order = np.lexsort((np.arange(len(self.paths)), -similarity))  # paths are sorted: ties by path
+        return [self.paths[i] for i in order.tolist()]
 
 
 def embedder_name(collection_metadata: Mapping[str, Any] | None, override: str | None = None) -> str:

@@ -8,6 +8,7 @@ import math
 import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 
@@ -149,18 +150,53 @@ def embed_with_titles(embed: Embedder, chunks: Sequence[str], titles: Sequence[s
     return vectors
 
 
-EMBEDDERS = ("wordllama", "hashing", "chroma-default")
-NEW_SITE_EMBEDDER = "wordllama"  # new sites; a collection keeps the one it records
+_ANY_HEADING = re.compile(r"^#{1,6}\s+(.+?)\s*#*\s*$", re.MULTILINE)
+SUMMARY_CHARS = 400  # about 100 tokens: a page's cost in a transformer stays small and bounded
+
+
+def page_summary(text: str, title: str) -> str:
+    """What a page is about, for its page vector: its title, then its headings (front matter left
+    out), at most SUMMARY_CHARS characters."""
+    body = text
+    if body.startswith("---"):
+        end = body.find("\n---", 3)
+        if end > 0:
+            body = body[end + 4 :]
+    return (title + ". " + "; ".join(_ANY_HEADING.findall(body)))[:SUMMARY_CHARS]
+
+
+EMBEDDERS = ("wordllama+pages", "wordllama+e5", "wordllama", "hashing", "chroma-default")
+NEW_SITE_EMBEDDER = "wordllama+pages"  # new sites; a collection keeps the one it records
+# An embedder `wordllama+X` embeds chunks by wordllama and gives each page one more vector, of its
+# `page_summary`, stored in the lexicon and ranked as a third ranking (search.py): X names the model.
+PAGE_MODELS = {"+pages": "wordllama", "+e5": "e5"}
 
 
 class EmbedderUnavailable(Exception):
     """An embedder that cannot run here (its model is not installed); the message says why."""
 
 
+class PageEmbedder(Protocol):
+    dimensions: int
+
+    def passages(self, texts: Sequence[str]) -> np.ndarray: ...
+
+    def queries(self, texts: Sequence[str]) -> np.ndarray: ...
+
+
+def page_model(name: str) -> str | None:
+    """The model of embedder `name`'s page vectors (`wordllama`, `e5`), None if it has none."""
+    return next((model for suffix, model in PAGE_MODELS.items() if name.endswith(suffix)), None)
+
+
 def make_embedder(name: str) -> tuple[Embedder, int | None]:
-    """(embedder, dimensions if fixed). `wordllama` (static embeddings shipped in the wordllama
-    wheel, the default for new sites), `hashing` (no model), or `chroma-default` (Chroma's
-    MiniLM, only where its model files are already on disk: nothing is ever downloaded)."""
+    """The chunks' (embedder, dimensions if fixed). `wordllama+pages` (the default for new
+    sites: chunks and pages by wordllama), `wordllama+e5` (chunks by wordllama, pages by
+    multilingual-e5-small: better ranking, a slower ingest), `wordllama` (static embeddings
+    shipped in the wordllama wheel, chunks only), `hashing` (no model), or `chroma-default`
+    (Chroma's MiniLM, only where its model files are already on disk: nothing is ever downloaded)."""
+    if page_model(name) is not None and name.startswith("wordllama+"):
+        name = "wordllama"
     if name == "hashing":
         embedder = HashingEmbedder()
         return embedder, embedder.dimensions
@@ -175,6 +211,36 @@ def make_embedder(name: str) -> tuple[Embedder, int | None]:
     if name == "chroma-default":
         return _chroma_default(), None
     raise ValueError(f"unknown embedder {name!r} ({', '.join(EMBEDDERS)})")
+
+
+class WordLlamaPages:
+    """wordllama as a page model: queries and pages embedded alike."""
+
+    def __init__(self, model: Embedder, dimensions: int) -> None:
+        self.model = model
+        self.dimensions = dimensions
+
+    def passages(self, texts: Sequence[str]) -> np.ndarray:
+        return np.asarray(self.model(texts), dtype=np.float32)
+
+    def queries(self, texts: Sequence[str]) -> np.ndarray:
+        return self.passages(texts)
+
+
+def page_embedder(name: str) -> PageEmbedder | None:
+    """The model that gives each page one vector under embedder `name`, None if it has none."""
+    model = page_model(name)
+    if model == "wordllama":
+        embed, dimensions = make_embedder("wordllama")
+        return WordLlamaPages(embed, dimensions or 256)
+    if model != "e5":
+        return None
+    from chromafs_fuse.ingest import e5_model
+
+    try:
+        return e5_model.load()
+    except e5_model.ModelUnavailable as exc:
+        raise EmbedderUnavailable(str(exc)) from exc
 
 
 def _chroma_default() -> Embedder:

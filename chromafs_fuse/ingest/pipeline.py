@@ -13,7 +13,8 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,7 +32,15 @@ from chromafs_fuse.ingest.chroma_blobs import (
     plan_chroma_blobs,
 )
 from chromafs_fuse.ingest.chroma_writes import RetryingCollection, retried
-from chromafs_fuse.ingest.embedding import NEW_SITE_EMBEDDER, embed_with_titles, make_embedder, page_title
+from chromafs_fuse.ingest.embedding import (
+    NEW_SITE_EMBEDDER,
+    PageEmbedder,
+    embed_with_titles,
+    make_embedder,
+    page_embedder,
+    page_summary,
+    page_title,
+)
 from chromafs_fuse.ingest.retention import (
     RetentionPlan,
     RetiredRecord,
@@ -40,7 +49,7 @@ from chromafs_fuse.ingest.retention import (
     plan_retention,
 )
 from chromafs_fuse.ingest.scan import Problem, ScanOptions, SourceFile, one_per_file, scan_site
-from chromafs_fuse.lexical import decode_lexicon, encode_lexicon, page_terms
+from chromafs_fuse.lexical import LexiconPage, decode_lexicon, encode_lexicon, encode_vector, page_terms
 from chromafs_fuse.names import (
     EMBEDDER_FIELD,
     FORMAT_FIELD,
@@ -251,6 +260,53 @@ class ChunkWriter:
         self._bytes = 0
 
 
+class PageVectors:
+    """Each new page's vector from the site's page model (embedding.py's `page_embedder`),
+    embedded in a worker thread while the main one chunks and writes (e5's engine and wordllama's
+    tokenizer release the GIL), in
+    batches of BATCH pages. Nothing to do when the embedder gives pages no vector."""
+
+    BATCH = 64
+
+    def __init__(self, model: PageEmbedder | None) -> None:
+        self.model = model
+        self._keys: list[str] = []
+        self._texts: list[str] = []
+        self._done: list[tuple[list[str], Future[Any]]] = []
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="page-vectors") if model is not None else None
+
+    def add(self, key: str, text: str, title: str) -> None:
+        if self.model is None:
+            return
+        self._keys.append(key)
+        self._texts.append(page_summary(text, title))
+        if len(self._keys) >= self.BATCH:
+            self._submit()
+
+    def _submit(self) -> None:
+        if self._keys and self._pool is not None and self.model is not None:
+            self._done.append((self._keys, self._pool.submit(self.model.passages, self._texts)))
+            self._keys, self._texts = [], []
+
+    def __enter__(self) -> PageVectors:
+        return self
+
+    def __exit__(self, kind: object, error: object, trace: object) -> None:
+        if error is not None and self._pool is not None:  # a failed ingest waits for no queued batch
+            self._pool.shutdown(cancel_futures=True)
+
+    def results(self) -> Iterator[tuple[str, str]]:
+        """(page, its vector as stored) for every page added; waits for the worker."""
+        self._submit()
+        try:
+            for keys, future in self._done:
+                for key, vector in zip(keys, future.result(), strict=True):
+                    yield key, encode_vector(vector)
+        finally:
+            if self._pool is not None:
+                self._pool.shutdown(cancel_futures=True)
+
+
 def _open_collection(options: IngestOptions) -> tuple[RetryingCollection, int, str]:
     """The site's collection (made if new), the number of records one upsert may carry, and
     the embedder its chunks are embedded with: the one it records (an existing site keeps it;
@@ -296,6 +352,7 @@ def ingest(options: IngestOptions, show_progress: bool = False) -> IngestSummary
         return summary
     collection, batch_size, embedder = _open_collection(options)
     embed, dimensions = make_embedder(embedder)
+    page_vectors = PageVectors(page_embedder(embedder))
     summary.embedder = embedder
     old_tree = _existing_tree(collection)
     # Only pages stored as chunks count: a page that was a blob must get chunks written.
@@ -306,8 +363,8 @@ def ingest(options: IngestOptions, show_progress: bool = False) -> IngestSummary
 
     tree: dict[str, dict[str, Any]] = {}
     old_lexicon = _existing_lexicon(collection)
-    lexicon: dict[str, tuple[str, Mapping[str, int]]] = {}  # every chunked page's terms (lexical.py)
-    with _progress(len(files), show_progress, f"ingest {options.site}") as bar:
+    lexicon: dict[str, LexiconPage] = {}  # every chunked page's terms and vector (lexical.py)
+    with _progress(len(files), show_progress, f"ingest {options.site}") as bar, page_vectors:
         for source in files:
             bar.update(1)
             sha = source.sha256
@@ -330,10 +387,13 @@ def ingest(options: IngestOptions, show_progress: bool = False) -> IngestSummary
             assert source.text is not None
             previous = old_pages.get(source.key)
             known = old_lexicon.get(source.key)
-            if previous is not None and previous.sha256 == sha and known is not None and known[0] == sha:
-                lexicon[source.key] = known  # an unchanged page keeps its terms
+            unchanged = previous is not None and previous.sha256 == sha and known is not None and known[0] == sha
+            if unchanged and known is not None and (page_vectors.model is None or known[2] is not None):
+                lexicon[source.key] = known  # an unchanged page keeps its terms and its vector
             else:
-                lexicon[source.key] = (sha, page_terms(source.text, page_title(source.text), source.key))
+                title = page_title(source.text)
+                lexicon[source.key] = (sha, page_terms(source.text, title, source.key), None)
+                page_vectors.add(source.key, source.text, title)
             if previous is not None and previous.sha256 == sha:
                 summary.unchanged += 1
                 if previous.chunks is not None:
@@ -347,6 +407,9 @@ def ingest(options: IngestOptions, show_progress: bool = False) -> IngestSummary
                 metadata = {options.page_field: source.key, options.chunk_index_field: index, PAGE_SHA_FIELD: sha}
                 writer.add(chunk_id(source.key, sha, index), chunk, title, metadata)
         writer.flush()
+    for key, vector in page_vectors.results():
+        sha, counts, _ = lexicon[key]
+        lexicon[key] = (sha, counts, vector)
     dimensions = writer.dimensions
     zero_vector = [0.0] * (dimensions or len(embed([""])[0]))
     summary.blob_pieces_written = blobs.write(zero_vector)
@@ -444,7 +507,7 @@ def _write_retired(
     )
 
 
-def _existing_lexicon(collection: RetryingCollection) -> dict[str, tuple[str, Mapping[str, int]]]:
+def _existing_lexicon(collection: RetryingCollection) -> dict[str, LexiconPage]:
     """The lexicon the last ingest wrote (nothing if none, or one that cannot be read)."""
     found = collection.get("read of the lexicon", ids=[LEXICON_RECORD_ID], include=["documents"])
     documents = found.get("documents") or []

@@ -17,9 +17,9 @@ import threading
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
-from chromafs_fuse.lexical import LexicalIndex, decode_lexicon
+from chromafs_fuse.lexical import LexicalIndex, decode_lexicon, decode_vectors
 from chromafs_fuse.names import LEXICON_RECORD_ID
-from chromafs_fuse.search import SearchError, VectorIndex, embedder_name, view_filter
+from chromafs_fuse.search import PageVectorIndex, SearchError, VectorIndex, embedder_name, view_filter
 
 if TYPE_CHECKING:
     from chromafs_fuse.site.view import Clock, ReaderView
@@ -35,6 +35,7 @@ class Searcher:
         self._metadata: Any = None
         self._vectors: dict[str, VectorIndex] = {}
         self._lexical: LexicalIndex | None = None
+        self._page_vectors: PageVectorIndex | None = None
         self._lexical_loaded = False
 
     def _chroma(self) -> Any:
@@ -88,6 +89,27 @@ class Searcher:
 
         return VectorIndex.build(batches(), by_slug, config.page_field)
 
+    def page_ranking(self, name: str, query: str, clock: Clock) -> list[str] | None:
+        """The view's pages by their page vectors (embedder `name` gives pages one, and the site
+        stored them in its lexicon), None when it does not; SearchError when the model is not here."""
+        from chromafs_fuse.ingest.embedding import page_embedder
+
+        try:
+            model = page_embedder(name)
+        except Exception as exc:
+            raise SearchError(f"cannot embed the query for page vectors ({name!r}): {exc}") from exc
+        if model is None:
+            return None
+        clock.lap("page_model")
+        self.lexical(clock)
+        if self._page_vectors is None:
+            return None
+        vector = model.queries([query])[0]
+        clock.lap("page_embed")
+        ranking = self._page_vectors.rank(vector)
+        clock.lap("page_rank")
+        return ranking
+
     # -- BM25 --------------------------------------------------------------------------------
 
     def lexical(self, clock: Clock) -> LexicalIndex | None:
@@ -103,6 +125,7 @@ class Searcher:
         return self._lexical
 
     def _build(self, document: str) -> LexicalIndex | None:
+        """The BM25 index of the view's pages, and their page vectors if the site stored any."""
         try:
             pages = decode_lexicon(document)
         except ValueError as exc:
@@ -112,8 +135,15 @@ class Searcher:
         for entry in self._pages():  # only the reader's pages, each at the version its tree names
             found = pages.get(entry.key) or pages.get(entry.source_key)
             if found is not None and (entry.sha256 is None or found[0] == entry.sha256):
-                visible.append((entry.key, found[1]))
-        return LexicalIndex.build(visible)
+                visible.append((entry.key, found[1], found[2]))
+        with_vectors = sorted((key, vector) for key, _, vector in visible if vector is not None)
+        if with_vectors:
+            try:
+                matrix = decode_vectors([vector for _, vector in with_vectors])
+                self._page_vectors = PageVectorIndex(tuple(key for key, _ in with_vectors), matrix)
+            except ValueError as exc:
+                log.warning("the lexicon's page vectors cannot be read: %s", exc)
+        return LexicalIndex.build((key, counts) for key, counts, _ in visible)
 
     def _redis_key(self) -> str | None:
         shared = self.view.site.source.shared

@@ -205,7 +205,17 @@ def search_view(
     model, the view's vectors and its BM25 index stay in memory for the next query."""
     from chromafs_fuse.chunks import split_page
     from chromafs_fuse.lexical import best_passage, ranked
-    from chromafs_fuse.search import LEXICAL_WEIGHT, MODES, Hit, SearchError, SearchResult, fuse, locate
+    from chromafs_fuse.search import (
+        LEXICAL_WEIGHT,
+        MODES,
+        PAGE_FUSION,
+        RRF_K,
+        Hit,
+        SearchError,
+        SearchResult,
+        fuse,
+        locate,
+    )
 
     if limit < 1:
         raise SearchError("the number of results must be at least 1")
@@ -215,7 +225,7 @@ def search_view(
     result = SearchResult([], mode, None, timings=clock.laps)
     if not any(e.blob is None for e in view.site.table.entries.values()):
         return result  # nothing the reader may see is searchable
-    rankings: list[list[str]] = []
+    rankings: dict[str, list[str]] = {}  # chunks (vectors), pages (page vectors), lexical (BM25)
     nearest: dict[str, tuple[float, str]] = {}
     if mode in ("hybrid", "vector"):
         try:
@@ -230,7 +240,14 @@ def search_view(
             found = index.rank(vector)
             clock.lap("vector_rank")
             nearest = {path: (distance, record_id) for path, distance, record_id in found}
-            rankings.append([path for path, _, _ in found])
+            rankings["chunks"] = [path for path, _, _ in found]
+            try:
+                pages_ranking = view.searcher.page_ranking(name, query, clock)
+            except SearchError as exc:
+                result.notes.append(f"{exc}; pages ranked without their page vectors")
+                pages_ranking = None
+            if pages_ranking is not None:
+                rankings["pages"] = pages_ranking
     lexical_scores: dict[str, float] = {}
     if mode in ("hybrid", "lexical"):
         lexicon = view.searcher.lexical(clock)
@@ -241,17 +258,23 @@ def search_view(
             result.notes.append(note + " for word ranking; ranked by meaning alone")
         else:
             lexical_scores = lexicon.scores(query)
-            rankings.append(ranked(lexical_scores))
+            rankings["lexical"] = ranked(lexical_scores)
             clock.lap("lexical_rank")
     if not rankings:
         raise SearchError("no ranking can run for this site")
-    result.mode = mode if len(rankings) == 2 or mode != "hybrid" else ("vector" if nearest else "lexical")
-    if len(rankings) == 2:
-        top = fuse(rankings, weights=[1.0, LEXICAL_WEIGHT])[:limit]
+    both = bool(nearest) and "lexical" in rankings
+    result.mode = mode if both or mode != "hybrid" else ("vector" if nearest else "lexical")
+    if "pages" in rankings and result.embedder is not None:
+        from chromafs_fuse.ingest.embedding import page_model
+
+        k, weights = PAGE_FUSION[page_model(result.embedder) or "e5"]
+        top = fuse(list(rankings.values()), k=k, weights=[weights[kind] for kind in rankings])[:limit]
+    elif both:
+        top = fuse([rankings["chunks"], rankings["lexical"]], k=RRF_K, weights=[1.0, LEXICAL_WEIGHT])[:limit]
     elif nearest:
-        top = [(path, -nearest[path][0]) for path in rankings[0][:limit]]
+        top = [(path, -nearest[path][0]) for path in rankings["chunks"][:limit]]
     else:
-        top = [(path, lexical_scores[path]) for path in rankings[0][:limit]]
+        top = [(path, lexical_scores[path]) for path in rankings["lexical"][:limit]]
     if not top:
         return result
     entries = view.site.table.entries

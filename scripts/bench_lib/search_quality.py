@@ -5,10 +5,10 @@ and, for a seeded sample of pages, used as the query: the authors' own summary, 
 than the page. The tree (descriptions removed) is ingested with chromafs-ingest into an embedded
 Chroma; then, as an anonymous reader, each query is ranked by `chromafs search`'s own code
 (`ReaderView.search_result`, what the CLI and the MCP tool call) in every ranking: vectors alone,
-BM25 alone, both fused; and by the old default (hashing embedder) for comparison. Reported per
-query set: recall@5 (the page is in the top 5) and MRR@10, the warm latency of a hybrid search
-(p50/p90 over the queries, model and indexes loaded: the MCP server's case) and what the model
-adds to a process's RSS.
+BM25 alone, all fused; for the default embedder (wordllama+pages), the earlier defaults (hashing;
+wordllama alone) and the opt-in wordllama+e5. Reported per query set: recall@5 (the page is in the
+top 5) and MRR@10, the warm latency (p50/p90 over the queries, model and indexes loaded: the MCP
+server's case), each embedder's ingest time, and what each model adds to a process's RSS.
 """
 
 from __future__ import annotations
@@ -30,7 +30,17 @@ from harness.processes import BIN
 
 DESCRIPTION = re.compile(r"^description:[ \t]*(.*)\n", re.MULTILINE)
 TEXT_SUFFIXES = (".md", ".mdx")
-RANKINGS = (("hashing", "vector"), ("wordllama", "vector"), ("wordllama", "lexical"), ("wordllama", "hybrid"))
+EMBEDDERS = ("hashing", "wordllama", "wordllama+pages", "wordllama+e5")  # old defaults, the default, e5
+RANKINGS = (
+    ("hashing", "vector"),
+    ("wordllama", "vector"),
+    ("wordllama", "hybrid"),
+    ("wordllama+pages", "vector"),  # chunks and pages (title and headings) fused
+    ("wordllama+pages", "lexical"),  # the same BM25 whatever the embedder
+    ("wordllama+pages", "hybrid"),
+    ("wordllama+e5", "vector"),
+    ("wordllama+e5", "hybrid"),
+)
 
 
 @dataclass(frozen=True)
@@ -77,7 +87,7 @@ def sample(found: list[tuple[str, str]], count: int, seed: int = 7) -> list[tupl
 
 def measure(run: Any) -> dict[str, Any]:
     """Every query set, every ranking; run from scripts/bench (`run` is its Run: temp dir, say)."""
-    out: dict[str, Any] = {"sets": [], "model_rss_mib": model_rss_mib()}
+    out: dict[str, Any] = {"sets": [], "model_rss_mib": {name: model_rss_mib(name) for name in EMBEDDERS[2:]}}
     for spec in QUERY_SETS:
         if not spec.folder.is_dir():
             run.problems.append(f"search: {spec.folder} is missing: query set {spec.name} skipped")
@@ -91,17 +101,18 @@ def measure_set(run: Any, spec: QuerySet) -> dict[str, Any]:
     tree = work / "tree"
     queries = sample(strip_descriptions(spec.folder, tree), spec.queries)
     result: dict[str, Any] = {"name": spec.name, "note": spec.note, "queries": len(queries), "rankings": {}}
-    for embedder in ("hashing", "wordllama"):
+    for embedder in EMBEDDERS:
         chroma = work / f"chroma-{embedder}"
         started = time.monotonic()
         argv = [str(BIN / "chromafs-ingest"), str(tree), "--site", spec.name, "--chroma-path", str(chroma)]
         run_checked([*argv, "--embedder", embedder, "--quiet"], f"chromafs-ingest {spec.name} ({embedder})")
-        run.say(f"search: {spec.name} ingested with {embedder} in {time.monotonic() - started:.1f} s")
+        result.setdefault("ingest_s", {})[embedder] = round(time.monotonic() - started, 1)
+        run.say(f"search: {spec.name} ingested with {embedder} in {result['ingest_s'][embedder]:.1f} s")
         modes = [mode for name, mode in RANKINGS if name == embedder]
         ranked = rank_in_subprocess(spec.name, chroma, queries, modes)
         result["pages"] = ranked["pages"]
         for mode in modes:
-            result["rankings"][f"{embedder}/{mode}" if embedder == "hashing" else mode] = ranked["modes"][mode]
+            result["rankings"]["lexical" if mode == "lexical" else f"{embedder}/{mode}"] = ranked["modes"][mode]
     return result
 
 
@@ -151,16 +162,18 @@ def scores(found: list[int], latencies: list[float]) -> dict[str, float]:
     }
 
 
-def model_rss_mib() -> float:
-    """What loading the wordllama model and embedding with it adds to a fresh process's RSS."""
+def model_rss_mib(name: str) -> float:
+    """What loading embedder `name`'s models and embedding with them adds to a fresh process's RSS."""
     script = (
         "import numpy, tokenizers, re\n"
         "def rss():\n"
         "    return int(re.search(r'VmRSS:\\s+(\\d+)', open('/proc/self/status').read()).group(1)) / 1024\n"
         "before = rss()\n"
-        "from chromafs_fuse.ingest.embedding import make_embedder\n"
-        "embed = make_embedder('wordllama')[0]\n"
+        "from chromafs_fuse.ingest.embedding import make_embedder, page_embedder\n"
+        f"embed, pages = make_embedder({name!r})[0], page_embedder({name!r})\n"
         "embed(['how do I rotate an API key'] * 64 + ['word ' * 2000] * 64)\n"
+        "pages.queries(['how do I rotate an API key'] * 8)\n"
+        "pages.passages(['Rotate API keys. Revoke a key; ' * 12] * 64 + ['キーの管理 ' * 40] * 8)\n"
         "print(rss() - before)\n"
     )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, cwd=REPO)
@@ -178,5 +191,6 @@ def text_lines(figure: dict[str, Any]) -> list[str]:
                 f"| {one['name']} | {one['pages']} | {one['queries']} | {name} | {got['recall_at_5']:.2f} |"
                 f" {got['mrr_at_10']:.2f} | {got['p50_ms']:.0f} / {got['p90_ms']:.0f} |"
             )
-    lines.append(f"the wordllama model adds {figure['model_rss_mib']} MiB to a process's RSS")
+    for name, mib in figure["model_rss_mib"].items():
+        lines.append(f"{name}'s models add {mib} MiB to a process's RSS")
     return lines

@@ -123,7 +123,7 @@ def test_a_hidden_page_changes_no_rank_or_score_the_reader_sees(tmp_path: Path) 
 def test_search_says_where_its_time_goes_and_which_ranking_ran(sample_chroma: Callable[[str], Path]) -> None:
     done = search_cli(sample_chroma("public"), "rotate API keys", "--timings", "-n", "3")
     assert done.returncode == 0, done.stderr
-    assert "hybrid (wordllama)" in done.stderr and "total" in done.stderr and "model" in done.stderr
+    assert "hybrid (wordllama+pages)" in done.stderr and "total" in done.stderr and "model" in done.stderr
     assert done.stdout.splitlines()[0].startswith("auth/api-keys.mdx:")
 
 
@@ -160,4 +160,35 @@ def test_a_model_that_is_not_here_falls_back_to_words_with_a_note(tmp_path: Path
     done = search_cli(chroma, "rotate API keys")
     assert done.returncode == 0, done.stderr
     assert "has no lexicon" in done.stderr and "ranked by meaning alone" in done.stderr
+    assert done.stdout.startswith("auth/api-keys.mdx:")
+
+
+def lexicon_pages(chroma: Path, site: str) -> dict:
+    from chromafs_fuse.lexical import decode_lexicon
+
+    found = chromadb.PersistentClient(path=str(chroma)).get_collection(site).get(ids=[LEXICON_RECORD_ID])
+    return decode_lexicon(found["documents"][0])
+
+
+def test_new_sites_store_a_vector_per_page_and_old_embedders_keep_working(tmp_path: Path) -> None:
+    """The default embedder (wordllama+pages) stores each page's vector in the lexicon and fuses
+    three rankings; an unchanged re-ingest embeds nothing and rewrites no lexicon; wordllama+e5
+    stores multilingual e5 vectors; a wordllama site stores none and is searched as before."""
+    chroma = tmp_path / "chroma"
+    ingest(SAMPLE_SITE, "--site", "acme", "--chroma-path", str(chroma), "--quiet")
+    pages = lexicon_pages(chroma, "acme")
+    assert pages and all(vector is not None for _, _, vector in pages.values())
+    ingest(SAMPLE_SITE, "--site", "acme", "--chroma-path", str(chroma), "--embedder", "wordllama+pages", "--quiet")
+    assert lexicon_pages(chroma, "acme") == pages
+    done = search_cli(chroma, "how do I revoke a leaked key", "--timings", "-n", "3")
+    assert "hybrid (wordllama+pages)" in done.stderr and "page_embed" in done.stderr, done.stderr
+    assert "auth/api-keys.mdx" in done.stdout
+    ingest(SAMPLE_SITE, "--site", "multilingual", "--chroma-path", str(chroma), "--embedder", "wordllama+e5", "--quiet")
+    assert all(vector is not None for _, _, vector in lexicon_pages(chroma, "multilingual").values())
+    vector = search(chroma, "révoquer une clé API", "--rank", "vector", "-n", "3", site="multilingual")
+    assert vector[0]["path"] == "auth/api-keys.mdx"  # e5's page vectors are multilingual
+    ingest(SAMPLE_SITE, "--site", "old", "--chroma-path", str(chroma), "--embedder", "wordllama", "--quiet")
+    assert all(vector is None for _, _, vector in lexicon_pages(chroma, "old").values())
+    done = search_cli(chroma, "rotate API keys", "--timings", "-n", "3", site="old")
+    assert "hybrid (wordllama)" in done.stderr and "page_embed" not in done.stderr
     assert done.stdout.startswith("auth/api-keys.mdx:")

@@ -57,11 +57,16 @@ def test_titles_and_paths_weigh_more() -> None:
     assert counts["tokens"] == 1 and counts["rotate"] == 3 and counts["keys"] == 6  # title + path
     assert path_words("functions/strings/Contains.md") == "functions strings Contains"
     assert terms("The API's keys, and a b") == ["api", "keys"]  # stopwords and one-letter words go
+    assert terms("Intégrez les clés de votre API") == ["intégrez", "clés", "api"]  # French ones too
+    assert terms("Gestiona las claves de tu API y del OS") == ["gestiona", "claves", "api", "del", "os"]
 
 
 def test_the_lexicon_record_round_trips() -> None:
-    pages = {"a.md": ("sha-a", Counter({"alpha": 2, "été": 1})), "b/c.md": ("sha-b", Counter())}
-    assert decode_lexicon(encode_lexicon(pages)) == {"a.md": ("sha-a", {"alpha": 2, "été": 1}), "b/c.md": ("sha-b", {})}
+    pages = {"a.md": ("sha-a", Counter({"alpha": 2, "été": 1}), None), "b/c.md": ("sha-b", Counter(), None)}
+    expected = {"a.md": ("sha-a", {"alpha": 2, "été": 1}, None), "b/c.md": ("sha-b", {}, None)}
+    assert decode_lexicon(encode_lexicon(pages)) == expected
+    with_vector = {"a.md": ("sha-a", {"alpha": 2}, "AAEC"), "b.md": ("sha-b", {}, None)}
+    assert decode_lexicon(encode_lexicon(with_vector)) == with_vector  # format 2: a vector per page
     with pytest.raises(ValueError, match="lexicon"):
         decode_lexicon("not a record")
 
