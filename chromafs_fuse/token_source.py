@@ -63,17 +63,16 @@ def load_verification_key(secret_file: str | None, public_key_file: str | None) 
 
     if secret_file and public_key_file:
         raise TokenError("give --jwt-secret-file or --jwt-public-key, not both")
-    secret = pem = None
-    if secret_file:
-        try:
-            with open(secret_file, "rb") as f:
-                secret = f.read()
-        except OSError as exc:
-            raise TokenError(f"cannot read JWT secret file {secret_file}: {exc.strerror}") from exc
-    if public_key_file:
-        try:
-            with open(public_key_file, "rb") as f:
-                pem = f.read()
-        except OSError as exc:
-            raise TokenError(f"cannot read JWT public key {public_key_file}: {exc.strerror}") from exc
+    secret = _key_file(secret_file, "JWT secret file") if secret_file else None
+    pem = _key_file(public_key_file, "JWT public key") if public_key_file else None
     return verification_key(secret, pem, public_key_file or "the public key")
+
+
+def _key_file(path: str, what: str) -> bytes:
+    from chromafs_fuse.tokens import TokenError
+
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError as exc:
+        raise TokenError(f"cannot read {what} {path}: {exc.strerror}") from exc
