@@ -117,7 +117,9 @@ def test_a_tree_nobody_announced_is_found_by_one_batched_read_per_interval(redis
         await trio_wait_until(lambda: watch.rounds - rounds >= 4, 5, "four more rounds")
         rounds = watch.rounds - rounds
         assert stat(redis_server, "get") == gets  # no site read its version on its own
-        assert stat(redis_server, "mget") - mgets == rounds  # one read of 30 versions per round
+        # one read of 30 versions per round (a round counts itself before its read: one may be in flight
+        # at either end of the window)
+        assert rounds - 1 <= stat(redis_server, "mget") - mgets <= rounds + 1
         new = publish(redis, "site05", "two", announce=False)
         await trio_wait_until(lambda: received["site05"], 5, "site05's new tree")
         assert received["site05"] == [new.version]
