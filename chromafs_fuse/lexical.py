@@ -22,10 +22,11 @@ import re
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any, NamedTuple
 
 import numpy as np
 
-LEXICON_FORMATS = (1, 2)
+LEXICON_FORMATS = (1, 2, 3)
 TITLE_BOOST = 3  # a page's title and path words count this many extra times: they name the page
 K1 = 1.2
 B = 0.75
@@ -57,6 +58,7 @@ por porque puede que quien qué se sin sobre son su sus también te ti todo todo
 ya yo él
 """
 STOPWORDS = frozenset((_STOPWORDS + _STOPWORDS_FR + _STOPWORDS_ES).split())  # as bm25s leaves out English ones
+_ENGLISH, _FRENCH, _SPANISH = (frozenset(words.split()) for words in (_STOPWORDS, _STOPWORDS_FR, _STOPWORDS_ES))
 
 
 _CJK = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff]+")
@@ -89,6 +91,21 @@ def path_words(path: str) -> str:
     return re.sub(r"[/_\-.]+", " ", stem)
 
 
+def title_terms(summary: str, path: str) -> Counter[str]:
+    """The terms of what names a page: its title and headings (`page_summary`) and its path words.
+    BM25 over these short texts is a ranking of its own in hybrid search (search.py): a page whose
+    title says what the query asks wins there even when its body is short or says it otherwise."""
+    return Counter(terms(f"{summary} {path_words(path)}"))
+
+
+def reads_as_other_language(query: str) -> bool:
+    """Whether the query holds more French or Spanish function words than English ones: an
+    English-centred model's vectors of it are noise, and hybrid search weighs them less."""
+    words = _WORD.findall(query.lower())
+    english = sum(1 for word in words if word in _ENGLISH)
+    return max(sum(1 for word in words if word in _FRENCH), sum(1 for word in words if word in _SPANISH)) > english
+
+
 def page_terms(text: str, title: str, path: str) -> Counter[str]:
     """How often each term occurs in a page, its title and path words counted TITLE_BOOST more times."""
     counts = Counter(terms(text))
@@ -100,20 +117,30 @@ def page_terms(text: str, title: str, path: str) -> Counter[str]:
 # -- the record ------------------------------------------------------------------------------
 # {"format": 1, "pages": {path: [sha256, {term: count}]}} as compact JSON, gzip, base64; format 2
 # (a site whose embedder gives pages a vector, embedding.py's `page_embedder`) adds each page's
-# vector: [sha256, {term: count}, vector], the vector as `encode_vector`'s string.
+# vector: [sha256, {term: count}, vector], the vector as `encode_vector`'s string; format 3 adds
+# the terms of its title, headings and path (`title_terms`): [sha256, {term: count}, vector or
+# null, {term: count}].
 
-LexiconPage = tuple[str, Mapping[str, int], str | None]  # sha256, term counts, page vector or None
+
+class LexiconPage(NamedTuple):
+    sha256: str
+    counts: Mapping[str, int]  # the page's terms (`page_terms`)
+    vector: str | None  # its page vector (`encode_vector`), None when the embedder gives none
+    titles: Mapping[str, int] | None = None  # its title's terms (`title_terms`), None before format 3
 
 
 def encode_lexicon(pages: Mapping[str, LexiconPage]) -> str:
-    with_vectors = any(vector is not None for _, _, vector in pages.values())
-    body = {
-        "format": 2 if with_vectors else 1,
-        "pages": {
-            path: [sha, dict(counts), vector] if with_vectors else [sha, dict(counts)]
-            for path, (sha, counts, vector) in pages.items()
-        },
-    }
+    with_titles = any(page.titles is not None for page in pages.values())
+    with_vectors = any(page.vector is not None for page in pages.values())
+    rows: dict[str, list[Any]] = {}
+    for path, page in pages.items():
+        row: list[Any] = [page.sha256, dict(page.counts)]
+        if with_vectors or with_titles:
+            row.append(page.vector)
+        if with_titles:
+            row.append(dict(page.titles or {}))
+        rows[path] = row
+    body = {"format": 3 if with_titles else 2 if with_vectors else 1, "pages": rows}
     data = json.dumps(body, separators=(",", ":"), sort_keys=True, ensure_ascii=False).encode("utf-8")
     return base64.b64encode(gzip.compress(data, compresslevel=6, mtime=0)).decode("ascii")
 
@@ -147,7 +174,8 @@ def decode_lexicon(document: str) -> dict[str, LexiconPage]:
     out: dict[str, LexiconPage] = {}
     for path, page in body["pages"].items():
         vector = page[2] if len(page) > 2 and isinstance(page[2], str) else None
-        out[str(path)] = (str(page[0]), dict(page[1]), vector)
+        titles = dict(page[3]) if len(page) > 3 and isinstance(page[3], dict) else None
+        out[str(path)] = LexiconPage(str(page[0]), dict(page[1]), vector, titles)
     return out
 
 

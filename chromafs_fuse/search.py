@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from chromafs_fuse.errors import Refused
+from chromafs_fuse.lexical import reads_as_other_language
 from chromafs_fuse.names import EMBEDDER_FIELD, FORMAT_FIELD, PAGE_SHA_FIELD
 from chromafs_fuse.tree import PathEntry
 
@@ -43,13 +44,37 @@ MODES = ("hybrid", "vector", "lexical")
 # the first places of each ranking decide; BM25 is the stronger ranking on docs, so it weighs more.
 RRF_K = 3
 LEXICAL_WEIGHT = 1.5
-# With page vectors (embedders `wordllama+pages`, `wordllama+e5`) three rankings are fused: chunks,
-# BM25, pages; k and the weights per page model, chosen the same way (150 tuning queries per tree,
-# none of the benchmark's). wordllama's page vectors are weak alone and count little.
-PAGE_FUSION: dict[str, tuple[int, dict[str, float]]] = {
-    "wordllama": (2, {"chunks": 1.0, "lexical": 2.0, "pages": 0.5}),
-    "e5": (5, {"chunks": 0.5, "lexical": 3.0, "pages": 2.0}),
+
+
+@dataclass(frozen=True)
+class Fusion:
+    """Reciprocal rank fusion's constant and each ranking's weight (a ranking not named: 0)."""
+
+    k: int
+    weights: Mapping[str, float]
+
+
+# With page vectors (embedders `wordllama+pages`, `wordllama+e5`) up to four rankings are fused:
+# chunks (vectors), lexical (BM25 over the pages), pages (page vectors) and titles (BM25 over
+# titles, headings and paths); k and the weights per page model, chosen on tuning queries (every
+# description of both trees outside the benchmark's sample: 810 and 673). wordllama's vectors are
+# an English model's: a query in French or Spanish (`reads_as_other_language`) weighs them less.
+# Sites ingested before the title terms were stored keep the fusion they were tuned with.
+PAGE_FUSIONS: dict[str, Fusion] = {
+    "wordllama": Fusion(3, {"chunks": 1.5, "lexical": 2.0, "pages": 0.5, "titles": 0.75}),
+    "wordllama, other language": Fusion(5, {"chunks": 0.25, "lexical": 2.0, "titles": 0.75}),
+    "wordllama, no titles": Fusion(2, {"chunks": 1.0, "lexical": 2.0, "pages": 0.5}),
+    "e5": Fusion(5, {"chunks": 0.5, "lexical": 3.0, "pages": 2.0}),
 }
+
+
+def page_fusion(page_model: str, query: str, has_titles: bool) -> Fusion:
+    """The fusion for a site whose pages have vectors of `page_model`."""
+    if page_model != "wordllama":
+        return PAGE_FUSIONS[page_model]
+    if not has_titles:
+        return PAGE_FUSIONS["wordllama, no titles"]
+    return PAGE_FUSIONS["wordllama, other language" if reads_as_other_language(query) else "wordllama"]
 
 
 @dataclass(frozen=True)

@@ -49,7 +49,7 @@ from chromafs_fuse.ingest.retention import (
     plan_retention,
 )
 from chromafs_fuse.ingest.scan import Problem, ScanOptions, SourceFile, one_per_file, scan_site
-from chromafs_fuse.lexical import LexiconPage, decode_lexicon, encode_lexicon, encode_vector, page_terms
+from chromafs_fuse.lexical import LexiconPage, decode_lexicon, encode_lexicon, encode_vector, page_terms, title_terms
 from chromafs_fuse.names import (
     EMBEDDER_FIELD,
     FORMAT_FIELD,
@@ -387,12 +387,19 @@ def ingest(options: IngestOptions, show_progress: bool = False) -> IngestSummary
             assert source.text is not None
             previous = old_pages.get(source.key)
             known = old_lexicon.get(source.key)
-            unchanged = previous is not None and previous.sha256 == sha and known is not None and known[0] == sha
-            if unchanged and known is not None and (page_vectors.model is None or known[2] is not None):
+            unchanged = previous is not None and previous.sha256 == sha and known is not None and known.sha256 == sha
+            complete = known is not None and known.titles is not None
+            if (
+                unchanged
+                and complete
+                and known is not None
+                and (page_vectors.model is None or known.vector is not None)
+            ):
                 lexicon[source.key] = known  # an unchanged page keeps its terms and its vector
             else:
                 title = page_title(source.text)
-                lexicon[source.key] = (sha, page_terms(source.text, title, source.key), None)
+                titles = title_terms(page_summary(source.text, title), source.key)
+                lexicon[source.key] = LexiconPage(sha, page_terms(source.text, title, source.key), None, titles)
                 page_vectors.add(source.key, source.text, title)
             if previous is not None and previous.sha256 == sha:
                 summary.unchanged += 1
@@ -408,8 +415,7 @@ def ingest(options: IngestOptions, show_progress: bool = False) -> IngestSummary
                 writer.add(chunk_id(source.key, sha, index), chunk, title, metadata)
         writer.flush()
     for key, vector in page_vectors.results():
-        sha, counts, _ = lexicon[key]
-        lexicon[key] = (sha, counts, vector)
+        lexicon[key] = lexicon[key]._replace(vector=vector)
     dimensions = writer.dimensions
     zero_vector = [0.0] * (dimensions or len(embed([""])[0]))
     summary.blob_pieces_written = blobs.write(zero_vector)

@@ -17,7 +17,7 @@ import threading
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
-from chromafs_fuse.lexical import LexicalIndex, decode_lexicon, decode_vectors
+from chromafs_fuse.lexical import LexicalIndex, LexiconPage, decode_lexicon, decode_vectors, ranked
 from chromafs_fuse.names import LEXICON_RECORD_ID
 from chromafs_fuse.search import PageVectorIndex, SearchError, VectorIndex, embedder_name, view_filter
 
@@ -36,6 +36,7 @@ class Searcher:
         self._vectors: dict[str, VectorIndex] = {}
         self._lexical: LexicalIndex | None = None
         self._page_vectors: PageVectorIndex | None = None
+        self._titles: LexicalIndex | None = None  # BM25 over titles, headings and paths
         self._lexical_loaded = False
 
     def _chroma(self) -> Any:
@@ -131,19 +132,31 @@ class Searcher:
         except ValueError as exc:
             log.warning("%s", exc)
             return None
-        visible = []
+        visible: list[tuple[str, LexiconPage]] = []
         for entry in self._pages():  # only the reader's pages, each at the version its tree names
             found = pages.get(entry.key) or pages.get(entry.source_key)
-            if found is not None and (entry.sha256 is None or found[0] == entry.sha256):
-                visible.append((entry.key, found[1], found[2]))
-        with_vectors = sorted((key, vector) for key, _, vector in visible if vector is not None)
+            if found is not None and (entry.sha256 is None or found.sha256 == entry.sha256):
+                visible.append((entry.key, found))
+        with_vectors = sorted((key, page.vector) for key, page in visible if page.vector is not None)
         if with_vectors:
             try:
                 matrix = decode_vectors([vector for _, vector in with_vectors])
                 self._page_vectors = PageVectorIndex(tuple(key for key, _ in with_vectors), matrix)
             except ValueError as exc:
                 log.warning("the lexicon's page vectors cannot be read: %s", exc)
-        return LexicalIndex.build((key, counts) for key, counts, _ in visible)
+        if visible and all(page.titles is not None for _, page in visible):
+            self._titles = LexicalIndex.build((key, page.titles or {}) for key, page in visible)
+        return LexicalIndex.build((key, page.counts) for key, page in visible)
+
+    def title_ranking(self, query: str, clock: Clock) -> list[str] | None:
+        """The view's pages by BM25 over their titles, headings and paths (`title_terms`); None
+        when the site's lexicon has no title terms (written before chromafs stored them)."""
+        self.lexical(clock)
+        if self._titles is None:
+            return None
+        found = ranked(self._titles.scores(query))
+        clock.lap("title_rank")
+        return found
 
     def _redis_key(self) -> str | None:
         shared = self.view.site.source.shared

@@ -208,13 +208,13 @@ def search_view(
     from chromafs_fuse.search import (
         LEXICAL_WEIGHT,
         MODES,
-        PAGE_FUSION,
         RRF_K,
         Hit,
         SearchError,
         SearchResult,
         fuse,
         locate,
+        page_fusion,
     )
 
     if limit < 1:
@@ -248,6 +248,9 @@ def search_view(
                 pages_ranking = None
             if pages_ranking is not None:
                 rankings["pages"] = pages_ranking
+                titles = view.searcher.title_ranking(query, clock) if mode == "hybrid" else None
+                if titles is not None:
+                    rankings["titles"] = titles
     lexical_scores: dict[str, float] = {}
     if mode in ("hybrid", "lexical"):
         lexicon = view.searcher.lexical(clock)
@@ -267,8 +270,10 @@ def search_view(
     if "pages" in rankings and result.embedder is not None:
         from chromafs_fuse.ingest.embedding import page_model
 
-        k, weights = PAGE_FUSION[page_model(result.embedder) or "e5"]
-        top = fuse(list(rankings.values()), k=k, weights=[weights[kind] for kind in rankings])[:limit]
+        fusion = page_fusion(page_model(result.embedder) or "e5", query, "titles" in rankings)
+        kinds = [kind for kind in rankings if fusion.weights.get(kind)]
+        top = fuse([rankings[kind] for kind in kinds], k=fusion.k, weights=[fusion.weights[kind] for kind in kinds])
+        top = top[:limit]
     elif both:
         top = fuse([rankings["chunks"], rankings["lexical"]], k=RRF_K, weights=[1.0, LEXICAL_WEIGHT])[:limit]
     elif nearest:

@@ -48,7 +48,8 @@ def _read_loop(mnt: Path, pages: list[str], stop: threading.Event, failures: lis
 
 
 @pytest.mark.expect_log(
-    r"WARNING .*: Redis \(.*\) unavailable, reading from the backend instead", r"WARNING .*: Redis \(.*\) is reachable again"
+    r"WARNING .*: Redis \(.*\) unavailable, reading from the backend instead",
+    r"WARNING .*: Redis \(.*\) is reachable again",
 )
 def test_redis_flapping_during_reads(
     redis_server: RedisServer, sample_backend: Callable[..., Backend], mnt: Path

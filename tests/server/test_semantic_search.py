@@ -120,6 +120,32 @@ def test_a_hidden_page_changes_no_rank_or_score_the_reader_sees(tmp_path: Path) 
             assert all("internal-roadmap" not in hit["path"] for hit in hidden)
 
 
+def _titled(title: str, body: str, public: bool = True) -> str:
+    access = "public: true" if public else "groups: [admin]"
+    return f"---\n{access}\ntitle: {title}\n---\n\n# {title}\n\n{body}\n"
+
+
+def test_hidden_titles_change_no_title_rank_the_reader_sees(tmp_path: Path) -> None:
+    """The title terms' BM25 is counted over the visible pages alone: hidden pages whose titles
+    make a query word common (a word rare among visible titles) change no fused score."""
+    plain, with_hidden = tmp_path / "plain", tmp_path / "with-hidden"
+    plain.mkdir()
+    filler = "Steps, settings and examples for the deployment pipeline of the service."
+    (plain / "zebra.md").write_text(_titled("Zebra guide", filler))
+    (plain / "yak.md").write_text(_titled("Yak guide", filler))
+    (plain / "yak-notes.md").write_text(_titled("Yak notes", filler))
+    (plain / "other.md").write_text(_titled("Other page", filler))
+    shutil.copytree(plain, with_hidden)
+    for name in ("zebra-plans", "zebra-budget", "zebra-hiring"):
+        (with_hidden / f"{name}.md").write_text(_titled(name.replace("-", " ").title(), "Internal.", public=False))
+    chroma = tmp_path / "chroma"
+    ingest(plain, "--site", "plain", "--chroma-path", str(chroma), "--quiet")
+    ingest(with_hidden, "--site", "hidden", "--chroma-path", str(chroma), "--quiet")
+    for query in ("zebra yak", "yak zebra guide"):
+        seen = search(chroma, query, "-n", "10", site="plain")
+        assert seen and search(chroma, query, "-n", "10", site="hidden") == seen, query
+
+
 def test_search_says_where_its_time_goes_and_which_ranking_ran(sample_chroma: Callable[[str], Path]) -> None:
     done = search_cli(sample_chroma("public"), "rotate API keys", "--timings", "-n", "3")
     assert done.returncode == 0, done.stderr
@@ -170,6 +196,30 @@ def lexicon_pages(chroma: Path, site: str) -> dict:
     return decode_lexicon(found["documents"][0])
 
 
+def test_a_site_ingested_before_title_terms_is_searched_and_a_re_ingest_adds_them(tmp_path: Path) -> None:
+    """A lexicon of format 2 (page vectors, no title terms) is ranked with the fusion of its time;
+    an unchanged re-ingest stores the title terms (format 3) and changes nothing else."""
+    from chromafs_fuse.lexical import encode_lexicon
+
+    chroma = tmp_path / "chroma"
+    ingest(SAMPLE_SITE, "--site", "acme", "--chroma-path", str(chroma), "--quiet")
+    pages = lexicon_pages(chroma, "acme")
+    older = {path: page._replace(titles=None) for path, page in pages.items()}
+    client = chromadb.PersistentClient(path=str(chroma))
+    collection = client.get_collection("acme")
+    vector = collection.get(ids=[LEXICON_RECORD_ID], include=["embeddings"])["embeddings"][0]
+    collection.update(ids=[LEXICON_RECORD_ID], documents=[encode_lexicon(older)], embeddings=[vector])
+    del client
+    assert lexicon_pages(chroma, "acme") == older
+    done = search_cli(chroma, "rotate API keys", "--timings", "-n", "3")
+    assert done.returncode == 0, done.stderr
+    assert "title_rank" not in done.stderr and done.stdout.startswith("auth/api-keys.mdx:")
+    ingest(SAMPLE_SITE, "--site", "acme", "--chroma-path", str(chroma), "--quiet")
+    assert lexicon_pages(chroma, "acme") == pages
+    done = search_cli(chroma, "rotate API keys", "--timings", "-n", "3")
+    assert "title_rank" in done.stderr and done.stdout.startswith("auth/api-keys.mdx:")
+
+
 def test_new_sites_store_a_vector_per_page_and_old_embedders_keep_working(tmp_path: Path) -> None:
     """The default embedder (wordllama+pages) stores each page's vector in the lexicon and fuses
     three rankings; an unchanged re-ingest embeds nothing and rewrites no lexicon; wordllama+e5
@@ -177,18 +227,18 @@ def test_new_sites_store_a_vector_per_page_and_old_embedders_keep_working(tmp_pa
     chroma = tmp_path / "chroma"
     ingest(SAMPLE_SITE, "--site", "acme", "--chroma-path", str(chroma), "--quiet")
     pages = lexicon_pages(chroma, "acme")
-    assert pages and all(vector is not None for _, _, vector in pages.values())
+    assert pages and all(page.vector is not None and page.titles is not None for page in pages.values())
     ingest(SAMPLE_SITE, "--site", "acme", "--chroma-path", str(chroma), "--embedder", "wordllama+pages", "--quiet")
     assert lexicon_pages(chroma, "acme") == pages
     done = search_cli(chroma, "how do I revoke a leaked key", "--timings", "-n", "3")
     assert "hybrid (wordllama+pages)" in done.stderr and "page_embed" in done.stderr, done.stderr
     assert "auth/api-keys.mdx" in done.stdout
     ingest(SAMPLE_SITE, "--site", "multilingual", "--chroma-path", str(chroma), "--embedder", "wordllama+e5", "--quiet")
-    assert all(vector is not None for _, _, vector in lexicon_pages(chroma, "multilingual").values())
+    assert all(page.vector is not None for page in lexicon_pages(chroma, "multilingual").values())
     vector = search(chroma, "révoquer une clé API", "--rank", "vector", "-n", "3", site="multilingual")
     assert vector[0]["path"] == "auth/api-keys.mdx"  # e5's page vectors are multilingual
     ingest(SAMPLE_SITE, "--site", "old", "--chroma-path", str(chroma), "--embedder", "wordllama", "--quiet")
-    assert all(vector is None for _, _, vector in lexicon_pages(chroma, "old").values())
+    assert all(page.vector is None for page in lexicon_pages(chroma, "old").values())
     done = search_cli(chroma, "rotate API keys", "--timings", "-n", "3", site="old")
     assert "hybrid (wordllama)" in done.stderr and "page_embed" not in done.stderr
     assert done.stdout.startswith("auth/api-keys.mdx:")

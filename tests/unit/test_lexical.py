@@ -11,15 +11,18 @@ import pytest
 
 from chromafs_fuse.lexical import (
     LexicalIndex,
+    LexiconPage,
     best_passage,
     decode_lexicon,
     encode_lexicon,
     page_terms,
     path_words,
     ranked,
+    reads_as_other_language,
     terms,
+    title_terms,
 )
-from chromafs_fuse.search import VectorIndex, fuse
+from chromafs_fuse.search import PAGE_FUSIONS, VectorIndex, fuse, page_fusion
 
 PAGES = {
     "auth/api-keys.md": "Rotate API keys often. Revoke a key that leaked. Keys are secrets.",
@@ -62,13 +65,35 @@ def test_titles_and_paths_weigh_more() -> None:
 
 
 def test_the_lexicon_record_round_trips() -> None:
-    pages = {"a.md": ("sha-a", Counter({"alpha": 2, "été": 1}), None), "b/c.md": ("sha-b", Counter(), None)}
-    expected = {"a.md": ("sha-a", {"alpha": 2, "été": 1}, None), "b/c.md": ("sha-b", {}, None)}
-    assert decode_lexicon(encode_lexicon(pages)) == expected
-    with_vector = {"a.md": ("sha-a", {"alpha": 2}, "AAEC"), "b.md": ("sha-b", {}, None)}
+    pages = {
+        "a.md": LexiconPage("sha-a", Counter({"alpha": 2, "été": 1}), None),
+        "b/c.md": LexiconPage("sha-b", {}, None),
+    }
+    expected = {"a.md": ("sha-a", {"alpha": 2, "été": 1}, None, None), "b/c.md": ("sha-b", {}, None, None)}
+    assert decode_lexicon(encode_lexicon(pages)) == expected  # format 1: terms alone
+    with_vector = {"a.md": LexiconPage("sha-a", {"alpha": 2}, "AAEC"), "b.md": LexiconPage("sha-b", {}, None)}
     assert decode_lexicon(encode_lexicon(with_vector)) == with_vector  # format 2: a vector per page
+    with_titles = {
+        "a.md": LexiconPage("sha-a", {"alpha": 2}, None, {"guide": 1}),
+        "b.md": LexiconPage("sha-b", {}, "AAEC", {}),
+    }
+    assert decode_lexicon(encode_lexicon(with_titles)) == with_titles  # format 3: a title's terms per page
     with pytest.raises(ValueError, match="lexicon"):
         decode_lexicon("not a record")
+
+
+def test_a_query_in_french_or_spanish_reads_as_another_language() -> None:
+    assert reads_as_other_language("Ajoutez un widget de recherche à votre site pour les lecteurs")
+    assert reads_as_other_language("Configura la búsqueda de tu sitio con las claves de la API")
+    assert not reads_as_other_language("Add a search widget to your site for the readers")
+    assert not reads_as_other_language("API keys")  # no function word at all: read as English
+    assert not reads_as_other_language("将文档页面导出为 Markdown")
+
+
+def test_title_terms_are_the_summary_and_the_path() -> None:
+    assert title_terms("Custom 404 page. Setup; Styling", "customize/custom-404-page.mdx") == Counter(
+        {"custom": 2, "404": 2, "page": 2, "setup": 1, "styling": 1, "customize": 1}
+    )
 
 
 def test_fusion_rewards_agreement_and_breaks_ties_by_path() -> None:
@@ -94,3 +119,11 @@ def test_the_best_passage_holds_the_most_query_words() -> None:
     chunks = ["intro text", "rotate keys here; rotate often", "keys"]
     assert best_passage(chunks, "rotate keys") == chunks[1]
     assert best_passage(["x", "y"], "nothing") == "x"
+
+
+def test_the_fusion_follows_the_page_model_the_query_language_and_the_lexicon_format() -> None:
+    english = page_fusion("wordllama", "Add a search widget to your site", has_titles=True)
+    french = page_fusion("wordllama", "Ajoutez un widget de recherche à votre site", has_titles=True)
+    assert english.weights["chunks"] > french.weights["chunks"] and not french.weights.get("pages")
+    assert english.weights["titles"] and "titles" not in page_fusion("wordllama", "x", has_titles=False).weights
+    assert page_fusion("e5", "Ajoutez un widget de recherche à votre site", has_titles=True) == PAGE_FUSIONS["e5"]
