@@ -60,6 +60,15 @@ def measure(source: Path, site: str, workdir: Path) -> dict[str, Any]:
     }
 
 
+def figures(figure: dict[str, Any]) -> dict[str, tuple[float, str]]:
+    """The times `--baseline` compares between versions (lower is better)."""
+    return {
+        "first ingest": (figure["first_s"], "s"),
+        "seconds per 1,000 pages": (1000 * figure["first_s"] / figure["pages"], "s"),
+        "unchanged re-ingest": (figure["unchanged_s"], "s"),
+    }
+
+
 def text_line(figure: dict[str, Any]) -> str:
     return (
         f"ingest: {figure['pages']} pages ({figure['chunks']} chunks) in {figure['first_s']:.1f} s ="

@@ -155,13 +155,23 @@ def run_corpus(run: Run, spec: str, index: int) -> dict[str, Any]:
     corpus = corpora.resolve(spec, index, args.seed, run.tmp)
     run.say(f"corpus {spec}: {corpus.source}")
     speed = None
-    if "ingest" in args.figures:
+    if "ingest" in args.figures and run.versions is not None:
+        rounds = iter(range(1_000))  # each ingest, of either version, into a Chroma of its own
+
+        def ingest_once() -> dict[str, Any]:
+            workdir = run.tmp / f"ingest-{next(rounds)}"
+            workdir.mkdir()
+            return ingest_speed.measure(corpus.source, corpus.site, workdir)
+
+        speed = _compared(run, f"{spec} ingest", ingest_once, ingest_speed.figures)
+        run.say(f"{spec}: {ingest_speed.text_line(speed)} (current code, first round)")
+    elif "ingest" in args.figures:
         speed = ingest_speed.measure(corpus.source, corpus.site, run.tmp)
         run.say(f"{spec}: {ingest_speed.text_line(speed)}")
-        if [f for f in args.figures if f != "mountd"] == ["ingest"]:
-            return {"name": spec, "site": corpus.site, "facts": corpus.facts, "ingest": speed, "systems": {}}
+    if speed is not None and [f for f in args.figures if f != "mountd"] == ["ingest"]:
+        return {"name": spec, "site": corpus.site, "facts": corpus.facts, "ingest": speed, "systems": {}}
     chroma_dir = run.tmp / f"{corpus.site}-chroma"
-    if speed is not None:  # the ingest figure's first run made this very collection: no second ingest
+    if speed is not None and run.versions is None:  # the ingest figure's first run made this very collection
         chroma_dir = ingest_speed.chroma_dir(run.tmp, corpus.site)
         corpus.facts["ingest_embedded_s"] = speed["first_s"]
     else:
