@@ -11,9 +11,10 @@ Hybrid ranking (the default) fuses the vector ranking and the BM25 ranking of th
 pages by reciprocal rank fusion (`fuse`): a page's score is the sum over the rankings of
 weight / (RRF_K + its rank). A site whose embedder also gives each page a vector (`wordllama+pages`,
 `wordllama+e5`) adds a third ranking, the pages by that vector (`PageVectorIndex`), and its vector ranking fuses
-chunks and pages. Both rankings hold only visible pages, and BM25's statistics are
-counted over the visible pages alone (lexical.py), so nothing the reader cannot see moves a
-rank or a score.
+chunks and pages; a site whose lexicon holds title terms adds a fourth, BM25 over each page's title,
+headings and path (`page_fusion` picks the weights). Every ranking holds only visible pages, and
+both BM25 indexes count their statistics over the visible pages alone (lexical.py), so nothing
+the reader cannot see moves a rank or a score.
 
 Pure: the search that reads Chroma and embeds the query is site/view.py's `search_view`.
 """
