@@ -387,12 +387,12 @@ def ingest(options: IngestOptions, show_progress: bool = False) -> IngestSummary
             assert source.text is not None
             previous = old_pages.get(source.key)
             known = old_lexicon.get(source.key)
-            unchanged = previous is not None and previous.sha256 == sha and known is not None and known.sha256 == sha
-            complete = known is not None and known.titles is not None
+            unchanged = previous is not None and previous.sha256 == sha
             if (
                 unchanged
-                and complete
                 and known is not None
+                and known.sha256 == sha
+                and known.titles is not None  # an entry of format 1 or 2 gets its title terms now
                 and (page_vectors.model is None or known.vector is not None)
             ):
                 lexicon[source.key] = known  # an unchanged page keeps its terms and its vector

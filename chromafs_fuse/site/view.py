@@ -204,6 +204,7 @@ def search_view(
     Chroma is read through the site's own client, the pages through its page tiers; the
     model, the view's vectors and its BM25 index stay in memory for the next query."""
     from chromafs_fuse.chunks import split_page
+    from chromafs_fuse.ingest.embedding import page_model
     from chromafs_fuse.lexical import best_passage, ranked
     from chromafs_fuse.search import (
         LEXICAL_WEIGHT,
@@ -248,7 +249,8 @@ def search_view(
                 pages_ranking = None
             if pages_ranking is not None:
                 rankings["pages"] = pages_ranking
-                titles = view.searcher.title_ranking(query, clock) if mode == "hybrid" else None
+                wanted = "titles" in page_fusion(page_model(name) or "e5", query, has_titles=True).weights
+                titles = view.searcher.title_ranking(query, clock) if mode == "hybrid" and wanted else None
                 if titles is not None:
                     rankings["titles"] = titles
     lexical_scores: dict[str, float] = {}
@@ -268,8 +270,6 @@ def search_view(
     both = bool(nearest) and "lexical" in rankings
     result.mode = mode if both or mode != "hybrid" else ("vector" if nearest else "lexical")
     if "pages" in rankings and result.embedder is not None:
-        from chromafs_fuse.ingest.embedding import page_model
-
         fusion = page_fusion(page_model(result.embedder) or "e5", query, "titles" in rankings)
         kinds = [kind for kind in rankings if fusion.weights.get(kind)]
         top = fuse([rankings[kind] for kind in kinds], k=fusion.k, weights=[fusion.weights[kind] for kind in kinds])

@@ -156,7 +156,7 @@ def run_corpus(run: Run, spec: str, index: int) -> dict[str, Any]:
     run.say(f"corpus {spec}: {corpus.source}")
     speed = None
     if "ingest" in args.figures and run.versions is not None:
-        rounds = iter(range(1_000))  # each ingest, of either version, into a Chroma of its own
+        rounds = itertools.count()  # each ingest, of either version, into a Chroma of its own
 
         def ingest_once() -> dict[str, Any]:
             workdir = run.tmp / f"ingest-{next(rounds)}"
