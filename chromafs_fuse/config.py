@@ -208,6 +208,7 @@ class MountConfig:
         return cls(session=session_config, **fields)
 
 
+SESSION_FUSE_OPTIONS = ("allow_other",)
 PER_SESSION_SETTINGS = ("mountpoint", "pid_file", "log_file", "log_level", "log_format", "metrics_addr")
 
 
@@ -219,6 +220,8 @@ def mount_settings(config: MountConfig) -> dict[str, object]:
         settings.pop(name)
     for name in ("jwt_secret_file", "jwt_public_key"):
         settings["session"].pop(name)
+    # who besides the session's owner may read it is the session's own (its directories' mode)
+    settings["fuse_options"] = tuple(o for o in config.fuse_options if o not in SESSION_FUSE_OPTIONS)
     return settings
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import errno
 import os
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
 
@@ -181,10 +181,13 @@ class DocsFilesystem(Generic[A]):
         if self.no_open:
             raise FsError(errno.ENOSYS)  # the kernel stops asking, and caches listings
 
-    def listing(self, inode: int, start: int) -> Iterator[tuple[bytes, A, int]]:
+    def listing(
+        self, inode: int, start: int, directory: Callable[[int], A] | None = None
+    ) -> Iterator[tuple[bytes, A, int]]:
         """The directory's entries from position `start`: (name, attributes, next position).
         Once the listing has been taken to its end, the read-ahead hears that it was listed.
-        The search directory lists nothing: its files are queries."""
+        The search directory lists nothing: its files are queries. `directory`: what a
+        subdirectory (by index) is listed with instead of its own attributes (a session's)."""
         if SearchDir.owns(inode):
             return
         table = self.table
@@ -192,6 +195,9 @@ class DocsFilesystem(Generic[A]):
         children, built, name_at = table.children_at(index), self._built, table.name_at
         for position in range(start, len(children)):
             child = children[position]
+            if directory is not None and table.is_dir_at(child):
+                yield name_at(child), directory(child), position + 1
+                continue
             yield name_at(child), built[child] or self._node_attributes(child), position + 1
         self.scheduler.listed(index)
 

@@ -30,22 +30,35 @@ from typing import Generic, TypeVar
 from chromafs_fuse.attributes import BLOCK_SIZE, DAEMON_OWNER, DIR_MODE, Attributes
 from chromafs_fuse.errors import FsError
 from chromafs_fuse.filesystem import DocsFilesystem, FsStats, OpenReply
-from chromafs_fuse.inodes import InodeTable
+from chromafs_fuse.inodes import ROOT_INODE, InodeTable
+from chromafs_fuse.sessions import (
+    SESSION_BIT,
+    SESSIONS_DIR,
+    DirOrdinals,
+    ServedSession,
+    SessionSpace,
+    is_session_inode,
+    session_inode,
+    split_inode,
+)
 from chromafs_fuse.shared_views import SharedNamespace
+from chromafs_fuse.tree_diff import TreeChange
 
 A = TypeVar("A")
 SHARED_STATS = FsStats(BLOCK_SIZE, 0, 0)  # the same for every session, whatever the views
+SESSIONS_INODE = SESSION_BIT  # `.sessions`: slot 0, never a session's
 
 
 class ViewEntry(Generic[A]):
     """A view in the namespace: its filesystem now, and the requests it answered (kept across
     the filesystems a re-ingest switches it to)."""
 
-    __slots__ = ("fs", "requests")
+    __slots__ = ("fs", "ordinals", "requests")
 
-    def __init__(self, fs: DocsFilesystem[A], requests: int = 0) -> None:
+    def __init__(self, fs: DocsFilesystem[A], requests: int = 0, ordinals: DirOrdinals | None = None) -> None:
         self.fs = fs
         self.requests = requests
+        self.ordinals = ordinals or DirOrdinals(fs.table.inode_at(0))  # its sessions' directories
 
     @property
     def table(self) -> InodeTable:
@@ -62,6 +75,7 @@ class SharedFilesystem(Generic[A]):
         self.time_ns = time_ns
         self.no_open = no_open
         self.absent = convert(Attributes(0, 0, 0, 0, 0, 0.0, 0.0, 0, 0))  # never cached: views come
+        self.sessions = SessionSpace()
 
     # -- views joining and leaving ---------------------------------------------------------
 
@@ -70,7 +84,8 @@ class SharedFilesystem(Generic[A]):
         if any). `extra_inodes`: the old versions it still serves (DocsFilesystem.replaced).
         InodeClash when its inodes clash with another view's."""
         old = self.namespace.view(site, name)
-        self.namespace.add(site, name, ViewEntry(fs, old.requests if old else 0), extra_inodes)
+        entry = ViewEntry(fs, old.requests, old.ordinals) if old else ViewEntry(fs)
+        self.namespace.add(site, name, entry, extra_inodes)
         if old is None:
             self._changed()
 
@@ -114,35 +129,146 @@ class SharedFilesystem(Generic[A]):
         record = fs.attributes.node_record(fs.table, 0, None)
         return self.convert(dataclasses.replace(record, entry_timeout=0.0))
 
+    # -- sessions ---------------------------------------------------------------------------
+
+    def open_session(
+        self, site: str, name: str, uid: int, gid: int, expires_at: float | None, allow_other: bool
+    ) -> ServedSession:
+        """A session of the view `name` of `site`, at `.sessions/<slot>` from now on."""
+        if self.namespace.view(site, name) is None:
+            raise FsError(errno.ENOENT)
+        return self.sessions.open(site, name, uid, gid, expires_at, allow_other)
+
+    def session_inodes(self, session: ServedSession) -> list[int]:
+        """Every directory inode the kernel may hold for the session (what it must forget when
+        the session ends)."""
+        entry = self.namespace.view(session.site, session.view)
+        count = len(entry.ordinals) if entry is not None else 1
+        return [session_inode(session.slot, ordinal) for ordinal in range(count)]
+
+    def session_change(self, site: str, name: str, change: TreeChange) -> TreeChange:
+        """What the kernel must forget of the view's sessions after a re-ingest: the view's own
+        change, for each live session's directories."""
+        entry = self.namespace.view(site, name)
+        out = TreeChange()
+        if entry is None:
+            return out
+        known = entry.ordinals.known
+        for session in self.sessions.of_view(site, name):
+            for inode in change.stale_inodes:
+                ordinal = known(inode)
+                if ordinal is not None:
+                    out.stale_inodes.append(session_inode(session.slot, ordinal))
+            for parent, child in change.stale_names:
+                ordinal = known(parent)
+                if ordinal is not None:
+                    out.stale_names.append((session_inode(session.slot, ordinal), child))
+        return out
+
+    def _session_dir(self, inode: int) -> tuple[ServedSession, ViewEntry[A], int]:
+        """The live session a directory inode belongs to, its class view, the class's inode of
+        the directory. EACCES once the session ended: whatever the kernel still holds of it."""
+        slot, ordinal = split_inode(inode)
+        session = self.sessions.live(slot, time.time())
+        entry = self.namespace.view(session.site, session.view)
+        class_inode = entry.ordinals.class_inode(ordinal) if entry is not None else None
+        if entry is None or class_inode is None:
+            raise FsError(errno.ENOENT)
+        entry.requests += 1
+        return session, entry, class_inode
+
+    def _session_attributes(self, session: ServedSession, entry: ViewEntry[A], index: int) -> A:
+        """A directory of the session: the class's, under the session's inode and owner."""
+        fs = entry.fs
+        record = fs.attributes.node_record(fs.table, index, None)
+        ordinal = entry.ordinals.ordinal(fs.table.inode_at(index))
+        return self.convert(
+            dataclasses.replace(
+                record,
+                inode=session_inode(session.slot, ordinal),
+                mode=session.mode,
+                uid=session.uid,
+                gid=session.gid,
+                entry_timeout=0.0 if index == 0 else record.entry_timeout,
+            )
+        )
+
+    def _sessions_dir(self) -> A:
+        uid, gid = DAEMON_OWNER
+        return self.convert(Attributes(SESSIONS_INODE, DIR_MODE, 2, 0, self.time_ns, 0.0, 0.0, uid, gid))
+
+    async def _session_lookup(self, parent_inode: int, name: bytes) -> A:
+        if parent_inode == SESSIONS_INODE:
+            slot = self.sessions.slot_of(name)
+            if slot is None:
+                return self.absent
+            session = self.sessions.live(slot, time.time())
+            entry = self.namespace.view(session.site, session.view)
+            if entry is None:
+                raise FsError(errno.ENOENT)
+            return self._session_attributes(session, entry, 0)
+        session, entry, class_inode = self._session_dir(parent_inode)
+        fs = entry.fs
+        index = fs.table.lookup_index(class_inode, name)
+        if index >= 0 and fs.table.is_dir_at(index):
+            return self._session_attributes(session, entry, index)
+        return await fs.lookup(class_inode, name)  # a file is the class's (one inode per page)
+
+    def _session_stat(self, inode: int) -> A:
+        if inode == SESSIONS_INODE:
+            return self._sessions_dir()
+        session, entry, class_inode = self._session_dir(inode)
+        return self._session_attributes(session, entry, entry.fs.index(class_inode))
+
     # -- requests (as DocsFilesystem's) ----------------------------------------------------
 
     async def lookup(self, parent_inode: int, name: bytes) -> A:
         namespace = self.namespace
+        if is_session_inode(parent_inode):
+            return await self._session_lookup(parent_inode, name)
         if not namespace.is_top(parent_inode):
             return await self._fs(parent_inode).lookup(parent_inode, name)
+        if parent_inode == ROOT_INODE and name == SESSIONS_DIR:
+            return self._sessions_dir()
         inode = namespace.top_lookup(parent_inode, name)
         if inode is None:
             return self.absent
         return self._top(inode) if namespace.is_top(inode) else self._view_root(inode)
 
     def getattr(self, inode: int) -> A:
+        if is_session_inode(inode):
+            return self._session_stat(inode)
         if self.namespace.is_top(inode):
             return self._top(inode)
         return self._fs(inode).getattr(inode)
 
     async def stat(self, inode: int) -> A:
+        if is_session_inode(inode):
+            return self._session_stat(inode)
         if self.namespace.is_top(inode):
             return self._top(inode)
         return await self._fs(inode).stat(inode)
 
     def open_dir(self, inode: int) -> None:
-        if not self.namespace.is_top(inode):
+        if is_session_inode(inode):
+            if inode != SESSIONS_INODE:
+                self._session_dir(inode)
+        elif not self.namespace.is_top(inode):
             self._fs(inode).open_dir(inode)
-        elif self.no_open:
+            return
+        if self.no_open:
             raise FsError(errno.ENOSYS)  # as every view's: one open mode per connection
 
     def listing(self, inode: int, start: int) -> Iterator[tuple[bytes, A, int]]:
         namespace = self.namespace
+        if is_session_inode(inode):
+            if inode == SESSIONS_INODE:
+                return  # sessions are reached by name only
+            session, entry, class_inode = self._session_dir(inode)
+            yield from entry.fs.listing(
+                class_inode, start, lambda index: self._session_attributes(session, entry, index)
+            )
+            return
         if not namespace.is_top(inode):
             yield from self._fs(inode).listing(inode, start)
             return
@@ -153,12 +279,12 @@ class SharedFilesystem(Generic[A]):
             yield name, attributes, position + 1
 
     def open_file(self, inode: int, flags: int) -> OpenReply:
-        if self.namespace.is_top(inode):
+        if is_session_inode(inode) or self.namespace.is_top(inode):
             raise FsError(errno.EISDIR)
         return self._fs(inode).open_file(inode, flags)
 
     async def read(self, inode: int, offset: int, size: int) -> bytes:
-        if self.namespace.is_top(inode):
+        if is_session_inode(inode) or self.namespace.is_top(inode):
             raise FsError(errno.EISDIR)
         return await self._fs(inode).read(inode, offset, size)
 
@@ -170,6 +296,10 @@ class SharedFilesystem(Generic[A]):
                     entry.fs.forget([inode])
 
     def may_access(self, inode: int, mode: int) -> bool:
+        if is_session_inode(inode):
+            if inode != SESSIONS_INODE:
+                self._session_dir(inode)
+            return not mode & os.W_OK
         if self.namespace.is_top(inode):
             return not mode & os.W_OK
         return self._fs(inode).may_access(inode, mode)

@@ -48,7 +48,10 @@ ATTRIBUTES = (
     "cache-timeout",
     "isolated",  # "true": the session gets a daemon of its own, which ends at the token's expiry
 )
-SWITCHES = {"isolated": ["--isolated", "-o", "allow_other"]}  # allow_other: the pod's user is not root
+SWITCHES = {"isolated": ["--isolated"]}
+# a pod's containers run as any user: its session (a class session's directories, an isolated
+# daemon's mount) is open to every user who reaches the target, which kubelet keeps to the pod
+POD_OPTIONS = ["-o", "allow_other"]
 # VolumeCapability.AccessMode.Mode values (csi.proto); kubelet asks SINGLE_NODE_WRITER (ReadWriteOnce)
 # with readonly set for an inline volume with `readOnly: true`, so the readonly flag decides "writable"
 READ_ONLY_MODES = {1, 2, 3}  # SINGLE_NODE_WRITER (with readonly), SINGLE_NODE_READER_ONLY, MULTI_NODE_READER_ONLY
@@ -150,7 +153,7 @@ def mount_argv(request: PublishRequest) -> list[str]:
             argv += SWITCHES[name] if value == "true" else []
         else:
             argv.append(f"--{name}={value}")
-    return [*argv, request.target_path]
+    return [*argv, *POD_OPTIONS, request.target_path]
 
 
 def reader(token: str | None, site: str, keys: Keys) -> Principal:

@@ -156,3 +156,14 @@ def tell_kernel(old_pusher: KernelPusher | None, change: TreeChange) -> None:
         except OSError as exc:
             if exc.errno != errno.ENOENT:
                 log.warning("invalidating %r in inode %d: %s", name, parent, exc)
+
+
+def forget_attributes(inodes: Sequence[int]) -> None:
+    """In a worker thread: drop the kernel's cached attributes of these inodes, so that the next
+    permission check on each (every path walk through a directory) asks the daemon again."""
+    for inode in inodes:
+        try:
+            pyfuse3.invalidate_inode(inode, attr_only=True)
+        except OSError as exc:
+            if exc.errno != errno.ENOENT:
+                log.warning("invalidating inode %d: %s", inode, exc)

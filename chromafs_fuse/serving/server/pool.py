@@ -29,7 +29,7 @@ from chromafs_fuse.config import MountConfig
 from chromafs_fuse.serving.binds import detach, mounted_devices
 from chromafs_fuse.serving.process import process_start
 from chromafs_fuse.serving.server.session_keeper import HostSnapshot, SessionError
-from chromafs_fuse.serving.server.session_table import ClassMount
+from chromafs_fuse.serving.server.session_table import ClassMount, Session
 from chromafs_fuse.serving.serving_process.process import member_paths
 from chromafs_fuse.serving.serving_process.sites import site_key
 from chromafs_fuse.shared_views import site_dir_name
@@ -171,6 +171,36 @@ class ServingPool:
             config=config.to_dict(),
             reader_class=[reader.authenticated, sorted(reader.groups)],
         )
+
+    def open_session(self, mount: ClassMount, session: Session) -> str:
+        """The session's own directory in the class's serving process (owner, expiry), to bind."""
+        process = self._process_of(mount.path)
+        if process is None:
+            raise SessionError("the class's serving process is not in the pool")
+        request = {
+            "op": "session",
+            "path": os.path.relpath(mount.path, process.mountpoint),
+            "uid": session.uid,
+            "gid": session.gid,
+            "expires_at": session.expires_at,
+            "allow_other": session.allow_other,
+        }
+        try:
+            reply = process.control.ask(request)
+        except (OSError, ValueError) as exc:
+            raise SessionError(f"the serving process did not answer: {exc}") from exc
+        if not reply.get("ok"):
+            raise SessionError(str(reply.get("error") or "the serving process refused the session"))
+        return os.path.join(process.mountpoint, str(reply["path"]))
+
+    def end_session(self, mount: ClassMount, source: str) -> None:
+        process = self._process_of(mount.path)
+        if process is None or not source or process_start(mount.pid) != mount.pid_start:
+            return  # that process is gone, and its sessions with it
+        try:
+            process.control.ask({"op": "end_session", "path": os.path.relpath(source, process.mountpoint)})
+        except (OSError, ValueError) as exc:
+            log.warning("ending the session %s: %s", source, exc)
 
     def adopt(self, mount: ClassMount) -> None:
         """A class a previous server left standing: its site stays in its process."""

@@ -67,6 +67,11 @@ def default_serving_processes() -> int:
         return max(1, os.cpu_count() or 1)
 
 
+def _peer_gid(conn: socket.socket) -> int:
+    creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    return int(struct.unpack("3i", creds)[2])
+
+
 def _peer_uid(conn: socket.socket) -> int:
     creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
     _pid, uid, _gid = struct.unpack("3i", creds)
@@ -311,7 +316,7 @@ class MountServer:
             return
         assert self.keeper is not None
         try:
-            self.keeper.open_session(config, principal, uid)
+            self.keeper.open_session(config, principal, uid, _peer_gid(conn))
         except SessionError as exc:
             _answer(conn, str(exc))
             return

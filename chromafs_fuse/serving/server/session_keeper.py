@@ -18,6 +18,7 @@ classes and sessions and carries on.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import logging
 import os
@@ -86,6 +87,15 @@ class ClassHost(Protocol):
         """Whether the class is still served."""
         ...
 
+    def open_session(self, mount: ClassMount, session: Session) -> str:
+        """The session's own directory where its class is served (its owner, its expiry): the
+        path its bind takes. SessionError when it cannot be had."""
+        ...
+
+    def end_session(self, mount: ClassMount, source: str) -> None:
+        """The session at `source` ended: its serving process refuses it from now on."""
+        ...
+
     def owns(self, path: str) -> bool:
         """A mount in the class root that is the host's own (a serving process's mount)."""
         ...
@@ -104,12 +114,13 @@ class SessionKeeper:
         self._class_locks: dict[str, threading.RLock] = {}  # one start (or heal) of a class at a time
         self._opening: set[str] = set()  # mountpoints a request is binding now
         self._healing: set[str] = set()  # class keys being served again after their process died
+        self._ended: list[tuple[ClassMount, str]] = []  # sessions ended, their serving process not told yet
         self.table = self.journal.load()
         self.recover()
 
     # -- sessions ---------------------------------------------------------------------
 
-    def open_session(self, config: MountConfig, principal: Principal, uid: int) -> Session:
+    def open_session(self, config: MountConfig, principal: Principal, uid: int, gid: int = 0) -> Session:
         """Bind the reader's class on the session's mountpoint (the first session of a class
         waits for it to be served; sessions of other classes never wait for that)."""
         started = time.perf_counter()
@@ -119,33 +130,47 @@ class SessionKeeper:
                 raise SessionError(f"{mountpoint} is already being mounted")
             self._opening.add(mountpoint)
         try:
-            return self._open(config, principal, uid, started)
+            return self._open(config, principal, uid, gid, started)
         finally:
             with self.lock:
                 self._opening.discard(mountpoint)
+            self._tell_ended()
 
-    def _open(self, config: MountConfig, principal: Principal, uid: int, started: float) -> Session:
+    def _open(self, config: MountConfig, principal: Principal, uid: int, gid: int, started: float) -> Session:
         mountpoint = config.mountpoint
         key = class_key(mount_settings(config), principal)
         host = HostSnapshot.take()
         if mountpoint in host.devices:
             raise SessionError(f"{mountpoint} is already mounted")
         mount = self._class(key, config, principal, host)
+        reader = principal.describe()
+        session = Session(
+            mountpoint,
+            key,
+            principal.subject,
+            reader,
+            time.time(),
+            principal.expires_at,
+            uid,
+            gid,
+            allow_other="allow_other" in config.fuse_options,
+        )
+        session.source = self.host.open_session(mount, session)
         with self.lock:
             stale = self.table.sessions.get(mountpoint)
             if stale is not None:  # unmounted by its user since the last housekeeping pass
                 self._end(stale, time.time())
                 self.table.ended += 1
             if self.table.classes.get(key) is not mount:
+                self._ended.append((mount, session.source))
                 raise SessionError("the reader's class went away while the session opened: try again")
             try:
-                bind_read_only(mount.path, mountpoint)
+                bind_read_only(session.source, mountpoint)
             except OSError as exc:
+                self._ended.append((mount, session.source))
                 if not self.table.sessions_of(key):
                     mount.idle_since = time.time()
                 raise SessionError(f"cannot bind the session on {mountpoint}: {exc.strerror}") from exc
-            reader = principal.describe()
-            session = Session(mountpoint, key, principal.subject, reader, time.time(), principal.expires_at, uid)
             self.table.add(session)
             self._write_status(session)
             self._save()
@@ -254,8 +279,16 @@ class SessionKeeper:
                 changed = True
             if changed:
                 self._save()
+        self._tell_ended()
         for mount in idle:  # may ask a serving process: never under the lock
             self.host.stop(mount)
+
+    def _tell_ended(self) -> None:
+        """Tell the serving processes which sessions ended (never under the lock: it asks them)."""
+        with self.lock:
+            ended, self._ended = self._ended, []
+        for mount, source in ended:
+            self.host.end_session(mount, source)
 
     def _expire(self, now: float) -> bool:
         expired = self.table.expired(now)
@@ -283,6 +316,7 @@ class SessionKeeper:
         of the class wait for it (the class lock); sessions of other classes never do."""
         with self._class_lock(mount.key):
             self._heal_locked(mount)
+        self._tell_ended()
 
     def _heal_locked(self, mount: ClassMount) -> None:
         started = time.perf_counter()
@@ -310,15 +344,25 @@ class SessionKeeper:
             served.created, served.idle_since = mount.created, mount.idle_since
             self.table.classes[mount.key] = served
             bound = 0
+            devices = mounted_devices()
             for session in self.table.sessions_of(mount.key):
+                if devices.get(session.mountpoint) != mount.device:
+                    # its user unmounted it while the class was down: never bound again
+                    log.info("session on %s ended: unmounted", session.mountpoint)
+                    session.source = ""  # its directory was the dead process's: nobody to tell
+                    self._end(session, time.time())
+                    self.table.ended += 1
+                    continue
                 try:
-                    detach(session.mountpoint)
-                    bind_read_only(served.path, session.mountpoint)
+                    session.source = self.host.open_session(served, session)
+                    if not detach(session.mountpoint):
+                        raise OSError(errno.ENOENT, "unmounted meanwhile")
+                    bind_read_only(session.source, session.mountpoint)
                     bound += 1
                     self._write_status(session)
-                except OSError as exc:
+                except (OSError, SessionError) as exc:
                     log.error("session on %s cannot be bound again: %s; ending it", session.mountpoint, exc)
-                    self._end(session, time.time())
+                    self._end(session, time.time(), served)
                     self.table.ended += 1
             self._save()
         log.warning(
@@ -365,7 +409,12 @@ class SessionKeeper:
 
     # -- helpers ------------------------------------------------------------------------
 
-    def _end(self, session: Session, now: float) -> None:
+    def _end(self, session: Session, now: float, mount: ClassMount | None = None) -> None:
+        """Forget the session (its bind is gone or detached); its serving process is told after
+        the lock is released (`_tell_ended`)."""
+        mount = mount or self.table.classes.get(session.class_key)
+        if mount is not None and session.source:
+            self._ended.append((mount, session.source))
         self.table.remove(session.mountpoint, now)
         self._remove_status(session)
 

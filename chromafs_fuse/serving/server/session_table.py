@@ -56,6 +56,9 @@ class Session:
     started: float
     expires_at: float | None
     uid: int
+    gid: int = 0
+    allow_other: bool = False
+    source: str = ""  # its own directory in the serving process's mount, which it binds
 
 
 @dataclass

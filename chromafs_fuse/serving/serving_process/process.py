@@ -1,14 +1,20 @@
 """The shared mount's process (issue 30): ONE FUSE mount at `<class root>/shared` serving every
-reader class of every site the mount server hands it, each a directory `<site>/<view>` that a
-session binds read-only (`chromafs-mountd --class-mode shared`). With `--shared-processes N` the
-sites are spread over N such processes, the i-th (from 0) at `shared-<i>` for i > 0.
+reader class of every site the mount server hands it, each a directory `<site>/<view>`, and each
+session of a class a directory `.sessions/<slot>` of its own (its owner, its expiry: sessions.py)
+that the session binds read-only. With `--shared-processes N` the sites are spread over N such
+processes, the i-th (from 0) at `shared-<i>` for i > 0.
 
 It is told what to serve over `<class root>/shared.sock` (mode 0600; root or its own user only),
 one JSON object a line each way:
   {"op": "add", "config": MountConfig.to_dict(), "class": {"authenticated": b, "groups": [...]}}
       -> {"ok": true, "path": "<site directory>/<view name>"} or {"ok": false, "error": "..."}
   {"op": "remove", "path": "<site directory>/<view name>"} -> {"ok": true|false, "site_gone": b}
+  {"op": "session", "path": "<site directory>/<view name>", "uid": u, "gid": g, "expires_at": t|null,
+   "allow_other": b} -> {"ok": true, "path": ".sessions/<slot>"}: the directory a session binds
+  {"op": "end_session", "path": ".sessions/<slot>"} -> {"ok": true|false}
   {"op": "describe"} -> {"ok": true, "pid": ..., "views": {full path: status}}
+A session is refused from its expiry on by this process itself (sessions.py), whatever the mount
+server does.
 It outlives the mount server that started it (a restarted one reconnects through the socket) and
 ends by itself once no session's bind of it has stood for its idle time. No page is pushed into
 the kernel here: the kernel keeps what it read once (no-open mode, or keep_cache with a stock
@@ -158,6 +164,17 @@ class ServingProcess:
                 path = str(request["path"])
                 removed = self.sites.remove(path)
                 return {"ok": removed, "site_gone": not self.sites.serves(path.split("/", 1)[0])}
+            if op == "session":
+                path = self.sites.open_session(
+                    str(request["path"]),
+                    int(request["uid"]),
+                    int(request["gid"]),
+                    None if request.get("expires_at") is None else float(request["expires_at"]),
+                    bool(request.get("allow_other")),
+                )
+                return {"ok": True, "path": path}
+            if op == "end_session":
+                return {"ok": await self.sites.end_session(str(request["path"]))}
             if op == "describe":
                 return {"ok": True, **self.describe()}
             return {"ok": False, "error": f"unknown op {op!r}"}

@@ -29,7 +29,7 @@ from chromafs_fuse.filesystem import DocsFilesystem
 from chromafs_fuse.inodes import InodeScope, InodeTable
 from chromafs_fuse.page_cache import PageCache
 from chromafs_fuse.readahead import ReadScheduler
-from chromafs_fuse.serving.kernel_push import tell_kernel
+from chromafs_fuse.serving.kernel_push import forget_attributes, tell_kernel
 from chromafs_fuse.serving.serving_process.warm import ViewWarmer, WarmJob
 from chromafs_fuse.serving.warm_up import should_warm_kernel
 from chromafs_fuse.shared_filesystem import SharedFilesystem
@@ -42,6 +42,7 @@ from chromafs_fuse.tree import SiteTree
 from chromafs_fuse.tree_diff import diff_tables
 
 log = logging.getLogger("chromafs.shared")
+EXPIRY_POLL_S = 0.2  # how late the kernel may forget an expired session (its requests are refused at exp)
 
 
 class ServeError(Refused):
@@ -112,7 +113,53 @@ class ServedSites:
             self._nursery = nursery
             nursery.start_soon(self.watch.run)
             nursery.start_soon(self.warmer.run)
+            nursery.start_soon(self._expire_sessions)
             await trio.sleep_forever()
+
+    # -- sessions ----------------------------------------------------------------------------
+
+    def open_session(self, path: str, uid: int, gid: int, expires_at: float | None, allow_other: bool) -> str:
+        """A session of the view at `path` (`<site directory>/<view name>`); its own path."""
+        site, name = self._view_at(path)
+        if site is None:
+            raise ServeError(f"no view {path} here")
+        session = self.fs.open_session(site.key, name, uid, gid, expires_at, allow_other)
+        log.info("session %s of %s: uid %d, expires %s", session.path, path, uid, expires_at)
+        return session.path
+
+    async def end_session(self, path: str) -> bool:
+        """End the session at `path` (`.sessions/<slot>`) and make the kernel forget it."""
+        slot = self.fs.sessions.slot_of(path.rpartition("/")[2].encode())
+        session = self.fs.sessions.end(slot) if slot is not None else None
+        if session is None:
+            return False
+        await self._forget([session])
+        return True
+
+    async def _expire_sessions(self) -> None:
+        """End sessions at their expiry, on this process's own clock: a session's requests are
+        refused from `exp` on whatever the mount server does, and the kernel forgets what it
+        cached of the session's directories, so that a process inside (its working directory, a
+        bind copy in another mount namespace) is refused too."""
+        sessions = self.fs.sessions
+        while True:
+            ended = sessions.expire(time.time())
+            if ended:
+                for session in ended:
+                    log.info("session %s expired", session.path)
+                await self._forget(ended)
+            due = sessions.next_expiry()
+            delay = EXPIRY_POLL_S if due is None else min(max(due - time.time(), 0.0), EXPIRY_POLL_S)
+            await trio.sleep(delay)
+
+    async def _forget(self, sessions: list[Any]) -> None:
+        inodes = [inode for session in sessions for inode in self.fs.session_inodes(session)]
+        await trio.to_thread.run_sync(forget_attributes, inodes)
+
+    def _view_at(self, path: str) -> tuple[ServedSite | None, str]:
+        directory, _, name = path.partition("/")
+        site = next((s for s in self.sites.values() if s.directory == directory), None)
+        return (site, name) if site is not None and name in site.views else (None, name)
 
     # -- views joining and leaving -----------------------------------------------------------
 
@@ -163,10 +210,12 @@ class ServedSites:
         return any(site.directory == directory for site in self.sites.values())
 
     def remove(self, path: str) -> bool:
-        directory, _, name = path.partition("/")
-        site = next((s for s in self.sites.values() if s.directory == directory), None)
-        if site is None or site.views.pop(name, None) is None:
+        site, name = self._view_at(path)
+        if site is None:
             return False
+        del site.views[name]
+        for session in list(self.fs.sessions.of_view(site.key, name)):
+            self.fs.sessions.end(session.slot)  # a class stops once no session is left: none should be
         self.fs.remove(site.key, name)
         log.info("view %s removed", path)
         if not site.views:
@@ -265,6 +314,7 @@ class ServedSites:
             view.fs = site.filesystem(table, replaced)
             self.fs.add(site.key, name, view.fs, extra_inodes=replaced)
             await trio.to_thread.run_sync(tell_kernel, None, change)
+            await trio.to_thread.run_sync(tell_kernel, None, self.fs.session_change(site.key, name, change))
         site.pages.switch(tree.version)
         site.switches += 1
         site.warmed = set()  # the kernel forgot the changed pages: read the views again
