@@ -42,6 +42,61 @@ def bind_read_only(source: str, target: str) -> None:
         raise
 
 
+# the new mount API (Linux 5.2; MOVE_MOUNT_BENEATH 6.5): one syscall table on x86_64 and arm64 for these
+_SYS_OPEN_TREE, _SYS_MOVE_MOUNT, _SYS_MOUNT_SETATTR = 428, 429, 442
+OPEN_TREE_CLONE = 1
+AT_EMPTY_PATH = 0x1000
+MOVE_MOUNT_F_EMPTY_PATH = 0x4
+MOVE_MOUNT_BENEATH = 0x200
+MOUNT_ATTR_RDONLY, MOUNT_ATTR_NOSUID, MOUNT_ATTR_NODEV = 0x1, 0x2, 0x4
+_libc.syscall.restype = ctypes.c_long
+
+
+class _MountAttr(ctypes.Structure):
+    _fields_ = [
+        ("attr_set", ctypes.c_uint64),
+        ("attr_clr", ctypes.c_uint64),
+        ("propagation", ctypes.c_uint64),
+        ("userns_fd", ctypes.c_uint64),
+    ]
+
+
+def _check(result: int, what: str) -> int:
+    if result < 0:
+        code = ctypes.get_errno()
+        raise OSError(code, f"{what}: {os.strerror(code)}")
+    return result
+
+
+def replace_bind(source: str, target: str) -> None:
+    """Put a read-only bind of `source` in place of the mount at `target` with no moment where
+    `target` is a plain directory: the new bind goes beneath the old one (MOVE_MOUNT_BENEATH),
+    then the old one is detached. A reader sees the old mount or the new one, never the empty
+    directory under them. ENOENT when nothing is mounted at `target` any more (its user
+    unmounted it): nothing is bound then. Kernels before 6.5: detach, then bind."""
+    if target not in mounted_devices():
+        raise OSError(errno.ENOENT, f"{target}: nothing is mounted there any more")
+    fd = _check(_libc.syscall(_SYS_OPEN_TREE, -100, os.fsencode(source), OPEN_TREE_CLONE | os.O_CLOEXEC), "open_tree")
+    try:
+        attr = _MountAttr(MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV, 0, 0, 0)
+        _check(
+            _libc.syscall(_SYS_MOUNT_SETATTR, fd, b"", AT_EMPTY_PATH, ctypes.byref(attr), ctypes.sizeof(attr)),
+            "mount_setattr",
+        )
+        flags = MOVE_MOUNT_F_EMPTY_PATH | MOVE_MOUNT_BENEATH
+        if _libc.syscall(_SYS_MOVE_MOUNT, fd, b"", -100, os.fsencode(target), flags) < 0:
+            code = ctypes.get_errno()
+            if code not in (errno.ENOSYS, errno.EINVAL) or target not in mounted_devices():
+                raise OSError(code, f"move_mount {target}: {os.strerror(code)}")
+            if not detach(target):  # no MOVE_MOUNT_BENEATH here: a short gap
+                raise OSError(errno.ENOENT, f"{target}: nothing is mounted there any more")
+            bind_read_only(source, target)
+            return
+    finally:
+        os.close(fd)
+    detach(target)  # the old mount, on top: the new one is revealed
+
+
 def detach(target: str) -> bool:
     """Unmount `target`; when it is busy (an open file, a working directory inside), detach it
     lazily: it leaves every path at once, and is gone when the last user lets go. False when

@@ -262,7 +262,7 @@ def test_mount_server_down(stack: Stack, tmp_path: Path) -> None:
 
 
 @contextlib.contextmanager
-def pod(target: Path, folder: Path) -> Iterator[Callable[[str], str]]:
+def pod(target: Path, folder: Path) -> Iterator[Callable[..., str]]:
     """A process in a mount namespace of its own that holds the target as a container runtime binds
     a pod's volume (an rbind, then rslave: kubelet's HostToContainer); `shell(cmd)` runs `cmd` there."""
     inside = folder / "docs"
@@ -272,8 +272,8 @@ def pod(target: Path, folder: Path) -> Iterator[Callable[[str], str]]:
     try:
         assert proc.stdout is not None and proc.stdout.readline() == b"ready\n"
 
-        def shell(command: str) -> str:
-            argv = ["nsenter", "-t", str(proc.pid), "-m", "sh", "-c", f"cd {inside} && {command}"]
+        def shell(command: str, cd: bool = True) -> str:
+            argv = ["nsenter", "-t", str(proc.pid), "-m", "sh", "-c", f"cd {inside} && {command}" if cd else command]
             done = subprocess.run(argv, capture_output=True, text=True, timeout=60)
             return done.stdout + done.stderr
 
@@ -287,9 +287,10 @@ def pod(target: Path, folder: Path) -> Iterator[Callable[[str], str]]:
 @pytest.mark.parametrize("isolated", [False, True], ids=["class-session", "isolated"])
 def test_token_expiry(stack: Stack, make_token: Callable[..., str], tmp_path: Path, isolated: bool) -> None:
     """What docs/KUBERNETES.md says a pod sees when its token expires: the node's session ends
-    (the target is unmounted), but a pod keeps the copy its runtime bound until it ends: a class
-    session's is still served; an isolated session's daemon exits, and the pod reads what its
-    kernel cached (every page: the daemon warms them at start), statfs fails with ENOTCONN."""
+    (the target is unmounted), and the pod keeps the copy its runtime bound: a class session's
+    serving process refuses it (every path, the kernel's caches included: EACCES); an isolated
+    session's daemon exits, and the pod reads what its kernel cached (every page: the daemon warms
+    them at start), statfs fails with ENOTCONN."""
     target = stack.target()
     attributes = stack.attributes(isolated="true") if isolated else stack.attributes()
     token = make_token(["billing"], exp=int(time.time()) + 4)
@@ -301,10 +302,14 @@ def test_token_expiry(stack: Stack, make_token: Callable[..., str], tmp_path: Pa
                 wait_until(lambda: mounts_at(target) == 0, 20, "the session to end at the token's expiry")
                 if isolated:  # its daemon exits just after it unmounts: statfs is never answered from a cache
                     wait_until(lambda: "not connected" in shell("stat -f ."), 20, "the session's daemon to exit")
+                    for page in ("index.mdx", "quickstart.mdx"):  # read before, and warmed into the kernel at start
+                        assert shell(f"cat {page}") == (SAMPLE_SITE / page).read_text()
                 else:
-                    assert shell("stat -f -c %T .") == "fuseblk\n"  # still served: statfs answered
-                for page in ("index.mdx", "quickstart.mdx"):  # read before, and warmed into the kernel at start
-                    assert shell(f"cat {page}") == (SAMPLE_SITE / page).read_text()
+                    inside = tmp_path / "pod" / "docs"
+                    pages = [f"cat {inside}/{page}" for page in ("index.mdx", "quickstart.mdx")]
+                    for command in (f"ls {inside}", *pages, f"cd {inside}"):  # (statfs: fixed zeros)
+                        answer = shell(command, cd=False)
+                        assert "Permission denied" in answer or "can't cd" in answer, (command, answer)
         finally:
             unpublish(node, target)
         assert mounts_at(target) == 0 and not target.exists()

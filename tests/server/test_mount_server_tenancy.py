@@ -5,6 +5,7 @@ stacked, while sessions served by the other processes never notice."""
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import subprocess
@@ -265,3 +266,60 @@ def test_a_server_whose_forker_died_exits_with_an_error_and_its_sessions_read_on
     assert "the forker is gone" in server.log.read_text()
     assert reads_source(session)
     server.proc = None
+
+
+@pytest.mark.expect_log(r"(ERROR .*its serving process is gone; serving it again|WARNING .*served again by pid)")
+def test_a_heal_never_shows_an_empty_tree_and_never_binds_again_what_its_user_unmounted(
+    server: MountServer, token_file: Callable[..., Path], secret_file: Path, tmp_path: Path
+) -> None:
+    """Readers of the sessions of a killed serving process, with the kernel's caches dropped,
+    get ENOTCONN or EIO (or wait) until their session is bound again: never an empty listing,
+    never ENOENT for a visible file. Sessions their user unmounts during the heal stay unmounted."""
+    chroma = two_sites(tmp_path)
+    kept: list[Path] = []
+    dropped: list[Path] = []
+    for i in range(8):
+        mountpoint = tmp_path / f"alpha-{i}"
+        open_session(
+            server,
+            "alpha",
+            chroma["alpha"],
+            mountpoint,
+            [None, token_file(["billing"], site="alpha")][i % 2],
+            secret_file,
+        )
+        (dropped if i >= 6 else kept).append(mountpoint)
+    [victim] = [
+        pid for pid, path in serving_processes(server).items() if os.stat(path).st_dev == os.stat(kept[0]).st_dev
+    ]
+    wrong: list[str] = []
+    watching = threading.Event()
+
+    def watch(mountpoint: Path) -> None:
+        while not watching.is_set():
+            try:
+                if not os.listdir(mountpoint):
+                    wrong.append(f"{mountpoint}: an empty listing")
+                os.stat(mountpoint / PAGE)
+            except OSError as exc:
+                if exc.errno not in (errno.ENOTCONN, errno.ECONNABORTED, errno.EIO):
+                    wrong.append(f"{mountpoint}: {exc}")
+
+    watchers = [threading.Thread(target=watch, args=(m,)) for m in kept]
+    for watcher in watchers:
+        watcher.start()
+    try:
+        os.kill(victim, signal.SIGKILL)
+        assert wait_gone(victim, 5)
+        Path("/proc/sys/vm/drop_caches").write_text("2")  # dentries and inodes: every walk asks again
+        for mountpoint in dropped:  # their users unmount them while the class is down
+            assert subprocess.run(["umount", "-l", str(mountpoint)]).returncode == 0
+        wait_until(lambda: all(reads_source(m) for m in kept), 5.0, "the kept sessions read again", 0.05)
+    finally:
+        watching.set()
+        for watcher in watchers:
+            watcher.join()
+    assert wrong == [], wrong[:5]
+    wait_until(lambda: "sessions bound again" in server.log.read_text(), 5, "the heal done")
+    assert [m for m in dropped if mount_count(m)] == [], "a session its user unmounted was bound again"
+    assert all(mount_count(m) == 1 for m in kept), "a session is stacked"

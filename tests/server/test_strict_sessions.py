@@ -17,9 +17,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from test_sessions import OpenSession, Sessions, classes
 
 from infra import REPO, SAMPLE_SITE, MountServer, hold_for, wait_until
-from test_sessions import OpenSession, Sessions, classes
 
 INSIDE = REPO / "scripts" / "harness" / "inside.py"
 pytestmark = pytest.mark.skipif(shutil.which("setpriv") is None, reason="needs setpriv (util-linux)")

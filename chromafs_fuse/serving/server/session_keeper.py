@@ -18,7 +18,6 @@ classes and sessions and carries on.
 from __future__ import annotations
 
 import contextlib
-import errno
 import json
 import logging
 import os
@@ -31,7 +30,7 @@ from typing import Protocol
 from chromafs_fuse.access import Principal
 from chromafs_fuse.config import MountConfig, mount_settings
 from chromafs_fuse.errors import Refused
-from chromafs_fuse.serving.binds import bind_read_only, detach, mounted_devices
+from chromafs_fuse.serving.binds import bind_read_only, detach, mounted_devices, replace_bind
 from chromafs_fuse.serving.process import process_start
 from chromafs_fuse.serving.server.session_table import ClassMount, Session, SessionTable, class_key
 from chromafs_fuse.serving.server.state_journal import StateJournal
@@ -312,7 +311,8 @@ class SessionKeeper:
 
     def _heal(self, mount: ClassMount) -> None:
         """Serve a class whose process died again, and bind each of its sessions again at its own
-        path (the old bind, on a dead connection, detached first: nothing stacks). New sessions
+        path (the new bind put beneath the old one, on a dead connection, which is then detached:
+        nothing stacks, and the path never shows the empty directory under them). New sessions
         of the class wait for it (the class lock); sessions of other classes never do."""
         with self._class_lock(mount.key):
             self._heal_locked(mount)
@@ -355,9 +355,9 @@ class SessionKeeper:
                     continue
                 try:
                     session.source = self.host.open_session(served, session)
-                    if not detach(session.mountpoint):
-                        raise OSError(errno.ENOENT, "unmounted meanwhile")
-                    bind_read_only(session.source, session.mountpoint)
+                    # the new bind beneath the dead one, then the dead one detached: a reader never
+                    # finds the empty directory under them (no empty listing, no ENOENT)
+                    replace_bind(session.source, session.mountpoint)
                     bound += 1
                     self._write_status(session)
                 except (OSError, SessionError) as exc:
