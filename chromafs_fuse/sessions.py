@@ -122,6 +122,12 @@ class SessionSpace:
             heapq.heappush(self._deadlines, (expires_at, session.slot))
         return session
 
+    def set_expiry(self, session: ServedSession, expires_at: float | None) -> None:
+        """A session handed out: it expires at `expires_at` from now on (a spare had none)."""
+        session.expires_at = expires_at
+        if expires_at is not None:
+            heapq.heappush(self._deadlines, (expires_at, session.slot))
+
     def end(self, slot: int) -> ServedSession | None:
         """End a session (its user unmounted it, its class went, the server ended it)."""
         session = self.sessions.pop(slot, None)

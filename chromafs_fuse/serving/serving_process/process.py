@@ -165,7 +165,7 @@ class ServingProcess:
                 removed = self.sites.remove(path)
                 return {"ok": removed, "site_gone": not self.sites.serves(path.split("/", 1)[0])}
             if op == "session":
-                path = self.sites.open_session(
+                path = await self.sites.open_session(
                     str(request["path"]),
                     int(request["uid"]),
                     int(request["gid"]),

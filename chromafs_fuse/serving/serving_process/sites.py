@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,9 +30,10 @@ from chromafs_fuse.filesystem import DocsFilesystem
 from chromafs_fuse.inodes import InodeScope, InodeTable
 from chromafs_fuse.page_cache import PageCache
 from chromafs_fuse.readahead import ReadScheduler
-from chromafs_fuse.serving.kernel_push import forget_attributes, tell_kernel
+from chromafs_fuse.serving.kernel_push import forget_attributes, tell_kernel, walk_directories
 from chromafs_fuse.serving.serving_process.warm import ViewWarmer, WarmJob
 from chromafs_fuse.serving.warm_up import should_warm_kernel
+from chromafs_fuse.sessions import ServedSession
 from chromafs_fuse.shared_filesystem import SharedFilesystem
 from chromafs_fuse.shared_views import scope_for, site_dir_name, view_name
 from chromafs_fuse.site.follower import TreeFollower, new_trees
@@ -42,7 +44,11 @@ from chromafs_fuse.tree import SiteTree
 from chromafs_fuse.tree_diff import diff_tables
 
 log = logging.getLogger("chromafs.shared")
+# a spare session's class: (site key, view name, uid, gid, allow_other)
+SpareKey = tuple[str, str, int, int, bool]
 EXPIRY_POLL_S = 0.2  # how late the kernel may forget an expired session (its requests are refused at exp)
+SPARE_QUIET_S = 0.25  # a spare is listed once session requests pause this long
+SPARES = 2  # per class and owner: a class's first two sessions in a row both find one
 
 
 class ServeError(Refused):
@@ -107,6 +113,10 @@ class ServedSites:
         self._nursery: trio.Nursery | None = None
         self.watch = SiteWatch()  # every site's re-ingests: one subscription, one poll per Redis
         self.warmer = ViewWarmer()
+        self._listing = trio.Lock()  # one session's directories listed at a time (each on a few threads)
+        self._spares: dict[SpareKey, list[ServedSession]] = {}  # per class and owner: listed, not handed out
+        self._making: dict[SpareKey, trio.Event] = {}  # spares being listed
+        self._last_request = 0.0  # when a session was last asked for (time.monotonic)
 
     async def run(self) -> None:
         async with trio.open_nursery() as nursery:
@@ -118,14 +128,72 @@ class ServedSites:
 
     # -- sessions ----------------------------------------------------------------------------
 
-    def open_session(self, path: str, uid: int, gid: int, expires_at: float | None, allow_other: bool) -> str:
-        """A session of the view at `path` (`<site directory>/<view name>`); its own path."""
+    async def open_session(self, path: str, uid: int, gid: int, expires_at: float | None, allow_other: bool) -> str:
+        """A session of the view at `path` (`<site directory>/<view name>`); its own path.
+
+        A session's directories are its own inodes, so a first `grep -r` would list each of them
+        (two round trips a directory) where its pages are in the kernel already. So the process
+        keeps a *spare* per class and owner: a session with no expiry yet whose directories are
+        listed into the kernel, made when the class is added (while its first session waits for
+        its pages) and again once session requests pause after one is taken. A new session takes
+        it and gets its expiry; with none ready, a class's first session has its directories
+        listed before it is answered, a later one lists them on first use."""
         site, name = self._view_at(path)
         if site is None:
             raise ServeError(f"no view {path} here")
-        session = self.fs.open_session(site.key, name, uid, gid, expires_at, allow_other)
+        view = site.views[name]
+        key: SpareKey = (site.key, name, uid, gid, allow_other)
+        sessions = self.fs.sessions
+        first = not any(True for _ in sessions.of_view(site.key, name))
+        self._last_request = time.monotonic()
+        making = self._making.get(key)
+        if making is not None and first:
+            with trio.move_on_after(max(site.config.warm_wait_s, 0.0)):
+                await making.wait()
+        spares = self._spares.get(key) or []
+        spare = spares.pop(0) if spares else None
+        if spare is not None and spare.alive(time.time()):
+            sessions.set_expiry(spare, expires_at)
+            session = spare
+        else:
+            session = self.fs.open_session(site.key, name, uid, gid, expires_at, allow_other)
+            if first and site.config.warm_kernel:
+                await self._list(session, view)
         log.info("session %s of %s: uid %d, expires %s", session.path, path, uid, expires_at)
+        if site.config.warm_kernel and self._nursery is not None:
+            self._nursery.start_soon(self._make_spares, key, site, view, SPARE_QUIET_S)
         return session.path
+
+    async def _make_spares(self, key: SpareKey, site: ServedSite, view: ServedView, quiet_s: float = 0.0) -> None:
+        """Up to SPARES spare sessions of `key`, listed, each once session requests have paused for
+        `quiet_s` (in a burst, answering comes first)."""
+        if key in self._making:
+            return
+        done = self._making[key] = trio.Event()
+        try:
+            _site, name, uid, gid, allow_other = key
+            while len(self._spares.get(key) or []) < SPARES:
+                while (wait := self._last_request + quiet_s - time.monotonic()) > 0:
+                    await trio.sleep(wait)
+                if site.views.get(name) is not view:
+                    return
+                spare = self.fs.open_session(site.key, name, uid, gid, None, allow_other)
+                await self._list(spare, view)
+                if site.views.get(name) is not view:
+                    self.fs.sessions.end(spare.slot)
+                    return
+                self._spares.setdefault(key, []).append(spare)
+                done.set()  # a first session waits for one spare, not for all
+        finally:
+            del self._making[key]
+            done.set()
+
+    async def _list(self, session: ServedSession, view: ServedView) -> None:
+        """List the session's directories into the kernel (through this process's own mount)."""
+        async with self._listing:
+            if session.alive(time.time()):
+                root = f"{self.mountpoint}/{session.path}"
+                await trio.to_thread.run_sync(walk_directories, root, view.fs.table, lambda _index: None)
 
     async def end_session(self, path: str) -> bool:
         """End the session at `path` (`.sessions/<slot>`) and make the kernel forget it."""
@@ -152,7 +220,7 @@ class ServedSites:
             delay = EXPIRY_POLL_S if due is None else min(max(due - time.time(), 0.0), EXPIRY_POLL_S)
             await trio.sleep(delay)
 
-    async def _forget(self, sessions: list[Any]) -> None:
+    async def _forget(self, sessions: list[ServedSession]) -> None:
         inodes = [inode for session in sessions for inode in self.fs.session_inodes(session)]
         await trio.to_thread.run_sync(forget_attributes, inodes)
 
@@ -182,6 +250,9 @@ class ServedSites:
             site.views[name] = ServedView(name, reader, fs)
             log.info("view %s/%s: %s, %d files", site.directory, name, reader.describe(), table.file_count)
             job, alone = self._warm(site, name)
+            if config.warm_kernel and self._nursery is not None:  # the likely owner: the server's user
+                spare: SpareKey = (site.key, name, os.getuid(), os.getgid(), "allow_other" in config.fuse_options)
+                self._nursery.start_soon(self._make_spares, spare, site, site.views[name])
             if job is not None and alone and config.warm_wait_s > 0:
                 # the class's first session waits for its pages to be in the kernel (bounded):
                 # its first grep then finds them there. Only when no other view warms: in a burst
@@ -214,6 +285,8 @@ class ServedSites:
         if site is None:
             return False
         del site.views[name]
+        for key in [key for key in self._spares if key[:2] == (site.key, name)]:
+            del self._spares[key]
         for session in list(self.fs.sessions.of_view(site.key, name)):
             self.fs.sessions.end(session.slot)  # a class stops once no session is left: none should be
         self.fs.remove(site.key, name)
