@@ -85,6 +85,8 @@ def _request(name: str) -> Callable[[Handler[S, P, R]], Handler[S, P, R]]:
         @functools.wraps(handler)
         async def guarded(self: S, *args: P.args, **kwargs: P.kwargs) -> R:
             self.requests[name] += 1
+            if self.refusing and name != "forget":
+                raise pyfuse3.FUSEError(errno.EACCES)
             started = time.perf_counter()
             try:
                 return await handler(self, *args, **kwargs)
@@ -115,6 +117,7 @@ class FuseAdapter(pyfuse3.Operations, Generic[F]):
     def __init__(self, fs: F) -> None:
         super().__init__()
         self.fs = fs
+        self.refusing = False  # every request answers EACCES (a mount whose token expired, on its way out)
         self.requests: Counter[str] = Counter()
         self.latency: dict[str, LatencyHistogram] = {name: LatencyHistogram() for name in _HANDLERS}
         self.read_latency = self.latency["read"]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import signal
 import time
+from collections.abc import Awaitable, Callable
 
 import pyfuse3
 import trio
@@ -38,9 +39,13 @@ async def end_when_unused(mountpoint: str, idle_s: float) -> None:
             return
 
 
-async def end_at_expiry(expires_at: float) -> None:
+async def end_at_expiry(expires_at: float, refuse: Callable[[], Awaitable[None]] | None = None) -> None:
+    """At the token's expiry: `refuse` (the mount stops answering and the kernel forgets what it
+    cached, so that a process inside is refused too), then unmount."""
     await trio.sleep(max(0.0, expires_at - time.time()))
     log.warning("the token expired (exp %s): unmounting", utc_text(expires_at))
+    if refuse is not None:
+        await refuse()
     unmount_now()
 
 

@@ -31,7 +31,7 @@ from chromafs_fuse.errors import FsError
 from chromafs_fuse.filesystem import DocsFilesystem
 from chromafs_fuse.inodes import InodeTable
 from chromafs_fuse.readahead import ReadScheduler
-from chromafs_fuse.search_dir import SearchDir
+from chromafs_fuse.search_dir import SEARCH_INODE, SearchDir
 from chromafs_fuse.serving.daemon.metrics import start_metrics_server
 from chromafs_fuse.serving.daemon.refresh import TreeRefresher
 from chromafs_fuse.serving.daemon.watchdog import start_watchdog, stop_watchdog
@@ -42,7 +42,7 @@ from chromafs_fuse.serving.fuse_adapter import (
     pyfuse3_passes_inode,
 )
 from chromafs_fuse.serving.handshake import READY
-from chromafs_fuse.serving.kernel_push import KernelPusher, tell_kernel
+from chromafs_fuse.serving.kernel_push import KernelPusher, forget_attributes, tell_kernel
 from chromafs_fuse.serving.lifetime import end_at_expiry, end_when_unused, watch_signals
 from chromafs_fuse.serving.process import sd_notify
 from chromafs_fuse.serving.status import StatusFile, uptime_since
@@ -246,7 +246,7 @@ class Mount:
                 nursery.start_soon(self.refresher.run)
             nursery.start_soon(watch_signals)
             if self.principal.expires_at is not None:
-                nursery.start_soon(end_at_expiry, self.principal.expires_at)
+                nursery.start_soon(end_at_expiry, self.principal.expires_at, self._refuse)
             nursery.start_soon(self._announce_ready, ready_fd)
             if self.config.idle_exit_s > 0:
                 nursery.start_soon(end_when_unused, self.config.mountpoint, self.config.idle_exit_s)
@@ -254,6 +254,18 @@ class Mount:
             await pyfuse3.main()
             nursery.cancel_scope.cancel()
         self._nursery = None
+
+    async def _refuse(self) -> None:
+        """The token expired: every request answers EACCES from now on, and the kernel forgets the
+        attributes of every directory, so that a process whose working directory is inside (or
+        a bind copy in another mount namespace) is refused its next path walk, before and after
+        the daemon exits (ENOTCONN then); a descriptor already open keeps what the kernel holds."""
+        self.adapter.refusing = True
+        table = self.fs.table
+        directories = [table.inode_at(index) for index in range(len(table)) if table.is_dir_at(index)]
+        if self.search_dir is not None:
+            directories.append(SEARCH_INODE)
+        await trio.to_thread.run_sync(forget_attributes, directories)
 
     async def _announce_ready(self, ready_fd: int | None) -> None:
         """Once the mount answers (and the warm-up had its --warm-wait): READY, to whoever waits."""
