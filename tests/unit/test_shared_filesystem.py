@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import time
 from typing import Any
 
 import pytest
@@ -18,6 +19,7 @@ from chromafs_fuse.errors import FsError
 from chromafs_fuse.filesystem import DocsFilesystem
 from chromafs_fuse.inodes import ROOT_INODE, InodeTable
 from chromafs_fuse.readahead import ReadScheduler
+from chromafs_fuse.sessions import SessionSpace
 from chromafs_fuse.shared_filesystem import SHARED_STATS, SharedFilesystem
 from chromafs_fuse.shared_views import scope_for, view_name
 from chromafs_fuse.tree import parse_tree
@@ -162,3 +164,106 @@ def test_an_old_version_held_by_two_views_is_forgotten_by_both() -> None:
     assert all(old_inode not in entry.fs.replaced for _, _, entry in fs.namespace.views())
     with pytest.raises(FsError):
         fs.getattr(old_inode)
+
+
+# -- sessions (issue 45): each its own directories, owner and expiry; files the class's --------
+
+
+def session_root(fs: SharedFilesystem[Attributes], slot: int) -> Attributes:
+    sessions = call(fs.lookup, ROOT_INODE, b".sessions")
+    return call(fs.lookup, sessions.inode, str(slot).encode())
+
+
+def walk(fs: SharedFilesystem[Attributes], start: Attributes, path: str) -> Attributes:
+    attributes = start
+    for part in path.split("/"):
+        attributes = call(fs.lookup, attributes.inode, part.encode())
+    return attributes
+
+
+def test_a_session_has_its_own_directories_and_owner_and_shares_the_class_files() -> None:
+    fs, names = shared(("docs", ANON))
+    name = names["docs:anonymous"]
+    mine = fs.open_session("docs", name, 1000, 1000, None, allow_other=False)
+    theirs = fs.open_session("docs", name, 0, 0, None, allow_other=True)
+    root, other_root = session_root(fs, mine.slot), session_root(fs, theirs.slot)
+    assert root.inode != other_root.inode and root.inode >= 1 << 63
+    assert (root.mode & 0o777, root.uid, root.gid) == (0o500, 1000, 1000)  # the kernel refuses others
+    assert (other_root.mode & 0o777, other_root.uid) == (0o555, 0)
+    guides, other_guides = walk(fs, root, "guides"), walk(fs, other_root, "guides")
+    assert guides.inode != other_guides.inode and guides.mode & 0o777 == 0o500
+    page, class_page = walk(fs, root, "guides/intro.md"), resolve(fs, f"docs/{name}/guides/intro.md")
+    assert page.inode == walk(fs, other_root, "guides/intro.md").inode == class_page.inode
+    listed = {entry_name: attributes for entry_name, attributes, _ in fs.listing(root.inode, 0)}
+    assert listed[b"guides"].inode == guides.inode and listed[b"index.md"].inode == walk(fs, root, "index.md").inode
+    assert walk(fs, guides, "..").inode == root.inode
+    assert walk(fs, root, "guides/secret.md").inode == 0  # hidden: as missing
+
+
+def test_an_ended_or_expired_session_refuses_every_directory_request_and_others_go_on() -> None:
+    fs, names = shared(("docs", ANON))
+    name = names["docs:anonymous"]
+    now = time.time()
+    short = fs.open_session("docs", name, 0, 0, now + 3600, False)
+    ended = fs.open_session("docs", name, 0, 0, None, False)
+    kept = fs.open_session("docs", name, 0, 0, None, False)
+    short_guides = walk(fs, session_root(fs, short.slot), "guides")
+    ended_guides = walk(fs, session_root(fs, ended.slot), "guides")
+    fs.sessions.end(ended.slot)
+    fs.sessions.sessions[short.slot].expires_at = now - 1  # its exp passed (requests check the clock)
+    for guides in (short_guides, ended_guides):
+        for request in (
+            lambda inode: fs.getattr(inode),
+            lambda inode: call(fs.stat, inode),
+            lambda inode: call(fs.lookup, inode, b"intro.md"),
+            lambda inode: list(fs.listing(inode, 0)),
+            lambda inode: fs.open_dir(inode),
+            lambda inode: fs.may_access(inode, os.R_OK),
+        ):
+            with pytest.raises(FsError) as refused:
+                request(guides.inode)
+            assert refused.value.errno == errno.EACCES
+    with pytest.raises(FsError) as refused:
+        session_root(fs, ended.slot)
+    assert refused.value.errno == errno.EACCES
+    with pytest.raises(FsError) as missing:
+        session_root(fs, 999)  # a slot never given
+    assert missing.value.errno == errno.ENOENT
+    assert walk(fs, session_root(fs, kept.slot), "guides/intro.md").inode > 0
+    assert short_guides.inode in fs.session_inodes(short)  # what the kernel is told to forget
+
+
+def test_sessions_expire_in_order_and_a_slot_is_never_given_twice() -> None:
+    space = SessionSpace()
+    late = space.open("docs", "v", 0, 0, 200.0)
+    early = space.open("docs", "v", 0, 0, 100.0)
+    forever = space.open("docs", "v", 0, 0, None)
+    assert space.next_expiry() == 100.0
+    assert space.expire(150.0) == [early] and space.next_expiry() == 200.0
+    assert space.expire(250.0) == [late] and space.next_expiry() is None
+    space.end(forever.slot)
+    assert len({late.slot, early.slot, forever.slot, space.open("docs", "v", 0, 0, None).slot}) == 4
+    with pytest.raises(FsError) as refused:
+        space.live(early.slot, 0.0)
+    assert refused.value.errno == errno.EACCES
+    with pytest.raises(FsError) as missing:
+        space.live(10**6, 0.0)
+    assert missing.value.errno == errno.ENOENT
+
+
+def test_a_reingest_tells_the_kernel_what_each_session_must_forget() -> None:
+    fs, names = shared(("docs", ANON))
+    name = names["docs:anonymous"]
+    session = fs.open_session("docs", name, 0, 0, None, False)
+    root = session_root(fs, session.slot)
+    guides = walk(fs, root, "guides")
+    old = fs.view("docs", name)
+    assert old is not None
+    tree = {**TREE, "guides/new.md": {"isPublic": True, "size": 3}}
+    _, new_fs = view_fs("docs", ANON, tree)
+    change = diff_tables(old.fs.table, new_fs.table)
+    fs.add("docs", name, new_fs)
+    told = fs.session_change("docs", name, change)
+    assert guides.inode in told.stale_inodes and (guides.inode, b"new.md") in told.stale_names
+    assert walk(fs, root, "guides").inode == guides.inode  # a path keeps its inode across re-ingests
+    assert walk(fs, guides, "new.md").inode > 0
