@@ -282,6 +282,9 @@ class DocsFilesystem(Generic[A]):
         table = self.table
         return FsStats(BLOCK_SIZE, (table.total_bytes + BLOCK_SIZE - 1) // BLOCK_SIZE, len(table))
 
+    def stats_of(self, inode: int) -> FsStats:
+        return self.stats()
+
     def _node(self, inode: int) -> Node:
         node = self.table.get(inode)
         if node is None:

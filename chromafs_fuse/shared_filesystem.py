@@ -307,6 +307,14 @@ class SharedFilesystem(Generic[A]):
     def stats(self) -> FsStats:
         return SHARED_STATS
 
+    def stats_of(self, inode: int) -> FsStats:
+        """A session's directory: its class's numbers (as a mount of its own gives them); EACCES
+        once it ended. Anything else (a file, which every class of the site may share): fixed."""
+        if not is_session_inode(inode) or inode == SESSIONS_INODE:
+            return SHARED_STATS
+        _session, entry, _class_inode = self._session_dir(inode)
+        return entry.fs.stats()
+
     def requests_by_view(self) -> Counter[tuple[str, str]]:
         """(site directory, view name) -> requests its view answered."""
         return Counter({(site, name): entry.requests for site, name, entry in self.namespace.views()})

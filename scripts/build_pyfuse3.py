@@ -36,9 +36,9 @@ from pathlib import Path, PurePosixPath
 PYFUSE3_VERSION = "3.5.0"
 PYFUSE3_SDIST_SHA256 = "88399a9494b88603230bba300f4ba9ad63fece5ed514ca3633d555a0c6a42b24"
 PATCH = Path(__file__).resolve().parent / "pyfuse3" / f"chromafs-pyfuse3-{PYFUSE3_VERSION}.patch"
-LOCAL_LABEL = "chromafs2"
+LOCAL_LABEL = "chromafs3"
 # scripts/setup rebuilds when the installed marker has an older BUILD; the patch's marker must say the same.
-BUILD = 2
+BUILD = 3
 MARKER_MODULE = "chromafs_inode_fallback"
 HUNK_HEADER = re.compile(r"@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
 

@@ -28,7 +28,7 @@ import pyfuse3
 
 from chromafs_fuse.attributes import AttributeMaker, Attributes
 from chromafs_fuse.errors import ChromafsError, FsError
-from chromafs_fuse.filesystem import DocsFilesystem
+from chromafs_fuse.filesystem import DocsFilesystem, FsStats
 from chromafs_fuse.inodes import InodeTable
 from chromafs_fuse.served import ServedFilesystem
 from chromafs_fuse.stats import LatencyHistogram
@@ -142,7 +142,15 @@ class FuseAdapter(pyfuse3.Operations, Generic[F]):
 
     @_request("statfs")
     async def statfs(self, ctx: pyfuse3.RequestContext) -> pyfuse3.StatvfsData:
-        stats = self.fs.stats()
+        return self._statvfs(self.fs.stats())
+
+    @_request("statfs")
+    async def statfs_of(self, inode: int, ctx: pyfuse3.RequestContext) -> pyfuse3.StatvfsData:
+        """chromafs's pyfuse3 build asks this instead, with the inode the statfs is for."""
+        return self._statvfs(self.fs.stats_of(inode))
+
+    @staticmethod
+    def _statvfs(stats: FsStats) -> pyfuse3.StatvfsData:
         data = pyfuse3.StatvfsData()
         data.f_bsize = data.f_frsize = stats.block_size
         data.f_blocks = stats.blocks
