@@ -255,7 +255,7 @@ class Stack:
         self.exec("mountd", "mkdir", "-p", f"/sessions/crash-{user}/docs")
         self.exec("mountd", "chromafs-mount", f"/sessions/crash-{user}/docs", "--site", SITE, *BACKEND,
                   "--mountd", MOUNTD_SOCKET, "--token-file", f"/run/secrets/{user}.jwt",
-                  "--jwt-secret-file", "/run/secrets/jwt_secret")  # fmt: skip
+                  "--jwt-secret-file", "/run/secrets/jwt_secret", "-o", "allow_other")  # fmt: skip
         self.run(name, ["--network", "none", "--user", "65534:65534", "--read-only", "--tmpfs", "/tmp",
                         "--cap-drop", "ALL", "-v", f"{self.sessions / f'crash-{user}'}:/session:ro,rslave",
                         image("agent"), "bash", "-c", CRASH_AGENT])  # fmt: skip
