@@ -199,7 +199,9 @@ class ServingPool:
             return  # that process is gone, and its sessions with it
         try:
             process.control.ask({"op": "end_session", "path": os.path.relpath(source, process.mountpoint)})
-        except (OSError, ValueError) as exc:
+        except (FileNotFoundError, ConnectionRefusedError):
+            log.debug("ending the session %s: its serving process is gone", source)
+        except (OSError, ValueError) as exc:  # it serves on: the session lives there until its expiry
             log.warning("ending the session %s: %s", source, exc)
 
     def adopt(self, mount: ClassMount) -> None:

@@ -158,7 +158,8 @@ class ServedSites:
         else:
             session = self.fs.open_session(site.key, name, uid, gid, expires_at, allow_other)
             if first and site.config.warm_kernel:
-                await self._list(session, view)
+                with trio.move_on_after(max(site.config.warm_wait_s, 0.0)):  # a big site: bounded
+                    await self._list(session, view)
         log.info("session %s of %s: uid %d, expires %s", session.path, path, uid, expires_at)
         if site.config.warm_kernel and self._nursery is not None:
             self._nursery.start_soon(self._make_spares, key, site, view, SPARE_QUIET_S)
@@ -193,7 +194,9 @@ class ServedSites:
         async with self._listing:
             if session.alive(time.time()):
                 root = f"{self.mountpoint}/{session.path}"
-                await trio.to_thread.run_sync(walk_directories, root, view.fs.table, lambda _index: None)
+                await trio.to_thread.run_sync(
+                    walk_directories, root, view.fs.table, lambda _index: None, abandon_on_cancel=True
+                )
 
     async def end_session(self, path: str) -> bool:
         """End the session at `path` (`.sessions/<slot>`) and make the kernel forget it."""
