@@ -49,6 +49,9 @@ SpareKey = tuple[str, str, int, int, bool]
 EXPIRY_POLL_S = 0.2  # how late the kernel may forget an expired session (its requests are refused at exp)
 SPARE_QUIET_S = 0.25  # a spare is listed once session requests pause this long
 SPARES = 2  # per class and owner: a class's first two sessions in a row both find one
+# in all, per serving process: each holds its tree's dentries and a listing page per directory in
+# the kernel, which with a thousand classes would push their pages out of the cache
+MAX_SPARES = 64
 
 
 class ServeError(Refused):
@@ -178,11 +181,11 @@ class ServedSites:
             while len(self._spares.get(key) or []) < SPARES:
                 while (wait := self._last_request + quiet_s - time.monotonic()) > 0:
                     await trio.sleep(wait)
-                if site.views.get(name) is not view:
+                if site.views.get(name) is not view or len(self._spare_slots) >= MAX_SPARES:
                     return
                 spare = self.fs.open_session(site.key, name, uid, gid, None, allow_other)
                 self._spare_slots.add(spare.slot)
-                await self._list(spare, view)
+                await self._list(spare, view, threads=2)  # in the background: leave the loop room
                 if site.views.get(name) is not view:
                     self._spare_slots.discard(spare.slot)
                     self.fs.sessions.end(spare.slot)
@@ -193,13 +196,14 @@ class ServedSites:
             del self._making[key]
             done.set()
 
-    async def _list(self, session: ServedSession, view: ServedView) -> None:
+    async def _list(self, session: ServedSession, view: ServedView, threads: int = 4) -> None:
         """List the session's directories into the kernel (through this process's own mount)."""
         async with self._listing:
             if session.alive(time.time()):
                 root = f"{self.mountpoint}/{session.path}"
+                table = view.fs.table
                 await trio.to_thread.run_sync(
-                    walk_directories, root, view.fs.table, lambda _index: None, abandon_on_cancel=True
+                    walk_directories, root, table, lambda _index: None, threads, abandon_on_cancel=True
                 )
 
     async def end_session(self, path: str) -> bool:
