@@ -23,6 +23,7 @@ PYTHON_SCRIPTS = [
     "probe_live_update",
     "probe_search",
     "probe_frontends",
+    "probe_sessions",
     "check_containers.py",
     "container_stack.py",
     "pyfuse3_floor.py",
