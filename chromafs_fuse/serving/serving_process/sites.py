@@ -79,6 +79,9 @@ class ServedView:
     reader: Principal  # the reader class (no subject, no expiry)
     fs: DocsFilesystem[Any]
     added: float = field(default_factory=time.time)
+    # its pages are read into the kernel (warm.py), so its sessions' directories are listed ahead
+    # too (spares); not for a site over --warm-max-bytes: its first grep reads from the process
+    lists_ahead: bool = False
 
 
 class ServedSite:
@@ -162,11 +165,11 @@ class ServedSites:
             session = spare
         else:
             session = self.fs.open_session(site.key, name, uid, gid, expires_at, allow_other)
-            if first and site.config.warm_kernel:
+            if first and view.lists_ahead:
                 with trio.move_on_after(max(site.config.warm_wait_s, 0.0)):  # a big site: bounded
                     await self._list(session, view)
         log.info("session %s of %s: uid %d, expires %s", session.path, path, uid, expires_at)
-        if site.config.warm_kernel and self._nursery is not None:
+        if view.lists_ahead and self._nursery is not None:
             self._nursery.start_soon(self._make_spares, key, site, view, SPARE_QUIET_S)
         return session.path
 
@@ -261,7 +264,8 @@ class ServedSites:
             site.views[name] = ServedView(name, reader, fs)
             log.info("view %s/%s: %s, %d files", site.directory, name, reader.describe(), table.file_count)
             job, alone = self._warm(site, name)
-            if config.warm_kernel and self._nursery is not None:  # the likely owner: the server's user
+            site.views[name].lists_ahead = job is not None
+            if job is not None and self._nursery is not None:  # the likely owner: the server's user
                 spare: SpareKey = (site.key, name, os.getuid(), os.getgid(), "allow_other" in config.fuse_options)
                 self._nursery.start_soon(self._make_spares, spare, site, site.views[name])
             if job is not None and alone and config.warm_wait_s > 0:
