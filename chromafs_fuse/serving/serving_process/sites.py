@@ -116,6 +116,7 @@ class ServedSites:
         self._listing = trio.Lock()  # one session's directories listed at a time (each on a few threads)
         self._spares: dict[SpareKey, list[ServedSession]] = {}  # per class and owner: listed, not handed out
         self._making: dict[SpareKey, trio.Event] = {}  # spares being listed
+        self._spare_slots: set[int] = set()  # every spare's slot, listed or being listed
         self._last_request = 0.0  # when a session was last asked for (time.monotonic)
 
     async def run(self) -> None:
@@ -144,7 +145,7 @@ class ServedSites:
         view = site.views[name]
         key: SpareKey = (site.key, name, uid, gid, allow_other)
         sessions = self.fs.sessions
-        first = not any(True for _ in sessions.of_view(site.key, name))
+        first = not any(s.slot not in self._spare_slots for s in sessions.of_view(site.key, name))
         self._last_request = time.monotonic()
         making = self._making.get(key)
         if making is not None and first:
@@ -153,6 +154,7 @@ class ServedSites:
         spares = self._spares.get(key) or []
         spare = spares.pop(0) if spares else None
         if spare is not None and spare.alive(time.time()):
+            self._spare_slots.discard(spare.slot)
             sessions.set_expiry(spare, expires_at)
             session = spare
         else:
@@ -179,8 +181,10 @@ class ServedSites:
                 if site.views.get(name) is not view:
                     return
                 spare = self.fs.open_session(site.key, name, uid, gid, None, allow_other)
+                self._spare_slots.add(spare.slot)
                 await self._list(spare, view)
                 if site.views.get(name) is not view:
+                    self._spare_slots.discard(spare.slot)
                     self.fs.sessions.end(spare.slot)
                     return
                 self._spares.setdefault(key, []).append(spare)
@@ -289,7 +293,7 @@ class ServedSites:
             return False
         del site.views[name]
         for key in [key for key in self._spares if key[:2] == (site.key, name)]:
-            del self._spares[key]
+            self._spare_slots.difference_update(spare.slot for spare in self._spares.pop(key))
         for session in list(self.fs.sessions.of_view(site.key, name)):
             self.fs.sessions.end(session.slot)  # a class stops once no session is left: none should be
         self.fs.remove(site.key, name)
