@@ -5,9 +5,11 @@ stacked, while sessions served by the other processes never notice."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import signal
+import socket
 import subprocess
 import threading
 import time
@@ -323,3 +325,41 @@ def test_a_heal_never_shows_an_empty_tree_and_never_binds_again_what_its_user_un
     wait_until(lambda: "sessions bound again" in server.log.read_text(), 5, "the heal done")
     assert [m for m in dropped if mount_count(m)] == [], "a session its user unmounted was bound again"
     assert all(mount_count(m) == 1 for m in kept), "a session is stacked"
+
+
+@pytest.mark.expect_log(
+    r"(WARNING .*short of resources \((accepting a request|housekeeping): EMFILE\)|WARNING .*session on .* expired"
+    r"|ERROR .*cannot save the session state|WARNING .*ending the session .*Too many open files)"
+)
+def test_a_descriptor_shortage_never_ends_the_server_and_sessions_still_expire(
+    server: MountServer, token_file: Callable[..., Path], secret_file: Path, tmp_path: Path
+) -> None:
+    """The server's open-files limit set to 64 while 80 idle clients connect: it backs off and
+    serves on, a session still expires on time, and once the idle clients are gone a new session
+    opens (issue 46: accept() failed with EMFILE and the server exited)."""
+    chroma = two_sites(tmp_path)
+    expires_at = int(time.time()) + 6
+    expiring = tmp_path / "expiring"
+    open_session(
+        server, "alpha", chroma["alpha"], expiring, token_file(["billing"], exp=expires_at, site="alpha"), secret_file
+    )
+    assert server.proc is not None
+    pid = server.proc.pid
+    subprocess.run(["prlimit", f"--pid={pid}", "--nofile=64:64"], check=True)
+    idle: list[socket.socket] = []
+    try:
+        for _ in range(80):
+            client = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            client.setblocking(False)
+            with contextlib.suppress(BlockingIOError, InterruptedError):
+                client.connect(str(server.socket))
+            idle.append(client)
+        wait_until(lambda: "short of resources" in server.log.read_text(), 10, "the server running short")
+        wait_until(lambda: not is_mounted(expiring), expires_at + 1.5 - time.time(), "the session expired on time")
+        assert server.proc.poll() is None, "the server ended"
+    finally:
+        for client in idle:
+            client.close()
+    later = tmp_path / "later"
+    open_session(server, "alpha", chroma["alpha"], later, None, secret_file)  # idle clients gone: served again
+    assert reads_source(later) and server.proc.poll() is None

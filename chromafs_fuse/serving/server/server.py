@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import json
 import logging
 import os
@@ -55,6 +56,9 @@ log = logging.getLogger("chromafs.mountd")
 MAX_REQUEST_BYTES = 256 * 1024
 MAX_CONCURRENT_REQUESTS = 256  # beyond this a request waits for a thread (it is never refused)
 HOUSEKEEPING_S = 0.5
+# failures that pass: the process or the host is short of descriptors or buffers
+SHORT_OF = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
+ACCEPT_BACKOFF_S = 0.1
 _CALLERS_CWD = threading.Lock()
 ORPHAN_GRACE_S = 5.0  # a serving process idle this much past --class-idle ends itself: no server stopped it
 
@@ -188,6 +192,7 @@ class MountServer:
         self.keeper = keeper
         self.listener = listener
         self.stopping = threading.Event()
+        self._short_logged = -60.0  # when running short of descriptors was last said
         self.slots = threading.BoundedSemaphore(MAX_CONCURRENT_REQUESTS)
 
     # -- the loop -------------------------------------------------------------------------------
@@ -212,12 +217,22 @@ class MountServer:
                     if not readable:
                         continue
                     conn, _ = self.listener.accept()
-                except (OSError, ValueError):  # ValueError: select on the socket that stop() closed
+                except (OSError, ValueError) as exc:  # ValueError: select on the socket that stop() closed
                     if self.stopping.is_set():
                         break
+                    if isinstance(exc, OSError) and exc.errno == errno.ECONNABORTED:
+                        continue  # the client hung up first
+                    if isinstance(exc, OSError) and exc.errno in SHORT_OF:
+                        self._short_of(f"accepting a request: {errno.errorcode[exc.errno]}")
+                        continue
                     raise
                 self.slots.acquire()
-                threading.Thread(target=self._answer, args=(conn,), name="request", daemon=True).start()
+                try:
+                    threading.Thread(target=self._answer, args=(conn,), name="request", daemon=True).start()
+                except RuntimeError:  # no thread to be had: this request is refused, the server goes on
+                    self.slots.release()
+                    conn.close()
+                    self._short_of("starting a request's thread")
         finally:
             self.stopping.set()
             if self.keeper is not None:  # a last pass: sessions unmounted meanwhile leave no status behind
@@ -235,6 +250,17 @@ class MountServer:
             log.info("stopped")
         return 0
 
+    def _short_of(self, what: str, wait: bool = True) -> None:
+        """Out of descriptors, buffers or threads: a pending connection waits in the backlog while
+        the server backs off (`wait`), as trio's serve_listeners does; it never ends the server
+        (expiry, healing and the sessions that stand depend on it). Said once a minute."""
+        now = time.monotonic()
+        if now - self._short_logged >= 60.0:
+            self._short_logged = now
+            log.warning("short of resources (%s): backing off and serving on", what)
+        if wait:
+            self.stopping.wait(ACCEPT_BACKOFF_S)
+
     def stop(self) -> None:
         self.stopping.set()
         with contextlib.suppress(OSError):
@@ -246,6 +272,11 @@ class MountServer:
         while not self.stopping.is_set():
             try:
                 self.keeper.housekeep()
+            except OSError as exc:
+                if exc.errno not in SHORT_OF:
+                    log.exception("housekeeping failed")
+                else:  # what a pass does before it reads the mount table (expiry) is done
+                    self._short_of(f"housekeeping: {errno.errorcode[exc.errno]}", wait=False)
             except Exception:  # a bug in one pass: logged with its traceback; the next pass runs
                 log.exception("housekeeping failed")
             wait_s = HOUSEKEEPING_S
