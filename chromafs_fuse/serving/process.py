@@ -34,10 +34,12 @@ def sd_notify(message: str) -> None:
 
 def process_start(pid: int) -> int | None:
     """When the process started (clock ticks since boot), or None if there is no such process.
-    With the pid it names one process for good: a pid alone is reused."""
+    With the pid it names one process for good: a pid alone is reused.
+    A shortage of descriptors is not an answer: it raises (OSError EMFILE), never None, so that
+    nothing is taken for dead because the asker could not look."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             fields = f.read().rpartition(b")")[2].split()
         return int(fields[19])  # field 22; the split starts at field 3
-    except (OSError, IndexError, ValueError):
+    except (FileNotFoundError, ProcessLookupError, IndexError, ValueError):
         return None

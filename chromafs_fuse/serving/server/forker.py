@@ -97,7 +97,10 @@ class Forker:
         return int(pid)
 
     def alive(self) -> bool:
-        return process_start(self.pid) == self.pid_start
+        try:
+            return process_start(self.pid) == self.pid_start
+        except OSError:  # short of descriptors: it cannot be told, so it is not taken for dead
+            return True
 
     def close(self) -> None:
         with contextlib.suppress(OSError):
