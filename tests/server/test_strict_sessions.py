@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from test_sessions import OpenSession, Sessions, classes
 
-from infra import REPO, SAMPLE_SITE, MountServer, hold_for, wait_until
+from infra import REPO, SAMPLE_SITE, MountServer, hold_for, mounts_under, unmount, wait_until
 
 INSIDE = REPO / "scripts" / "harness" / "inside.py"
 pytestmark = pytest.mark.skipif(shutil.which("setpriv") is None, reason="needs setpriv (util-linux)")
@@ -40,8 +40,12 @@ def world_reachable() -> Iterator[Path]:
     """A folder every user can reach (pytest's tmp dirs are 0700)."""
     base = Path(tempfile.mkdtemp(prefix="chromafs-strict-"))
     base.chmod(0o755)
-    yield base
-    shutil.rmtree(base, ignore_errors=True)
+    try:
+        yield base
+    finally:
+        for path in mounts_under(base):  # its sessions: outside tmp_path, so not the server fixture's
+            unmount(path)
+        shutil.rmtree(base, ignore_errors=True)
 
 
 def as_nobody(*cmd: str) -> subprocess.CompletedProcess[str]:
