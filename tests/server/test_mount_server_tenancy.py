@@ -171,6 +171,51 @@ def test_every_serving_process_killed_every_session_reads_again(
     assert len(serving_processes(server)) == 2
 
 
+def _children(pid: int) -> list[int]:
+    return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+
+
+@pytest.mark.expect_log(r"(ERROR .*its serving process is gone; serving it again|WARNING .*served again by pid)")
+def test_a_serving_process_killed_while_it_reads_its_own_mount_never_hangs(
+    server: MountServer, token_file: Callable[..., Path], secret_file: Path, tmp_path: Path
+) -> None:
+    """A serving process reads its own mount (a new class's warm-up, its sessions' directories
+    listed ahead): SIGKILLed at such a moment, a thread waiting in the kernel for an answer only
+    the dead process could give would keep its FUSE descriptor open for good, and every reader of
+    its sessions would hang. Its watchdog (holding no descriptor of the device) aborts the
+    connection: the process is gone in seconds, each time, and its sessions read again."""
+    chroma = two_sites(tmp_path)
+    mountpoints = []
+    for attempt in range(4):
+        mountpoint = tmp_path / f"alpha-{attempt}"
+        open_session(server, "alpha", chroma["alpha"], mountpoint, None, secret_file)
+        mountpoints.append(mountpoint)
+        [pid] = [
+            p for p, path in serving_processes(server).items() if os.stat(path).st_dev == os.stat(mountpoint).st_dev
+        ]
+        (watchdog,) = _children(pid)
+        for watcher in (watchdog, *_children(watchdog)):
+            assert all(
+                os.readlink(f"/proc/{watcher}/fd/{fd}") != "/dev/fuse" for fd in os.listdir(f"/proc/{watcher}/fd")
+            )
+        # a new class of the same process: its warm-up and its spare sessions' listings start now
+        late = tmp_path / f"alpha-new-class-{attempt}"
+        late.mkdir()
+        argv = [str(MOUNT), str(late), "--site", "alpha", "--chroma-path", str(chroma["alpha"])]
+        argv += ["--mountd", str(server.socket), "--refresh-interval", "0"]
+        argv += reader_args(token_file([f"team-{attempt}"], site="alpha"), secret_file)
+        opening = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        reader = subprocess.Popen(
+            ["grep", "-rl", "e", str(mountpoint)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
+        time.sleep(0.2 + 0.1 * attempt)  # the kill lands later in the new class's request each attempt
+        os.kill(pid, signal.SIGKILL)
+        assert wait_gone(pid, 10), f"attempt {attempt}: the killed serving process is stuck"
+        reader.wait(timeout=10)
+        opening.wait(timeout=30)
+    wait_until(lambda: all(reads_source(m) for m in mountpoints), 10.0, "every session reads again", 0.05)
+
+
 @pytest.mark.expect_log(r"WARNING .*session on .* expired")
 def test_a_frozen_backend_of_one_site_never_delays_another_sites_sessions(
     server: MountServer,

@@ -220,7 +220,7 @@ class Mount:
         # garbage do not walk the whole heap on the request path.
         gc.collect()
         gc.freeze()
-        self.watchdog = start_watchdog(mountpoint) if self.may_push else None
+        self.watchdog = start_watchdog(mountpoint, "pages are not pushed to the kernel") if self.may_push else None
         self.warms_kernel = should_warm_kernel(config, self.watchdog is not None, self.fs.table)
         if config.pid_file:
             with open(config.pid_file, "w") as f:

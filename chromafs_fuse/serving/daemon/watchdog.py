@@ -47,16 +47,17 @@ def connection_of(mountpoint: str, mountinfo: str = "/proc/self/mountinfo") -> i
     return found
 
 
-def start_watchdog(mountpoint: str) -> subprocess.Popen[bytes] | None:
+def start_watchdog(mountpoint: str, without: str) -> subprocess.Popen[bytes] | None:
     """Start the watchdog for the mount at `mountpoint`; None if it could not abort the
     connection (no setpriv, or fusectl neither mounted nor mountable by this user). Call it
-    from the thread that runs the FUSE loop: the watchdog is signalled when that thread exits."""
+    from the thread that runs the FUSE loop: the watchdog is signalled when that thread exits.
+    `without` says in the log what the mount does when there is none."""
     connection = connection_of(mountpoint)
     setpriv = shutil.which("setpriv")
     fusectl_usable = os.path.isdir(os.path.join(FUSECTL, str(connection))) or os.geteuid() == 0
     if connection is None or setpriv is None or not fusectl_usable:
         why = "mount not found" if connection is None else "no setpriv" if setpriv is None else "no fusectl"
-        log.warning("no watchdog for %s (%s): pages are not pushed to the kernel", mountpoint, why)
+        log.warning("no watchdog for %s (%s): %s", mountpoint, why, without)
         return None
     argv = [setpriv, "--pdeathsig", "USR2", "sh", "-c", WATCHDOG_SCRIPT, "chromafs-watchdog"]
     argv += [str(os.getpid()), str(connection), escape(os.path.abspath(mountpoint)), FUSECTL]

@@ -41,6 +41,7 @@ from chromafs_fuse.config import MountConfig
 from chromafs_fuse.errors import ChromafsError, unexpected
 from chromafs_fuse.logs import setup_logging
 from chromafs_fuse.page_cache import PageCache
+from chromafs_fuse.serving.daemon.watchdog import start_watchdog, stop_watchdog
 from chromafs_fuse.serving.failures import failure_text, report_failure
 from chromafs_fuse.serving.fuse_adapter import FuseAdapter, entry_attributes, pyfuse3_passes_inode
 from chromafs_fuse.serving.handshake import READY
@@ -84,11 +85,15 @@ class ServingProcess:
         """Mount, serve until unmounted, signalled or unused, unmount."""
         os.makedirs(self.mountpoint, mode=0o755, exist_ok=True)
         pyfuse3.init(self.adapter, self.mountpoint, set(pyfuse3.default_options) | MOUNT_OPTIONS)
+        # this process reads its own mount (warm-ups, sessions listed ahead): killed while such a
+        # read waits in the kernel, it could never close its FUSE descriptor without the watchdog
+        watchdog = start_watchdog(self.mountpoint, "a kill while it reads its own mount can hang it")
         gc.collect()
         gc.freeze()
         try:
             trio.run(self._serve, ready_fd)
         finally:
+            stop_watchdog(watchdog)
             pyfuse3.close(unmount=True)
             self.status.remove()
             with contextlib.suppress(OSError):
