@@ -3,7 +3,9 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import shutil
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -226,3 +228,13 @@ def mnt(tmp_path: Path) -> Path:
 
 
 os.environ.setdefault("ANONYMIZED_TELEMETRY", "False")
+# Status files and shells of this run in a folder of its own, never the machine's /run/chromafs
+# (another test run or a real service there would change what `chromafs status` lists).
+RUNTIME_DIR = Path(tempfile.mkdtemp(prefix="chromafs-test-run-"))
+os.environ["CHROMAFS_RUNTIME_DIR"] = str(RUNTIME_DIR)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """The run's runtime folder goes with it (never while something is mounted inside it)."""
+    if not mounts_under(RUNTIME_DIR):
+        shutil.rmtree(RUNTIME_DIR, ignore_errors=True)

@@ -30,7 +30,10 @@ def run_folder() -> str:
     """A private folder for this shell's mountpoint and /etc."""
     import tempfile
 
-    if os.geteuid() == 0:
+    given = os.environ.get("CHROMAFS_RUNTIME_DIR")  # as serving/status.py's runtime_bases
+    if given:
+        base = os.path.join(given, "shells")
+    elif os.geteuid() == 0:
         base = "/run/chromafs/shells"
     else:
         base = os.path.join(os.environ.get("XDG_RUNTIME_DIR") or tempfile.gettempdir(), "chromafs-shells")

@@ -18,9 +18,21 @@ from chromafs_fuse.serving.process import process_start
 log = logging.getLogger("chromafs.status")
 
 
+RUNTIME_ENV = "CHROMAFS_RUNTIME_DIR"  # instead of /run/chromafs: a test run, a second server's world
+
+
+def runtime_bases() -> list[str]:
+    """Where runtime state goes, first choice first: $CHROMAFS_RUNTIME_DIR alone when set, else
+    /run/chromafs, else a per-user temp dir."""
+    given = os.environ.get(RUNTIME_ENV)
+    if given:
+        return [given]
+    return ["/run/chromafs", os.path.join(os.environ.get("TMPDIR", "/tmp"), f"chromafs-{os.getuid()}")]
+
+
 def runtime_dir() -> str:
-    """Where mounts publish their status: /run/chromafs/mounts, else a per-user temp dir."""
-    for base in ("/run/chromafs", os.path.join(os.environ.get("TMPDIR", "/tmp"), f"chromafs-{os.getuid()}")):
+    """Where mounts publish their status: <runtime base>/mounts (runtime_bases)."""
+    for base in runtime_bases():
         path = os.path.join(base, "mounts")
         try:
             os.makedirs(path, mode=0o700, exist_ok=True)

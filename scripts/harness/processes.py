@@ -30,8 +30,10 @@ T = TypeVar("T")
 
 
 def child_env() -> dict[str, str]:
-    """The environment of a child: no token or backend taken from ours, no telemetry."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("CHROMAFS_", "CHROMA_", "AWS_"))}
+    """The environment of a child: no token or backend taken from ours, no telemetry; the runtime
+    folder the caller chose (CHROMAFS_RUNTIME_DIR) kept."""
+    kept = ("CHROMAFS_RUNTIME_DIR",)
+    env = {k: v for k, v in os.environ.items() if k in kept or not k.startswith(("CHROMAFS_", "CHROMA_", "AWS_"))}
     env["ANONYMIZED_TELEMETRY"] = "False"
     env["PATH"] = f"{BIN}:{env.get('PATH', '/usr/bin:/bin')}"
     env["LC_ALL"] = "C"

@@ -85,3 +85,28 @@ def test_the_search_directory_searches_the_tree_the_mount_shows_after_a_reingest
         after = found()
         assert page not in after, "the search directory names a page the mount no longer shows"
         assert after and after <= expected_visible(site, "public", None)
+
+
+def test_a_view_ranks_its_pages_by_the_words_of_the_version_it_shows(tmp_path: Path) -> None:
+    """Two mounts that stay on their tree (no refresh) while a re-ingest adds a word to a page and
+    locks it away: searched for that word, the mount that first searches after the re-ingest
+    ranks the page no higher than the one that searched before it (the lexicon's entry for
+    another version of a page is not that page's: the new words rank nothing in the old view)."""
+    site = shutil.copytree(SAMPLE_SITE, tmp_path / "site")
+    backend = ["--site", "acme", "--chroma-path", str(tmp_path / "chroma")]
+    ingest(site, *backend, "--quiet")
+    page = "guides/troubleshooting.md"
+    word = "quokkavortle"
+    early, late = tmp_path / "early", tmp_path / "late"
+    options = ["--search-dir", ".search", "--refresh-interval", "0", "--preload", "off"]
+    with mounted(early, *backend, *options), mounted(late, *backend, *options):
+        before = (early / ".search" / word).read_text()
+        text = (site / page).read_text()
+        (site / page).write_text(f"---\ngroups: [admin]\n---\n{text}\n{word} {word} {word}\n")
+        ingest(site, *backend, "--quiet")
+        assert (late / page).read_bytes() == (SAMPLE_SITE / page).read_bytes()  # still the old tree
+        after = (late / ".search" / word).read_text()
+    assert word not in after
+    ranks = [[line.split(":", 1)[0] for line in answer.splitlines()] for answer in (before, after)]
+    assert page in ranks[0]
+    assert page not in ranks[1][: ranks[0].index(page) + 1], (ranks[0], ranks[1])

@@ -8,6 +8,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import time
 import traceback
@@ -238,6 +239,62 @@ def test_a_mount_request_from_another_user_is_refused(sample_backend: Callable[.
         served = try_mount(mnt, *argv[1:], "--mountd", str(server.socket))
         assert served.returncode == 0, served.stderr
         assert (mnt / "quickstart.mdx").read_bytes() == (SAMPLE_SITE / "quickstart.mdx").read_bytes()
+
+
+def exchange_as(uid: int, socket_path: Path, lines: list[bytes]) -> list[bytes]:
+    """From a child running as `uid`: connect, and for each line send it and read one answer
+    line (b"" once the server has closed the connection); the answers."""
+    reader, writer = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: never back into pytest
+        answers: list[str] = []
+        try:
+            os.close(reader)
+            os.chdir(socket_path.parent)
+            os.setgroups([])
+            os.setgid(uid)
+            os.setuid(uid)
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+                conn.settimeout(30)
+                conn.connect(socket_path.name)
+                replies = conn.makefile("rb")
+                for line in lines:
+                    with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+                        conn.sendall(line)
+                    try:
+                        answers.append(replies.readline().decode())
+                    except ConnectionResetError:
+                        answers.append("")
+        except BaseException:
+            answers.append(traceback.format_exc())
+        finally:
+            with contextlib.suppress(BaseException):
+                os.write(writer, json.dumps(answers).encode())
+            os._exit(0)
+    os.close(writer)
+    with os.fdopen(reader, "rb") as answer:
+        printed = answer.read().decode()
+    os.waitpid(pid, 0)
+    return [a.encode() for a in json.loads(printed)]
+
+
+@pytest.mark.expect_log(r"WARNING chromafs.mountd: refused a mount request from uid")
+def test_a_refused_peer_gets_no_second_request_on_its_connection(
+    sample_backend: Callable[..., Backend], tmp_path: Path
+) -> None:
+    """After the refusal, the connection is closed: a second request on it is never read, so it
+    is never served without the check."""
+    folder, mnt = tmp_path / "server", tmp_path / "mnt"
+    folder.mkdir()
+    mnt.mkdir()
+    request = encode_request([str(mnt), *sample_backend().args], None, "/")
+    with running_mount_server(folder, tmp_path) as server:
+        folder.chmod(0o711)
+        server.socket.chmod(0o666)  # the server's own uid check is what the requests meet
+        first, second = exchange_as(NOBODY, server.socket, [request, request])
+        assert b"permission denied" in first, first
+        assert second == b"", second
+        assert not is_mounted(mnt), "a second request on a refused connection was served"
 
 
 @pytest.mark.expect_log(r"WARNING chromafs.mountd: refused a mount request from uid")

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from chromafs_fuse.serving.server.state_journal import StateJournal
+from chromafs_fuse.serving.status import runtime_dir
 from infra import (
     BIN,
     SAMPLE_SITE,
@@ -258,6 +259,29 @@ def test_a_session_ends_at_its_expiry_or_unmount_and_the_others_go_on(
     assert "expired" in shared_server.log.read_text()
 
 
+def test_a_session_whose_mountpoint_now_holds_another_mount_has_ended(
+    shared_server: MountServer, open_session: OpenSession, token_file: Callable[..., Path], tmp_path: Path
+) -> None:
+    """Its user unmounts a session and mounts something else at its path at once: the server
+    tells the session's bind from the other mount by its device, so the session ends (gone from
+    `chromafs status` and the journal) and its expiry never detaches the other mount."""
+    path = tmp_path / "reused"
+    expires_at = int(time.time()) + 4
+    open_session(path, token_file(["billing"], exp=expires_at))
+    assert str(path) in {s["mountpoint"] for s in statuses()}
+    swap = run(["sh", "-c", 'umount "$1" && mount -t tmpfs -o size=1m other "$1"', "sh", str(path)])
+    assert swap.returncode == 0, swap.stderr
+    try:
+        (path / "mine").write_text("kept")
+        journal = StateJournal(str(shared_server.class_root / "state.json"))
+        wait_until(lambda: str(path) not in journal.load().sessions, 5, "the session ended", 0.1)
+        assert str(path) not in {s["mountpoint"] for s in statuses()}
+        hold_for(expires_at + 1.5 - time.time(), "past the ended session's expiry")
+        assert (path / "mine").read_text() == "kept", "the other mount was detached"
+    finally:
+        unmount(path)
+
+
 @pytest.mark.expect_log(r"WARNING .*session on .* expired")
 def test_the_server_restarts_without_harm(
     shared_server: MountServer, open_session: OpenSession, token_file: Callable[..., Path], tmp_path: Path
@@ -395,7 +419,7 @@ def test_a_status_no_state_names_is_removed_by_the_server(
     state lost with it); other servers' files are left alone."""
     gone = tmp_path / "gone"
     open_session(gone)
-    runtime = Path("/run/chromafs/mounts")
+    runtime = Path(runtime_dir())  # this run's own (tests/conftest.py), never the machine's
 
     def listed() -> set[str]:
         return {json.loads(p.read_text())["mountpoint"] for p in runtime.glob("session-*.json")}

@@ -16,7 +16,7 @@ import pytest
 
 from infra import BIN, SAMPLE_SITE, MountServer, expected_visible, mounts_under, poll_until, wait_until
 
-SHELLS = Path("/run/chromafs/shells")
+SHELLS = Path(os.environ["CHROMAFS_RUNTIME_DIR"], "shells")  # this run's own (tests/conftest.py)
 
 
 def sandbox_unavailable() -> str | None:
