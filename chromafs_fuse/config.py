@@ -10,14 +10,20 @@ Namespace. Each flag is declared once, in options.py: a field set by a flag name
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from chromafs_fuse.errors import UsageError
+
+if TYPE_CHECKING:
+    import argparse
+    from types import SimpleNamespace
+
+    # parsed flags: argparse's, or a mount server's request read by options.request_values
+    Flags = argparse.Namespace | SimpleNamespace
 from chromafs_fuse.options import (
     DEFAULTS,
     MOUNT_OPTIONS,
@@ -43,7 +49,7 @@ def flag(flag: str, options: tuple[Option, ...] = MOUNT_OPTIONS) -> dict[str, An
     return {"flag": flag, "options": options}
 
 
-def flag_values(cls: type, args: argparse.Namespace) -> dict[str, Any]:
+def flag_values(cls: type, args: Flags) -> dict[str, Any]:
     """Every field of the dataclass `cls` set by a flag, read from `args` and checked against the
     flag's bounds (UsageError naming the flag)."""
     values: dict[str, Any] = {}
@@ -73,7 +79,7 @@ class ChromaLocation:
         return f"{where}{scope} collection={self.collection}"
 
 
-def chroma_location(args: argparse.Namespace) -> ChromaLocation:
+def chroma_location(args: Flags) -> ChromaLocation:
     path = args.chroma_path
     url = (args.chroma_url or os.environ.get("CHROMAFS_CHROMA_URL")) if not path else None
     if not path and not url:
@@ -133,7 +139,7 @@ class SessionConfig:
     jwt_public_key: str | None = from_flag("--jwt-public-key")
 
     @classmethod
-    def from_args(cls, args: argparse.Namespace) -> SessionConfig:
+    def from_args(cls, args: Flags) -> SessionConfig:
         values = flag_values(cls, args)
         redis = None
         if args.redis_url:
@@ -172,7 +178,7 @@ class MountConfig:
         return self.session.site
 
     @classmethod
-    def from_args(cls, args: argparse.Namespace) -> MountConfig:
+    def from_args(cls, args: Flags) -> MountConfig:
         """From chromafs-mount's flags; the mountpoint is made absolute against the current
         directory (the caller's, for a mount server's request)."""
         values = flag_values(cls, args)
@@ -239,5 +245,8 @@ class ServerConfig:
     isolated_only: bool = from_flag("--isolated-only", MOUNTD_OPTIONS)  # no class views: a daemon per session
 
     @classmethod
-    def from_args(cls, args: argparse.Namespace) -> ServerConfig:
-        return cls(**flag_values(cls, args))
+    def from_args(cls, args: Flags) -> ServerConfig:
+        values = flag_values(cls, args)
+        for name in ("socket", "class_root"):  # the server works from / (cli/mountd.py)
+            values[name] = os.path.abspath(values[name])
+        return cls(**values)

@@ -107,3 +107,11 @@ def errno_of(exc: BaseException) -> int:
 
 def kind_of(exc: BaseException) -> Kind:
     return exc.kind if isinstance(exc, ChromafsError) else "internal"
+
+
+def error_of(kind: str, message: str) -> ChromafsError:
+    """The error of `kind` another process reported (serving/protocol.py), with its message."""
+    for cls in (UsageError, AccessDenied, NotFound, Unavailable, Corrupt, Refused):
+        if cls.kind == kind:
+            return cls(message)
+    return ChromafsError(message)

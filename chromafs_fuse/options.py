@@ -41,6 +41,7 @@ class Option:
         "metavar",
         "minimum",
         "name",
+        "path",
         "positive",
         "quick",
         "required",
@@ -69,6 +70,7 @@ class Option:
         store_as: str | None = None,
         minimum: float | None = None,
         positive: bool = False,
+        path: bool = False,
     ) -> None:
         assert kind in KINDS, kind
         self.name = name  # the flag, e.g. --cache-bytes
@@ -89,6 +91,7 @@ class Option:
         self.store_as = store_as
         self.minimum = minimum  # a smaller value is refused (checked_value)
         self.positive = positive  # 0 and less are refused (checked_value)
+        self.path = path  # a file or directory: relative to the caller's working directory
 
     @property
     def dest(self) -> str:
@@ -117,7 +120,9 @@ CHROMA_OPTIONS = (
         required=True,
         fstab=False,  # mount.fuse.chromafs's source
     ),
-    Option("--chroma-path", "embedded Chroma directory (default backend)", metavar="DIR", exclusive="chroma"),
+    Option(
+        "--chroma-path", "embedded Chroma directory (default backend)", metavar="DIR", exclusive="chroma", path=True
+    ),
     Option("--chroma-url", "Chroma server, e.g. http://127.0.0.1:8000", metavar="URL", exclusive="chroma"),
     Option("--collection", "collection name (default: the site name)"),
     Option("--chroma-tenant", "Chroma server/Cloud tenant (default: the server's default)"),
@@ -134,18 +139,20 @@ SESSION_OPTIONS = (
         "session JWT (visible in ps: prefer --token-file or CHROMAFS_TOKEN)",
         fstab=False,  # it would show in ps and fstab: mount.fuse.chromafs refuses it
     ),
-    Option("--token-file", "file holding the session JWT (env CHROMAFS_TOKEN_FILE)", metavar="F"),
+    Option("--token-file", "file holding the session JWT (env CHROMAFS_TOKEN_FILE)", metavar="F", path=True),
     Option(
         "--jwt-secret-file",
         "HS256 shared secret (env CHROMAFS_JWT_SECRET_FILE)",
         metavar="F",
         env="CHROMAFS_JWT_SECRET_FILE",
+        path=True,
     ),
     Option(
         "--jwt-public-key",
         "PEM public key: Ed25519, RSA or EC P-256 (env CHROMAFS_JWT_PUBLIC_KEY)",
         metavar="F",
         env="CHROMAFS_JWT_PUBLIC_KEY",
+        path=True,
     ),
     Option("--chunk-joiner", "text put between chunks (default: newline)", default="\n"),
     Option(
@@ -168,6 +175,7 @@ SESSION_OPTIONS = (
         "CA certificate of a rediss:// Redis (env CHROMAFS_REDIS_CA; default: the system's)",
         metavar="FILE",
         env="CHROMAFS_REDIS_CA",
+        path=True,
     ),
     Option("--redis-prefix", "key prefix in Redis", default="chromafs"),
     Option("--redis-ttl", "seconds a cached page lives in Redis", type=int, default=24 * 3600),
@@ -207,7 +215,9 @@ MOUNT_OPTIONS = (
         deprecated=("--prefetch-max-bytes",),
         minimum=0,
     ),
-    Option("--log-file", "log here (default: stderr in the foreground; syslog, else a file, in the background)"),
+    Option(
+        "--log-file", "log here (default: stderr in the foreground; syslog, else a file, in the background)", path=True
+    ),
     Option(
         "--readahead-pages",
         "read-ahead: a read of a page not in memory also fetches up to this many pages of its directory, the "
@@ -267,7 +277,7 @@ MOUNT_OPTIONS = (
         metavar="S",
         minimum=0,
     ),
-    Option("--pid-file", "write the daemon's PID here while it serves"),
+    Option("--pid-file", "write the daemon's PID here while it serves", path=True),
     Option("--log-format", "one line per event", choices=("text", "json"), default="text"),
     Option("--metrics-addr", "serve Prometheus metrics here", metavar="HOST:PORT"),
     Option("--log-level", "how much the daemon logs", choices=LOG_LEVELS, default="info"),
@@ -276,6 +286,7 @@ MOUNT_OPTIONS = (
         "ask this chromafs-mountd socket to serve the mount (env CHROMAFS_MOUNTD_SOCKET; default: the host's "
         "mount server at /run/chromafs/mountd.sock when it answers)",
         env="CHROMAFS_MOUNTD_SOCKET",
+        path=True,
     ),
     Option(
         "--no-mountd",
@@ -450,6 +461,7 @@ INGEST_OPTIONS = (
         "CA certificate of a rediss:// Redis (env CHROMAFS_REDIS_CA)",
         metavar="FILE",
         env="CHROMAFS_REDIS_CA",
+        path=True,
     ),
     Option("--redis-prefix", "key prefix in Redis", default="chromafs"),
     Option("--tree-ttl", "seconds a published path tree lives in Redis", type=int, default=300),
@@ -521,3 +533,70 @@ def fstab_names(options: Iterable[Option] = MOUNT_OPTIONS) -> tuple[dict[str, st
         names = [n for n in option.names if n.startswith("--")]
         (switches if option.kind in ("switch", "toggle") else valued).update({fstab_name(n): n for n in names})
     return valued, switches
+
+
+# chromafs-mount's options a mount server's request never carries: the token (sent on its own), and
+# what only the client or its own daemon reads
+CLIENT_ONLY = frozenset(
+    {"--token", "--token-file", "--token-stdin", "--ready-fd", "--foreground", "--mountd", "--no-mountd"}
+)
+
+
+def by_name(options: Iterable[Option] = MOUNT_OPTIONS) -> dict[str, Option]:
+    """Every name an option goes by (old names and --no-x included) -> the option."""
+    return {name: option for option in options for name in option.names}
+
+
+def default_value(option: Option) -> object:
+    """The option's value when it is not given (a fresh list for -o), as argparse's without environment."""
+    if option.kind == "append":
+        default = option.default
+        return list(default) if isinstance(default, (list, tuple)) else []
+    return option.default
+
+
+def given_value(option: Option, value: object) -> object:
+    """A value of `option` as a request carries it (a string or a number for a value, True or
+    False for a switch or a toggle, a list of strings for -o), read as chromafs-mount's parser
+    reads it from its command line; ValueError naming the flag."""
+    if option.kind in ("switch", "toggle"):
+        if not isinstance(value, bool):
+            raise ValueError(f"{option.name} takes no value")
+        return value
+    if option.kind == "append":
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise ValueError(f"{option.name} wants a list of strings")
+        return list(value)
+    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+        raise ValueError(f"{option.name} wants one value")
+    if option.type is not None:
+        try:
+            value = option.type(value)
+        except ValueError:
+            raise ValueError(f"{option.name}: invalid {option.type.__name__} value: {value!r}") from None
+    elif not isinstance(value, str):
+        value = str(value)
+    if option.choices and value not in option.choices:
+        raise ValueError(f"{option.name}: invalid choice: {value!r} (choose from {', '.join(option.choices)})")
+    return value
+
+
+def request_values(given: dict[str, object], options: Iterable[Option] = MOUNT_OPTIONS) -> dict[str, object]:
+    """Each option's parsed value by its `dest`, as chromafs-mount's parser gives them: the ones
+    `given` (flag -> value, as the mount client sends a request) and every other at its default,
+    never from this process's environment (the caller's was read by its client). ValueError for
+    an unknown flag, one a request never carries, a wrong value or a missing required one."""
+    options = tuple(options)
+    names = by_name(options)
+    values: dict[str, object] = {}
+    for option in options:
+        values[option.dest] = default_value(option)
+    for name, value in given.items():
+        found = names.get(name)
+        if found is None or name != found.name or name in CLIENT_ONLY or found.hidden:
+            raise ValueError(f"{name}: not an option of a session request")
+        values[found.dest] = given_value(found, value)
+    for option in options:
+        if option.required and values[option.dest] in (None, ""):
+            raise ValueError(f"the following arguments are required: {option.name}")
+    return values

@@ -6,26 +6,12 @@ import argparse
 import os
 import sys
 
-from chromafs_fuse.cli.common import add_options
 from chromafs_fuse.errors import UsageError
 from chromafs_fuse.logs import setup_logging
-from chromafs_fuse.options import LOG_LEVELS, MOUNT_OPTIONS, MOUNTD_DEFAULTS
+from chromafs_fuse.options import LOG_LEVELS, MOUNTD_DEFAULTS
 
 CSI_ENDPOINT = "unix:///csi/csi.sock"
 MOUNTD_SOCKET: str = MOUNTD_DEFAULTS["--socket"]  # the mount server's own default
-
-
-class _VolumeParser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # type: ignore[override]  # a volume's mistake, not ours: no exit
-        raise ValueError(message)
-
-
-def parse_volume_argv(argv: list[str]) -> argparse.Namespace:
-    """A volume's mount server request as chromafs-mount parses it; ValueError when it is wrong."""
-    parser = _VolumeParser(prog="chromafs-csi", add_help=False)
-    parser.add_argument("mountpoint")
-    add_options(parser, MOUNT_OPTIONS)
-    return parser.parse_args(argv)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -53,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
 
         keys = Keys(args.jwt_secret_file, args.jwt_public_key)
         reader(None, "-", keys)  # the key is readable now, not at the first pod
-        return serve(args.endpoint, args.mountd, args.node_id, keys, parse_volume_argv)
+        return serve(args.endpoint, args.mountd, args.node_id, keys)
     except (UsageError, VolumeError) as exc:
         print(f"chromafs-csi: {exc}", file=sys.stderr)
         return 1

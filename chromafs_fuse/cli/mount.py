@@ -19,12 +19,13 @@ from chromafs_fuse.cli.mount_request import (
     encode_request,
     mount_server_socket,
     request_mount,
+    request_options,
     require_chroma_location,
     server_argv,
     unmount_lazily,
 )
 from chromafs_fuse.errors import UsageError
-from chromafs_fuse.options import MOUNT_OPTIONS
+from chromafs_fuse.options import CLIENT_ONLY, MOUNT_OPTIONS, default_value
 from chromafs_fuse.serving.handshake import wait_for_ready
 from chromafs_fuse.token_source import resolve_token
 
@@ -36,6 +37,19 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("mountpoint", help="directory to mount on")
     add_options(parser, MOUNT_OPTIONS)
     return parser
+
+
+def given_options(args: argparse.Namespace) -> dict[str, object]:
+    """The options argparse read that differ from their defaults, by their current names, as a
+    session request carries them (its environment defaults included: they are the caller's)."""
+    given: dict[str, object] = {}
+    for option in MOUNT_OPTIONS:
+        if option.hidden or option.name in CLIENT_ONLY:
+            continue
+        value = getattr(args, option.dest)
+        if value != default_value(option):
+            given[option.name] = value
+    return given
 
 
 def start_daemon(argv: list[str], token: str | None, mountpoint: str, wait_s: float) -> int:
@@ -107,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
         wait_s = args.backend_timeout * 3 + 60
         socket_path, fall_back = mount_server_socket(args.mountd, args.no_mountd)
         if socket_path:
-            request = encode_request(server_argv(argv), token, os.getcwd())
+            request = encode_request(args.mountpoint, request_options(given_options(args), os.environ), token)
     except UsageError as exc:
         print(f"chromafs-mount: {exc}", file=sys.stderr)
         return 1

@@ -9,20 +9,33 @@ import os
 import sys
 
 from chromafs_fuse.errors import UsageError
-from chromafs_fuse.options import MOUNTD_DEFAULTS, deprecated_names, quick_path_names
+from chromafs_fuse.options import (
+    CLIENT_ONLY,
+    MOUNT_OPTIONS,
+    MOUNTD_DEFAULTS,
+    by_name,
+    deprecated_names,
+    quick_path_names,
+)
 from chromafs_fuse.serving.handshake import wait_for_answer
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Mapping
 
 HOST_MOUNTD_SOCKET: str = MOUNTD_DEFAULTS["--socket"]
 FALL_BACK_ERRNOS = frozenset({2, 13, 111})  # ENOENT, EACCES, ECONNREFUSED: no host server for us
 FLAGS, VALUE_OPTIONS = quick_path_names()  # chromafs-mount's options the quick path reads itself
 RENAMED = deprecated_names()  # old flag -> new flag
+OPTIONS = by_name()  # every name -> its option
 
 
-def quick_options(argv: list[str]) -> tuple[dict[str, str], str] | None:
-    """(the value options given, the one positional) when argv is a plain request a mount
-    server can take as it is; None when only the full parser can tell (help, unknown or
-    abbreviated options, `--`, several positionals, serving in the foreground)."""
-    values: dict[str, str] = {}
+def quick_options(argv: list[str]) -> tuple[dict[str, object], str] | None:
+    """(the options given, each by its current name: a string, True/False for a switch or a
+    toggle, a list for -o; the one positional) when argv is a plain request a mount server can
+    take as it is; None when only the full parser can tell (help, unknown or abbreviated
+    options, `--`, several positionals, serving in the foreground)."""
+    values: dict[str, object] = {}
     positionals: list[str] = []
     at = 0
     while at < len(argv):
@@ -33,6 +46,8 @@ def quick_options(argv: list[str]) -> tuple[dict[str, str], str] | None:
             continue
         name, equals, value = arg.partition("=")
         if name in FLAGS and not equals:
+            option = OPTIONS[name]
+            values[option.name] = not name.startswith("--no-") or option.kind == "switch"
             continue
         if name not in VALUE_OPTIONS:
             return None
@@ -41,8 +56,36 @@ def quick_options(argv: list[str]) -> tuple[dict[str, str], str] | None:
                 return None  # let argparse word the error
             value = argv[at]
             at += 1
-        values[name] = value
+        option = OPTIONS[name]
+        if option.kind == "append":
+            appended = values.setdefault(option.name, [])
+            assert isinstance(appended, list)
+            appended.append(value)
+        else:
+            values[option.name] = value
     return (values, positionals[0]) if len(positionals) == 1 else None
+
+
+def request_options(given: Mapping[str, object], environ: Mapping[str, str]) -> dict[str, object]:
+    """What a session request carries of the options `given` (by their current names): the
+    client's own left out, each path made absolute against this process's working directory,
+    and the caller's environment read for the options it sets that were not given (the mount
+    server reads none of the caller's environment, nor its working directory)."""
+    out: dict[str, object] = {}
+    for name, value in given.items():
+        if name in CLIENT_ONLY:
+            continue
+        out[name] = os.path.abspath(value) if OPTIONS[name].path and isinstance(value, str) and value else value
+    for option in MOUNT_OPTIONS:
+        if option.env and option.name not in out and option.name not in CLIENT_ONLY and environ.get(option.env):
+            value = environ[option.env]
+            out[option.name] = os.path.abspath(value) if option.path else value
+    if "--chroma-path" not in out and "--chroma-url" not in out:  # config.chroma_location's variables
+        if environ.get("CHROMAFS_CHROMA_URL"):
+            out["--chroma-url"] = environ["CHROMAFS_CHROMA_URL"]
+        elif environ.get("CHROMAFS_CHROMA_PATH"):
+            out["--chroma-path"] = os.path.abspath(environ["CHROMAFS_CHROMA_PATH"])
+    return out
 
 
 def check_mountpoint(path: str) -> None:
@@ -94,11 +137,25 @@ def _json_string(text: str) -> str:
     return f'"{out}"'
 
 
-def encode_request(argv: list[str], token: str | None, cwd: str) -> bytes:
-    """The request line: {"argv": [...], "token": ..., "cwd": ...} as JSON."""
-    words = ", ".join(_json_string(a) for a in argv)
+def _json_value(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, list):
+        return "[" + ", ".join(_json_value(v) for v in value) + "]"
+    return _json_string(str(value))
+
+
+def encode_request(mountpoint: str, options: Mapping[str, object], token: str | None) -> bytes:
+    """The OpenSession line of serving/protocol.py (the same JSON its codec writes):
+    {"op": "open_session", "mountpoint": ..., "options": {...}, "token": ...}."""
+    fields = ", ".join(f"{_json_string(name)}: {_json_value(value)}" for name, value in options.items())
     token_json = "null" if token is None else _json_string(token)
-    return f'{{"argv": [{words}], "token": {token_json}, "cwd": {_json_string(cwd)}}}\n'.encode()
+    return (
+        f'{{"op": "open_session", "mountpoint": {_json_string(os.path.abspath(mountpoint))}, '
+        f'"options": {{{fields}}}, "token": {token_json}}}\n'
+    ).encode()
 
 
 def mount_server_socket(given: str | None, no_mountd: bool) -> tuple[str | None, bool]:
@@ -132,7 +189,7 @@ def request_mount(
             raise
         conn.sendall(request)
         conn.shutdown(_socket.SHUT_WR)
-        ok, reason = wait_for_answer(conn.fileno(), wait_s)
+        ok, reason, _kind = wait_for_answer(conn.fileno(), wait_s)
     except OSError as exc:
         print(f"chromafs-mount: cannot reach chromafs-mountd at {socket_path}: {exc.strerror or exc}", file=sys.stderr)
         return 1
@@ -167,9 +224,10 @@ def server_argv(argv: list[str]) -> list[str]:
     return out
 
 
-def warn_of_old_names(options: dict[str, str]) -> None:
+def warn_of_old_names(argv: list[str]) -> None:
     """One line on stderr for each old name among the options the quick path read (the full parser
     says it itself)."""
-    for name in options:
+    for arg in argv:
+        name = arg.partition("=")[0]
         if name in RENAMED:
             print(f"chromafs-mount: {name} is deprecated, use {RENAMED[name]}", file=sys.stderr)

@@ -1,18 +1,13 @@
-"""`chromafs-mountd`'s flags and entry point; the server itself is serving/server/server.py.
-
-Each request's argv is parsed here too, by chromafs-mount's own parser, handed to the server.
-"""
+"""`chromafs-mountd`'s flags and entry point; the server itself is serving/server/server.py."""
 
 from __future__ import annotations
 
 import argparse
-import functools
 import logging
 import os
 import sys
 
 from chromafs_fuse.cli.common import add_options
-from chromafs_fuse.cli.mount import build_parser as mount_parser
 from chromafs_fuse.config import ServerConfig
 from chromafs_fuse.errors import UsageError
 from chromafs_fuse.logs import setup_logging
@@ -22,18 +17,6 @@ from chromafs_fuse.serving.server.pool import MAX_SERVING_PROCESSES
 from chromafs_fuse.serving.server.server import serve_forever
 
 log = logging.getLogger("chromafs.mountd")
-
-
-def parse_request_argv(argv: list[str]) -> argparse.Namespace:
-    """A request's argv as chromafs-mount parses it (SystemExit when it is wrong). Requests are
-    parsed one at a time (the server holds the caller's working directory meanwhile), so one
-    parser serves them all: building it costs more than parsing."""
-    return _request_parser().parse_args(argv)
-
-
-@functools.cache
-def _request_parser() -> argparse.ArgumentParser:
-    return mount_parser()
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -55,11 +38,14 @@ def main(argv: list[str] | None = None) -> int:
         config = ServerConfig.from_args(args)
     except UsageError as exc:
         parser.error(str(exc))
-    setup_logging(args.log_level, args.log_file)
+    setup_logging(args.log_level, args.log_file and os.path.abspath(args.log_file))
+    # the server and everything it forks hold no directory of whoever started it: every request
+    # names absolute paths (serving/protocol.py)
+    os.chdir("/")
     if args.class_mode == "process":
         log.warning("--class-mode process is gone: every class is served by the pool of serving processes")
-    # Imported once here, not in every child: the whole serving stack (the argument parser of each
-    # request is imported above), and the codec a socket's host name goes through (Redis, Chroma).
+    # Imported once here, not in every child: the whole serving stack, and the codec a socket's
+    # host name goes through (Redis, Chroma).
     import encodings.idna  # noqa: F401
 
     from chromafs_fuse.serving.daemon import daemon  # noqa: F401
@@ -68,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
         import chromadb  # noqa: F401  - no threads start at import, so forking stays safe
     class_views = os.geteuid() == 0 and not config.isolated_only  # binds need CAP_SYS_ADMIN
     try:
-        return serve_forever(config, parse_request_argv, class_views)
+        return serve_forever(config, class_views)
     except OSError as exc:  # the socket or the class root cannot be made: a path, a permission
         where = exc.filename or args.socket
         print(f"chromafs-mountd: cannot listen on {args.socket}: {where}: {exc.strerror or exc}", file=sys.stderr)

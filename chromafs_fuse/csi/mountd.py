@@ -1,11 +1,14 @@
 """The plugin's two questions to the node's mount server, on its socket, each with a deadline:
-open a session (the JSON line `chromafs-mount` sends), and whether it answers at all."""
+open a session (serving/protocol.py's OpenSession, as `chromafs-mount` sends it), and whether
+it answers at all."""
 
 from __future__ import annotations
 
 import socket
 
-from chromafs_fuse.serving.handshake import request_line, wait_for_answer
+from chromafs_fuse.errors import error_of
+from chromafs_fuse.serving.handshake import wait_for_answer
+from chromafs_fuse.serving.protocol import OpenSession, encode
 
 CONNECT_TIMEOUT_S = 5.0
 
@@ -14,19 +17,20 @@ class MountdUnreachable(Exception):
     """The mount server does not answer on its socket; the message says where and why."""
 
 
-def open_session(socket_path: str, argv: list[str], token: str | None, wait_s: float) -> str | None:
-    """Ask for a session; None once it is bound, else the mount server's reason."""
-    request = request_line(argv, token, "/")
+def open_session(socket_path: str, request: OpenSession, wait_s: float) -> None:
+    """Ask for a session: returns once it is bound; the server's refusal raised as its kind
+    (errors.py: a site that does not exist is NotFound), MountdUnreachable when nobody answers."""
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
         conn.settimeout(min(CONNECT_TIMEOUT_S, wait_s))
         try:
             conn.connect(socket_path)
-            conn.sendall(request)
+            conn.sendall(encode(request))
             conn.shutdown(socket.SHUT_WR)
         except OSError as exc:
             raise MountdUnreachable(_unreachable(socket_path, exc)) from exc
-        ok, reason = wait_for_answer(conn.fileno(), wait_s)
-    return None if ok else reason or "the mount server closed the connection"
+        ok, reason, kind = wait_for_answer(conn.fileno(), wait_s)
+    if not ok:
+        raise error_of(kind, reason or "the mount server closed the connection")
 
 
 def answers(socket_path: str, wait_s: float = 2.0) -> bool:

@@ -13,7 +13,7 @@ import grpc
 
 from chromafs_fuse.csi.servicer import Identity, Node
 from chromafs_fuse.csi.stubs import rpc
-from chromafs_fuse.csi.volume import Keys, ParseArgv
+from chromafs_fuse.csi.volume import Keys
 from chromafs_fuse.errors import UsageError
 
 log = logging.getLogger("chromafs.csi")
@@ -28,7 +28,7 @@ def socket_path(endpoint: str) -> str:
     return path
 
 
-def serve(endpoint: str, mountd: str, node_id: str, keys: Keys, parse_argv: ParseArgv) -> int:
+def serve(endpoint: str, mountd: str, node_id: str, keys: Keys) -> int:
     """Answer CSI calls until SIGTERM or SIGINT; 0."""
     path = socket_path(endpoint)
     try:
@@ -39,7 +39,7 @@ def serve(endpoint: str, mountd: str, node_id: str, keys: Keys, parse_argv: Pars
         raise UsageError(f"cannot listen on {path}: {exc.strerror}") from exc
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=WORKERS, thread_name_prefix="csi"))
     rpc.add_IdentityServicer_to_server(Identity(mountd), server)
-    rpc.add_NodeServicer_to_server(Node(mountd, node_id, keys, parse_argv), server)
+    rpc.add_NodeServicer_to_server(Node(mountd, node_id, keys), server)
     try:
         bound = server.add_insecure_port(f"unix://{path}")
     except RuntimeError:  # newer grpcio raises where older ones answer 0

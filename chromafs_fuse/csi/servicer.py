@@ -18,10 +18,11 @@ import grpc
 from chromafs_fuse import __version__
 from chromafs_fuse.csi.mountd import MountdUnreachable, answers, open_session
 from chromafs_fuse.csi.stubs import pb, rpc
-from chromafs_fuse.csi.volume import Keys, ParseArgv, PublishRequest, VolumeError, check_target, prepare, session_class
+from chromafs_fuse.csi.volume import Keys, PublishRequest, VolumeError, check_target, prepare, session_class
 from chromafs_fuse.errors import ChromafsError, unexpected, user_message
 from chromafs_fuse.serving.binds import detach, mounted_devices
 from chromafs_fuse.serving.mounttable import mounts
+from chromafs_fuse.serving.protocol import OpenSession
 
 DRIVER_NAME = "csi.chromafs.dev"
 MAX_STACKED = 16  # unmounts tried on one target before giving up
@@ -69,11 +70,10 @@ class Identity(rpc.IdentityServicer):  # type: ignore[name-defined]  # generated
 
 
 class Node(rpc.NodeServicer):  # type: ignore[name-defined]  # generated at build time: mypy sees a module object
-    def __init__(self, mountd: str, node_id: str, keys: Keys, parse_argv: ParseArgv) -> None:
+    def __init__(self, mountd: str, node_id: str, keys: Keys) -> None:
         self.mountd = mountd
         self.node_id = node_id
         self.keys = keys
-        self.parse_argv = parse_argv
         self._locks = [threading.Lock() for _ in range(TARGET_LOCKS)]
 
     def NodeGetInfo(self, request: Any, context: grpc.ServicerContext) -> Any:
@@ -118,7 +118,7 @@ class Node(rpc.NodeServicer):  # type: ignore[name-defined]  # generated at buil
     # -- helpers ---------------------------------------------------------------------------
 
     def _publish(self, asked: PublishRequest, remaining_s: float | None) -> None:
-        publish = prepare(asked, self.keys, self.parse_argv)
+        publish = prepare(asked, self.keys)
         target = asked.target_path
         if _mounted(target):
             held = session_class(target)
@@ -133,13 +133,14 @@ class Node(rpc.NodeServicer):  # type: ignore[name-defined]  # generated at buil
         wait_s = publish.backend_timeout_s * 3 + 60
         if remaining_s is not None:
             wait_s = max(0.1, min(wait_s, remaining_s - 0.5))
-        try:
-            reason = open_session(self.mountd, publish.argv, publish.token, wait_s)
+        try:  # the server's refusal keeps its kind (abort_with): only what may pass is UNAVAILABLE
+            open_session(self.mountd, OpenSession(target, publish.options, publish.token), wait_s)
         except MountdUnreachable as exc:
-            reason = str(exc)
-        if reason is not None:
             _undo(target, created)
-            raise VolumeError("UNAVAILABLE", reason)
+            raise VolumeError("UNAVAILABLE", str(exc)) from exc
+        except BaseException:
+            _undo(target, created)
+            raise
 
     @contextlib.contextmanager
     def _target(self, target: str) -> Iterator[None]:

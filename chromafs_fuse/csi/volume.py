@@ -10,23 +10,20 @@ to change.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
-from collections.abc import Callable
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 from chromafs_fuse.access import Principal
 from chromafs_fuse.config import MountConfig, mount_settings
 from chromafs_fuse.errors import Refused, UsageError
+from chromafs_fuse.options import request_values
 from chromafs_fuse.serving.server.session_table import class_key
 from chromafs_fuse.serving.status import session_status_path
 from chromafs_fuse.token_source import load_verification_key
 from chromafs_fuse.tokens import TokenError, TokenNotForSite, principal_from_token
 
-# chromafs-mount's parser, handed in by cli/csi.py: a request's argv -> its flags; ValueError
-# (worded for the user) when they are wrong
-ParseArgv = Callable[[list[str]], argparse.Namespace]
 KUBELET_PREFIX = "csi.storage.k8s.io/"
 # volumeAttributes a pod may set: the site and where its backends answer, and how a session reads
 # them. Not chroma-path, redis-ca, cache sizes or log files: those name the node's own files.
@@ -48,10 +45,10 @@ ATTRIBUTES = (
     "cache-timeout",
     "isolated",  # "true": the session gets a daemon of its own, which ends at the token's expiry
 )
-SWITCHES = {"isolated": ["--isolated"]}
+SWITCHES = ("isolated",)
 # a pod's containers run as any user: its session (a class session's directories, an isolated
 # daemon's mount) is open to every user who reaches the target, which kubelet keeps to the pod
-POD_OPTIONS = ["-o", "allow_other"]
+POD_FUSE_OPTIONS = ["allow_other"]
 # VolumeCapability.AccessMode.Mode values (csi.proto); kubelet asks SINGLE_NODE_WRITER (ReadWriteOnce)
 # with readonly set for an inline volume with `readOnly: true`, so the readonly flag decides "writable"
 READ_ONLY_MODES = {1, 2, 3}  # SINGLE_NODE_WRITER (with readonly), SINGLE_NODE_READER_ONLY, MULTI_NODE_READER_ONLY
@@ -86,9 +83,10 @@ class PublishRequest:
 
 @dataclass(frozen=True)
 class Publish:
-    """A checked request: the mount server's argv (no token), the token, and the session's class."""
+    """A checked request: the session's options (serving/protocol.py's OpenSession), the token,
+    and the session's class."""
 
-    argv: list[str]
+    options: dict[str, object]
     token: str | None
     principal: Principal
     class_key: str
@@ -97,17 +95,17 @@ class Publish:
 
 @dataclass(frozen=True)
 class Keys:
-    """The plugin's token keys, the mount server's flags for them."""
+    """The plugin's token keys, the mount server's options for them."""
 
     jwt_secret_file: str | None = None
     jwt_public_key: str | None = None
 
-    def flags(self) -> list[str]:
+    def options(self) -> dict[str, object]:
         if self.jwt_secret_file:
-            return ["--jwt-secret-file", self.jwt_secret_file]
+            return {"--jwt-secret-file": os.path.abspath(self.jwt_secret_file)}
         if self.jwt_public_key:
-            return ["--jwt-public-key", self.jwt_public_key]
-        return []
+            return {"--jwt-public-key": os.path.abspath(self.jwt_public_key)}
+        return {}
 
 
 def check_target(volume_id: str, target_path: str) -> None:
@@ -131,8 +129,9 @@ def check_access(request: PublishRequest) -> None:
         raise VolumeError("INVALID_ARGUMENT", "the docs are read-only: set `readOnly: true` on the pod's csi volume")
 
 
-def mount_argv(request: PublishRequest) -> list[str]:
-    """chromafs-mount's argv for the volume's attributes (the target last)."""
+def mount_options(request: PublishRequest) -> dict[str, object]:
+    """The session's options for the volume's attributes, as a request to the mount server
+    carries them (each attribute a chromafs-mount flag)."""
     attributes = {k: v for k, v in request.attributes.items() if not k.startswith(KUBELET_PREFIX)}
     unknown = sorted(set(attributes) - set(ATTRIBUTES))
     if unknown:
@@ -142,7 +141,7 @@ def mount_argv(request: PublishRequest) -> list[str]:
         raise VolumeError("INVALID_ARGUMENT", "volumeAttributes has no `site`: name the docs site to mount")
     if not attributes.get("chroma-url"):
         raise VolumeError("INVALID_ARGUMENT", "volumeAttributes has no `chroma-url`: give the Chroma server's URL")
-    argv: list[str] = []
+    options: dict[str, object] = {}
     for name in ATTRIBUTES:
         value = attributes.get(name)
         if value is None:
@@ -150,10 +149,11 @@ def mount_argv(request: PublishRequest) -> list[str]:
         if name in SWITCHES:
             if value not in ("true", "false"):
                 raise VolumeError("INVALID_ARGUMENT", f'volumeAttributes: {name} is "true" or "false", not {value!r}')
-            argv += SWITCHES[name] if value == "true" else []
+            options[f"--{name}"] = value == "true"
         else:
-            argv.append(f"--{name}={value}")
-    return [*argv, *POD_OPTIONS, request.target_path]
+            options[f"--{name}"] = value
+    options["-o"] = list(POD_FUSE_OPTIONS)
+    return options
 
 
 def reader(token: str | None, site: str, keys: Keys) -> Principal:
@@ -175,19 +175,20 @@ def reader(token: str | None, site: str, keys: Keys) -> Principal:
         raise VolumeError("UNAUTHENTICATED", f"{exc}: put a valid token in the volume's Secret (key `token`)") from exc
 
 
-def prepare(request: PublishRequest, keys: Keys, parse_argv: ParseArgv) -> Publish:
+def prepare(request: PublishRequest, keys: Keys) -> Publish:
     """The request checked (VolumeError when it cannot be served) and its mount server request."""
     check_target(request.volume_id, request.target_path)
     check_access(request)
-    argv = [*mount_argv(request), *keys.flags()]
+    options = {**mount_options(request), **keys.options()}
     token = request.token.strip() if request.token else None
-    try:
-        config = MountConfig.from_args(parse_argv([*argv, "--foreground"]))
+    try:  # read as the mount server reads it
+        flags = SimpleNamespace(**request_values(options), mountpoint=request.target_path)
+        config = MountConfig.from_args(flags)
     except (UsageError, ValueError) as exc:
         raise VolumeError("INVALID_ARGUMENT", f"volumeAttributes: {exc}") from exc
     principal = reader(token or None, config.site, keys)
     key = class_key(mount_settings(config), principal)
-    return Publish(argv, token or None, principal, key, config.session.backend_timeout_s)
+    return Publish(options, token or None, principal, key, config.session.backend_timeout_s)
 
 
 def session_class(target_path: str) -> str | None:

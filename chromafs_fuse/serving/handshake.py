@@ -1,7 +1,7 @@
 """The readiness handshake between a serving process and whoever waits for it: `READY\n` once
-the mount answers, else one line saying why not; and the mount server's answer on its socket,
-one JSON line like every socket of the server: `{"ok": true}` or `{"ok": false, "error": "..."}`.
-Standard library only: the mount client imports it on its fast path (json only for an error)."""
+the mount answers, else one line saying why not; and the wait for the mount server's answer on
+its socket (serving/protocol.py: `{"ok": true}`, or the failure's kind and message). Standard
+library only: the mount client imports it on its fast path (json only for an error)."""
 
 from __future__ import annotations
 
@@ -17,51 +17,52 @@ READY = b"READY\n"
 OK_LINE = b'{"ok": true}\n'
 
 
-def answer_line(error: str | None = None) -> bytes:
-    """The mount server's answer to a request: OK_LINE, or the error as one JSON line."""
-    if error is None:
-        return OK_LINE
-    import json
-
-    return json.dumps({"ok": False, "error": error}).encode() + b"\n"
-
-
-def request_line(argv: list[str], token: str | None, cwd: str) -> bytes:
-    """A session request as the mount server reads it: {"argv": [...], "token": ..., "cwd": ...}
-    (the mount client writes the same line with an encoder of its own, lighter to import)."""
-    import json
-
-    return json.dumps({"argv": argv, "token": token, "cwd": cwd}).encode() + b"\n"
-
-
-def wait_for_answer(fd: int, wait_s: float) -> tuple[bool, str]:
-    """Read the mount server's answer from `fd`: (True, "") for OK_LINE, else (False, why)."""
+def wait_for_answer(fd: int, wait_s: float) -> tuple[bool, str, str]:
+    """Read the mount server's answer from `fd`: (True, "", "") for OK_LINE, else (False, why,
+    the failure's kind as errors.py names it)."""
     data = _read_until(fd, wait_s, lambda data: data.endswith(b"\n"))
     if data is None:
-        return False, "the mount server did not answer in time"
+        return False, "the mount server did not answer in time", "unavailable"
     if data == OK_LINE:
-        return True, ""
+        return True, "", ""
     text = data.decode("utf-8", "replace").strip()
     if not text:
-        return False, "the mount server closed the connection"
+        return False, "the mount server closed the connection", "unavailable"
     import json
 
     try:
         answer = json.loads(text)
-        return bool(answer.get("ok")), str(answer.get("error") or "")
+        ok = bool(answer.get("ok"))
+        return ok, "" if ok else str(answer.get("error") or ""), "" if ok else str(answer.get("kind") or "internal")
     except (ValueError, AttributeError):
-        return False, text
+        return False, text, "internal"
 
 
 def wait_for_ready(fd: int, wait_s: float) -> tuple[bool, str]:
     """Read a daemon's or server's report from `fd`: (True, "") once it says READY, or
     (False, reason) when it reports a failure, closes, or the deadline passes."""
+    ok, reason, _kind = ready_report(fd, wait_s)
+    return ok, reason
+
+
+def ready_report(fd: int, wait_s: float) -> tuple[bool, str, str]:
+    """As wait_for_ready, with the failure's kind (errors.py): a daemon reports one as a JSON
+    line (serving/failures.py)."""
     data = _read_until(fd, wait_s, lambda data: data.startswith(READY))
     if data is None:
-        return False, "the daemon did not become ready in time"
+        return False, "the daemon did not become ready in time", "unavailable"
     if data.startswith(READY):
-        return True, ""
-    return False, data.decode("utf-8", "replace").strip()
+        return True, "", ""
+    text = data.decode("utf-8", "replace").strip()
+    if text.startswith("{"):
+        import json
+
+        try:
+            report = json.loads(text)
+            return False, str(report.get("error") or ""), str(report.get("kind") or "internal")
+        except (ValueError, AttributeError):
+            pass
+    return False, text, "internal"
 
 
 def _read_until(fd: int, wait_s: float, done: Callable[[bytes], bool]) -> bytes | None:

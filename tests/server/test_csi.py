@@ -221,6 +221,19 @@ def test_refusals_leave_nothing_mounted(
     assert mounts_at(target) == 0 and not target.exists()
 
 
+@pytest.mark.expect_log(r"WARNING .*(control request|session on .*) refused: .*nosuchsite")
+def test_a_site_that_does_not_exist_is_not_found(stack: Stack, make_token: Callable[..., str]) -> None:
+    """The serving process's refusal keeps its kind through the mount server to kubelet:
+    NOT_FOUND, which kubelet does not retry as it would UNAVAILABLE."""
+    target = stack.target()
+    attributes = stack.attributes(site="nosuchsite")
+    with channel(stack.plugin) as (_identity, node):
+        request = publish_request(target, attributes, make_token(["billing"], site="nosuchsite"))
+        got, details = refused(lambda: node.NodePublishVolume(request, timeout=60))
+    assert (got, "nosuchsite" in details) == (grpc.StatusCode.NOT_FOUND, True), details
+    assert mounts_at(target) == 0 and not target.exists()
+
+
 @pytest.mark.expect_log(r"(ERROR|WARNING) .*cannot open Chroma at .*: no answer")
 def test_backend_down_is_unavailable_with_the_servers_message(stack: Stack, make_token: Callable[..., str]) -> None:
     target = stack.target()

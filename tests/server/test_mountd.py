@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from chromafs_fuse.cli.mount_request import encode_request, request_mount
+from chromafs_fuse.cli.mount_request import encode_request, quick_options, request_mount, request_options
 from infra import (
     BIN,
     SAMPLE_SITE,
@@ -187,6 +187,14 @@ def test_readers_of_different_groups_through_the_server_never_share_a_table(
 NOBODY = 65534
 
 
+def request_line(argv: list[str]) -> bytes:
+    """The line chromafs-mount sends for `argv` (anonymous)."""
+    parsed = quick_options(argv)
+    assert parsed is not None
+    given, mountpoint = parsed
+    return encode_request(mountpoint, request_options(given, {}), None)
+
+
 def request_as(uid: int, socket_path: Path, argv: list[str], gid: int | None = None) -> tuple[int, str]:
     """chromafs-mount's own request for `argv`, sent to the server from a child running as `uid`
     and group `gid` (`uid` when None; no supplementary groups): its exit status and what it
@@ -204,7 +212,7 @@ def request_as(uid: int, socket_path: Path, argv: list[str], gid: int | None = N
             os.setgid(uid if gid is None else gid)
             os.setuid(uid)
             with contextlib.redirect_stderr(printed):
-                code = request_mount(socket_path.name, encode_request(argv, None, "/"), argv[0], 30)
+                code = request_mount(socket_path.name, request_line(argv), argv[0], 30)
         except BaseException:
             printed.write(traceback.format_exc())
         finally:
@@ -287,7 +295,7 @@ def test_a_refused_peer_gets_no_second_request_on_its_connection(
     folder, mnt = tmp_path / "server", tmp_path / "mnt"
     folder.mkdir()
     mnt.mkdir()
-    request = encode_request([str(mnt), *sample_backend().args], None, "/")
+    request = request_line([str(mnt), *sample_backend().args])
     with running_mount_server(folder, tmp_path) as server:
         folder.chmod(0o711)
         server.socket.chmod(0o666)  # the server's own uid check is what the requests meet

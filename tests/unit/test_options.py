@@ -195,13 +195,13 @@ def test_the_quick_path_warns_of_old_names(
     argv = [str(tmp_path), "--site", "a", "--chroma-path", ".", "--mountd", "/s", "--prefetch=off"]
     assert mount_client.quick_request(argv) == 0
     assert capsys.readouterr().err == "chromafs-mount: --prefetch is deprecated, use --preload\n"
-    assert b'"--preload=off"' in sent[0] and b"prefetch" not in sent[0]
+    assert b'"--preload": "off"' in sent[0] and b"prefetch" not in sent[0]
 
 
 def test_a_mount_servers_request_builds_its_config_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The server parses a request and builds its MountConfig once; that object is what goes down
     (to the class mount or the forked daemon), never rebuilt from the flags."""
-    from chromafs_fuse.cli.mountd import parse_request_argv
+    from chromafs_fuse.serving.protocol import OpenSession
     from chromafs_fuse.serving.server.server import _prepare
 
     built: list[MountConfig] = []
@@ -212,7 +212,7 @@ def test_a_mount_servers_request_builds_its_config_once(tmp_path: Path, monkeypa
         return built[-1]
 
     monkeypatch.setattr(MountConfig, "from_args", counted)
-    argv = ["docs", "--site", "acme", "--chroma-path", str(tmp_path), "--prefetch", "off"]
-    got = _prepare({"argv": argv, "token": None, "cwd": str(tmp_path)}, parse_request_argv)
+    options = {"--site": "acme", "--chroma-path": str(tmp_path), "--preload": "off"}
+    got = _prepare(OpenSession(str(tmp_path / "docs"), options, None))
     assert len(built) == 1 and got.config is built[0]
     assert got.config.mountpoint == str(tmp_path / "docs") and got.config.preload == "off"

@@ -7,9 +7,10 @@ thread starts, with every module already imported, and asks it over a socketpair
 real children (a serving process of the pool, an `--isolated` session's daemon). Each child
 still shares the server's imported modules copy-on-write.
 
-A job is a picklable `Job` (this process is a fork of the server: same code, trusted peer) plus
-at most a few file descriptors sent with it (SCM_RIGHTS); the answer is the child's pid. The
-forker ends when the server's end of the socketpair closes, whatever way the server ended.
+A job is a request of serving/protocol.py's FORKER_JOBS, one line of its codec, plus at most a
+few file descriptors sent with it (SCM_RIGHTS); the child runs the function the server's table
+names for it (`jobs`), and the answer is the child's pid. The forker ends when the server's end
+of the socketpair closes, whatever way the server ended.
 """
 
 from __future__ import annotations
@@ -17,17 +18,16 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import pickle
 import signal
 import socket
 import struct
 import threading
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Any, Protocol
+from collections.abc import Callable, Mapping, Sequence
+from typing import Protocol
 
 from chromafs_fuse.errors import Unavailable
 from chromafs_fuse.serving.process import process_start
+from chromafs_fuse.serving.protocol import FORKER_JOBS, Request, decode, encode
 
 log = logging.getLogger("chromafs.mountd")
 MAX_JOB_BYTES = 1 << 20
@@ -39,13 +39,8 @@ class Closable(Protocol):
     def close(self) -> None: ...
 
 
-@dataclass(frozen=True)
-class Job:
-    """A child to fork: `run(*fds, **kwargs)` in the child, its return value the exit status.
-    `run` must be a module-level function (it is pickled by name)."""
-
-    run: Callable[..., int]
-    kwargs: dict[str, Any]
+# a job's op -> what the child runs: run(*fds, job), its return value the exit status
+Jobs = Mapping[str, Callable[..., int]]
 
 
 class ForkerGone(Unavailable):
@@ -61,9 +56,9 @@ class Forker:
         self.gone = threading.Event()  # set once a job finds it gone: the server must restart
 
     @classmethod
-    def start(cls, close_in_child: Sequence[Closable] = ()) -> Forker:
-        """Fork the forker (call before any thread starts); `close_in_child`: the server's
-        listeners, which no serving process may hold."""
+    def start(cls, jobs: Jobs, close_in_child: Sequence[Closable] = ()) -> Forker:
+        """Fork the forker (call before any thread starts); `jobs`: what a child runs for each
+        job; `close_in_child`: the server's listeners, which no serving process may hold."""
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         pid = os.fork()
         if pid == 0:
@@ -72,15 +67,15 @@ class Forker:
                 ours.close()
                 for listener in close_in_child:
                     listener.close()
-                code = _serve_jobs(theirs)
+                code = _serve_jobs(theirs, jobs)
             finally:
                 os._exit(code)
         theirs.close()
         return cls(ours, pid)
 
-    def spawn(self, job: Job, fds: Sequence[int] = ()) -> int:
+    def spawn(self, job: Request, fds: Sequence[int] = ()) -> int:
         """Fork a child for `job`, handing it `fds` (duplicated into it); its pid."""
-        payload = pickle.dumps(job)
+        payload = encode(job)
         with self._lock:
             try:
                 socket.send_fds(self._sock, [payload], list(fds))
@@ -107,7 +102,7 @@ class Forker:
             self._sock.close()
 
 
-def _serve_jobs(sock: socket.socket) -> int:
+def _serve_jobs(sock: socket.socket, jobs: Jobs) -> int:
     """The forker's loop: fork a child per job until the server's end closes."""
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # children are reaped by the kernel
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
@@ -125,7 +120,7 @@ def _serve_jobs(sock: socket.socket) -> int:
             pid = -1
         if pid == 0:
             sock.close()
-            _run_child(payload, fds)
+            _run_child(payload, fds, jobs)
         for fd in fds:
             os.close(fd)
         try:
@@ -134,13 +129,13 @@ def _serve_jobs(sock: socket.socket) -> int:
             return 1
 
 
-def _run_child(payload: bytes, fds: list[int]) -> None:
+def _run_child(payload: bytes, fds: list[int], jobs: Jobs) -> None:
     code = 1
     try:
         for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD):
             signal.signal(signum, signal.SIG_DFL)
-        job: Job = pickle.loads(payload)
-        code = job.run(*fds, **job.kwargs)
+        job = decode(payload, FORKER_JOBS)
+        code = jobs[job.op](*fds, job)
     except BaseException:  # the child must never return into the forker's loop
         log.exception("a forked serving process failed to start")
     finally:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import logging
 import os
 import socket
@@ -26,8 +25,19 @@ from typing import Any
 
 from chromafs_fuse.access import Principal
 from chromafs_fuse.config import MountConfig
+from chromafs_fuse.errors import ChromafsError
 from chromafs_fuse.serving.binds import detach, mounted_devices
 from chromafs_fuse.serving.process import process_start
+from chromafs_fuse.serving.protocol import (
+    AddView,
+    Describe,
+    EndViewSession,
+    OpenViewSession,
+    RemoveView,
+    Request,
+    answer_of,
+    encode,
+)
 from chromafs_fuse.serving.server.session_keeper import HostSnapshot, SessionError
 from chromafs_fuse.serving.server.session_table import ClassMount, Session
 from chromafs_fuse.serving.serving_process.process import member_paths
@@ -48,22 +58,20 @@ class ControlSocket:
     def __init__(self, path: str) -> None:
         self.path = path
 
-    def ask(self, request: dict[str, Any], timeout_s: float = CONTROL_TIMEOUT_S) -> dict[str, Any]:
-        """The answer; OSError when nobody answers, ValueError when the answer is not one."""
+    def ask(self, request: Request, timeout_s: float = CONTROL_TIMEOUT_S) -> dict[str, Any]:
+        """The answer's fields; OSError when nobody answers, the process's refusal as its
+        ChromafsError (its kind kept: a site that does not exist is NotFound)."""
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
             sock.settimeout(timeout_s)
             sock.connect(self.path)
-            sock.sendall(json.dumps(request).encode() + b"\n")
+            sock.sendall(encode(request))
             answer = b""
             while not answer.endswith(b"\n"):
                 chunk = sock.recv(65536)
                 if not chunk:
-                    raise ConnectionError("the shared mount closed the connection")
+                    raise ConnectionError("the serving process closed the connection")
                 answer += chunk
-        reply = json.loads(answer)
-        if not isinstance(reply, dict):
-            raise ValueError("malformed answer")
-        return reply
+        return answer_of(answer)
 
 
 class PoolMember:
@@ -94,8 +102,8 @@ class PoolMember:
         devices = host.devices
         if not self._serving(host):
             self.pid = None
-            with contextlib.suppress(OSError, ValueError):
-                pid = int(self.control.ask({"op": "describe"})["pid"])
+            with contextlib.suppress(OSError, ValueError, ChromafsError):
+                pid = int(self.control.ask(Describe())["pid"])
                 if self.mountpoint in devices:
                     self.pid, self.pid_start = pid, process_start(pid)
             if self.pid is None:
@@ -145,17 +153,11 @@ class ServingPool:
         process = self._place(served)
         device = process.ensure_running(host)
         process.sites.add(site_dir_name(site_key(served)))  # a restarted process serves nothing yet
-        request = {
-            "op": "add",
-            "config": served.to_dict(),
-            "class": {"authenticated": reader.authenticated, "groups": sorted(reader.groups)},
-        }
-        try:
+        request = AddView(served.to_dict(), reader.authenticated, sorted(reader.groups))
+        try:  # its refusal passes with its kind (a site that does not exist, a backend down)
             reply = process.control.ask(request, config.session.backend_timeout_s * 3 + self.warm_wait_s + 60)
-        except (OSError, ValueError) as exc:
+        except OSError as exc:
             raise SessionError(f"the serving process did not answer: {exc}") from exc
-        if not reply.get("ok"):
-            raise SessionError(str(reply.get("error") or "the serving process refused the class"))
         pid, pid_start = process.pid, process.pid_start
         assert pid is not None
         path = os.path.join(process.mountpoint, str(reply["path"]))
@@ -177,20 +179,12 @@ class ServingPool:
         process = self._process_of(mount.path)
         if process is None:
             raise SessionError("the class's serving process is not in the pool")
-        request = {
-            "op": "session",
-            "path": os.path.relpath(mount.path, process.mountpoint),
-            "uid": session.uid,
-            "gid": session.gid,
-            "expires_at": session.expires_at,
-            "allow_other": session.allow_other,
-        }
+        path = os.path.relpath(mount.path, process.mountpoint)
+        request = OpenViewSession(path, session.uid, session.gid, session.expires_at, session.allow_other)
         try:
             reply = process.control.ask(request)
-        except (OSError, ValueError) as exc:
+        except OSError as exc:
             raise SessionError(f"the serving process did not answer: {exc}") from exc
-        if not reply.get("ok"):
-            raise SessionError(str(reply.get("error") or "the serving process refused the session"))
         return os.path.join(process.mountpoint, str(reply["path"]))
 
     def end_session(self, mount: ClassMount, source: str) -> None:
@@ -198,10 +192,10 @@ class ServingPool:
         if process is None or not source or process_start(mount.pid) != mount.pid_start:
             return  # that process is gone, and its sessions with it
         try:
-            process.control.ask({"op": "end_session", "path": os.path.relpath(source, process.mountpoint)})
+            process.control.ask(EndViewSession(os.path.relpath(source, process.mountpoint)))
         except (FileNotFoundError, ConnectionRefusedError):
             log.debug("ending the session %s: its serving process is gone", source)
-        except (OSError, ValueError) as exc:  # it serves on: the session lives there until its expiry
+        except (OSError, ChromafsError) as exc:  # it serves on: the session lives there until its expiry
             log.warning("ending the session %s: %s", source, exc)
 
     def adopt(self, mount: ClassMount) -> None:
@@ -215,8 +209,8 @@ class ServingPool:
         if process is None or process_start(mount.pid) != mount.pid_start:
             return  # that process is gone, and its views with it
         try:
-            reply = process.control.ask({"op": "remove", "path": os.path.relpath(mount.path, process.mountpoint)})
-        except (OSError, ValueError) as exc:
+            reply = process.control.ask(RemoveView(os.path.relpath(mount.path, process.mountpoint)))
+        except (OSError, ChromafsError) as exc:
             log.warning("removing the view %s: %s", mount.path, exc)
             return
         if reply.get("site_gone"):

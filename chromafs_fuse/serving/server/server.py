@@ -15,7 +15,9 @@ any thread starts: a fork from a threaded process would copy locks other threads
 
 Only peers running as root or as the server's own user may ask for a mount. The client
 (`chromafs-mount --mountd SOCKET`) reads the token itself, so file permissions are checked as
-the caller, and sends it over the socket.
+the caller, and sends it over the socket with the options it resolved (serving/protocol.py:
+absolute paths, the caller's environment applied): the server reads no argv, and neither the
+caller's working directory nor its own environment shapes a session.
 """
 
 from __future__ import annotations
@@ -23,7 +25,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import errno
-import json
 import logging
 import os
 import select
@@ -33,33 +34,39 @@ import struct
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, cast
+from types import SimpleNamespace
+from typing import TYPE_CHECKING
 
 import setproctitle
 
 from chromafs_fuse.config import MountConfig, ServerConfig
-from chromafs_fuse.errors import UsageError
-from chromafs_fuse.serving.server.forker import Forker, ForkerGone, Job
+from chromafs_fuse.errors import AccessDenied, ChromafsError, UsageError, error_of
+from chromafs_fuse.options import request_values
+from chromafs_fuse.serving.failures import failure_text
+from chromafs_fuse.serving.protocol import (
+    MAX_LINE_BYTES,
+    MOUNT_SERVER_REQUESTS,
+    BadRequest,
+    OpenSession,
+    ServeIsolated,
+    ServePoolProcess,
+    decode,
+    error_line,
+    ok_line,
+)
+from chromafs_fuse.serving.server.forker import Forker, ForkerGone
 from chromafs_fuse.serving.server.metrics import MetricsEndpoint
 
 if TYPE_CHECKING:
-    import argparse
-
     from chromafs_fuse.access import Principal
     from chromafs_fuse.serving.server.session_keeper import SessionKeeper
 
-# A request's argv (the caller's chromafs-mount flags, token left out) -> its parsed flags, as
-# chromafs-mount's parser gives them; SystemExit when they are wrong. Handed in by cli/mountd.py.
-ParseArgv = Callable[[list[str]], "argparse.Namespace"]
-
 log = logging.getLogger("chromafs.mountd")
-MAX_REQUEST_BYTES = 256 * 1024
 MAX_CONCURRENT_REQUESTS = 256  # beyond this a request waits for a thread (it is never refused)
 HOUSEKEEPING_S = 0.5
 # failures that pass: the process or the host is short of descriptors or buffers
 SHORT_OF = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 ACCEPT_BACKOFF_S = 0.1
-_CALLERS_CWD = threading.Lock()
 ORPHAN_GRACE_S = 5.0  # a serving process idle this much past --class-idle ends itself: no server stopped it
 
 
@@ -82,97 +89,89 @@ def _peer_uid(conn: socket.socket) -> int:
     return int(uid)
 
 
-def _read_request(conn: socket.socket) -> dict[str, object]:
-    """One JSON line (or everything up to the client's shutdown)."""
+def _read_line(conn: socket.socket) -> bytes:
+    """One line (or everything up to the client's shutdown); EOFError for none at all."""
     conn.settimeout(5)
     data = b""
-    while len(data) <= MAX_REQUEST_BYTES and not data.endswith(b"\n"):
+    while len(data) <= MAX_LINE_BYTES and not data.endswith(b"\n"):
         chunk = conn.recv(65536)
         if not chunk:
             break
         data += chunk
-    if len(data) > MAX_REQUEST_BYTES:
-        raise ValueError("request too large")
+    if len(data) > MAX_LINE_BYTES:
+        raise BadRequest("bad request: too large")
     if not data:
         raise EOFError  # a connection closed without a word: a health check probing the socket
-    request = json.loads(data)
-    if not isinstance(request, dict) or not isinstance(request.get("argv"), list):
-        raise ValueError("malformed request")
-    return request
+    return data
 
 
-def _become_daemon(cwd: str, title: str) -> None:
+def _become_daemon(title: str) -> None:
     """In a forked child: a session of its own, no terminal, `title` shown."""
     os.setsid()
     devnull = os.open(os.devnull, os.O_RDWR)
     for fd in (0, 1, 2):
         os.dup2(devnull, fd)
     os.close(devnull)
-    os.chdir(cwd)
     # Without this the child shows the server's command line, and `pkill chromafs-mountd` would take
     # every mount down with the server.
     setproctitle.setproctitle(title)
 
 
-def serve_isolated(ready_fd: int, *, cwd: str, config: MountConfig, token: str | None) -> int:
+def serve_isolated(ready_fd: int, job: ServeIsolated) -> int:
     """In a forked child: an `--isolated` session's own daemon; it reports READY or why not on `ready_fd`."""
     from chromafs_fuse.serving.daemon.daemon import run_daemon
 
-    _become_daemon(cwd, f"chromafs-mount {config.mountpoint} --site {config.site}")
+    config = MountConfig.from_dict(job.config)
+    _become_daemon(f"chromafs-mount {config.mountpoint} --site {config.site}")
     # exactly the caller's token (its client read the caller's environment): never the server's
     # own CHROMAFS_TOKEN or CHROMAFS_TOKEN_FILE
-    return run_daemon(config, ready_fd, background=True, read_token=lambda: token)
+    return run_daemon(config, ready_fd, background=True, read_token=lambda: job.token)
 
 
-def serve_pool_process(ready_fd: int, *, class_root: str, index: int, cache_bytes: int, idle_exit_s: float) -> int:
+def serve_pool_process(ready_fd: int, job: ServePoolProcess) -> int:
     """In a forked child: the `index`-th serving process of the pool."""
     from chromafs_fuse.serving.serving_process.process import member_paths, run_serving_process
 
-    _become_daemon("/", f"chromafs-shared {class_root}" + (f" {index}" if index else ""))
-    log_file = f"{member_paths(class_root, index)[0]}.log"
-    return run_serving_process(class_root, cache_bytes, idle_exit_s, ready_fd, log_file, index=index)
+    _become_daemon(f"chromafs-shared {job.class_root}" + (f" {job.index}" if job.index else ""))
+    log_file = f"{member_paths(job.class_root, job.index)[0]}.log"
+    return run_serving_process(job.class_root, job.cache_bytes, job.idle_exit_s, ready_fd, log_file, index=job.index)
+
+
+# what the forker runs for each of its jobs (serving/protocol.py's FORKER_JOBS)
+JOBS: dict[str, Callable[..., int]] = {ServeIsolated.op: serve_isolated, ServePoolProcess.op: serve_pool_process}
 
 
 @dataclasses.dataclass
 class PreparedRequest:
-    """What the server makes of a request: as far as it gets, and why not."""
+    """What the server makes of a session request: as far as it gets, and why not."""
 
-    args: argparse.Namespace | None = None  # None: the flags are wrong
+    isolated: bool = False
     config: MountConfig | None = None
     principal: Principal | None = None
     error: Exception | None = None
 
 
-def _prepare(request: dict[str, object], parse_argv: ParseArgv) -> PreparedRequest:
-    """The parsed arguments, the configuration (built here, once) and the verified reader for
-    this request, as far as they can be had, and why not. For an isolated mount a failure to
-    verify the reader just means the child does it (and reports errors)."""
+def _prepare(request: OpenSession) -> PreparedRequest:
+    """The configuration (built here, once) and the verified reader for this request, as far as
+    they can be had, and why not. The options are read as chromafs-mount's parser reads its
+    flags, with none of this process's environment or working directory. For an isolated mount a
+    failure to verify the reader just means the child does it (and reports errors)."""
     from chromafs_fuse.site.loader import verify_reader
 
     out = PreparedRequest()
     try:
-        argv = [str(a) for a in cast(list[object], request["argv"])]  # a list: checked by _read_request
-        # Relative paths are the caller's: read in its working directory, one request at a time
-        # (the directory is the process's). Nothing here waits on a network.
-        with _CALLERS_CWD:
-            cwd = os.getcwd()
-            os.chdir(str(request.get("cwd") or "/"))
-            try:
-                out.args = parse_argv([*argv, "--foreground"])
-                out.config = MountConfig.from_args(out.args)
-                out.principal = verify_reader(_request_token(request), out.config.session)
-            finally:
-                os.chdir(cwd)
-    except SystemExit:
-        pass
-    except Exception as exc:  # any failure preparing a request is answered to its caller, worded by its kind
+        if not os.path.isabs(request.mountpoint):
+            raise UsageError(f"{request.mountpoint}: a session request names its mountpoint by an absolute path")
+        try:
+            values = request_values(request.options)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+        out.isolated = bool(values["isolated"])
+        out.config = MountConfig.from_args(SimpleNamespace(**values, mountpoint=request.mountpoint))
+        out.principal = verify_reader(request.token, out.config.session)
+    except Exception as exc:  # any failure preparing a request is answered to its caller, by its kind
         out.error = exc
     return out
-
-
-def _request_token(request: dict[str, object]) -> str | None:
-    token = request.get("token")
-    return token if isinstance(token, str) and token else None
 
 
 class MountServer:
@@ -181,13 +180,11 @@ class MountServer:
     def __init__(
         self,
         socket_path: str,
-        parse_argv: ParseArgv,
         forker: Forker,
         keeper: SessionKeeper | None,
         listener: socket.socket,
     ) -> None:
         self.socket_path = socket_path
-        self.parse_argv = parse_argv
         self.forker = forker
         self.keeper = keeper
         self.listener = listener
@@ -309,82 +306,73 @@ class MountServer:
             self.slots.release()
 
     def _handle(self, conn: socket.socket) -> None:
-        from chromafs_fuse.serving.failures import failure_text
-        from chromafs_fuse.serving.server.session_keeper import SessionError
-
+        """One request a connection, then the connection is closed (whatever it sends after)."""
         conn.settimeout(None)
         uid = _peer_uid(conn)
         if uid not in (0, os.getuid()):
             log.warning("refused a mount request from uid %d", uid)
             with contextlib.suppress(OSError, ValueError, EOFError):
-                _read_request(conn)  # read first: a close on an unread request resets the answer away
-            _answer(conn, "permission denied: only root or the server's user may mount")
+                _read_line(conn)  # read first: a close on an unread request resets the answer away
+            _answer(conn, AccessDenied("permission denied: only root or the server's user may mount"))
             return
         try:
-            request = _read_request(conn)
+            request = decode(_read_line(conn), MOUNT_SERVER_REQUESTS)
         except EOFError:
             return
-        except (OSError, ValueError) as exc:
+        except (OSError, BadRequest) as exc:
             log.warning("bad mount request: %s", exc)
-            _answer(conn, "bad request")
+            _answer(conn, exc if isinstance(exc, BadRequest) else BadRequest("bad request"))
             return
-        got = _prepare(request, self.parse_argv)
-        if got.args is None:  # flags chromafs-mount's parser refuses (its client parsed them first): no answer
-            log.warning("mount request from uid %d: bad arguments", uid)
-            return
-        config, principal, error = got.config, got.principal, got.error or UsageError("bad arguments")
-        own_daemon = self.keeper is None or got.args.isolated or (config is not None and bool(config.search_dir))
-        if config is None:  # worded as the daemon (isolated) or the session's path would word it
-            problem = failure_text(error) if own_daemon else _problem(error)
-            log.warning("mount request from uid %d: %s", uid, problem)
-            _answer(conn, problem)
+        if isinstance(request, OpenSession):
+            self._open_session(conn, uid, request)
+
+    def _open_session(self, conn: socket.socket, uid: int, request: OpenSession) -> None:
+        got = _prepare(request)
+        config, principal = got.config, got.principal
+        own_daemon = self.keeper is None or got.isolated or (config is not None and bool(config.search_dir))
+        if config is None:
+            error = got.error or UsageError("bad options")
+            log.warning("mount request from uid %d: %s", uid, failure_text(error))
+            _answer(conn, error)
             return
         if own_daemon:
-            self._own_daemon(conn, uid, config, str(request.get("cwd") or "/"), _request_token(request))
+            self._own_daemon(conn, uid, config, request.token)
             return
         if principal is None:
-            _answer(conn, _problem(error))
+            _answer(conn, got.error or AccessDenied("no reader"))
             return
         assert self.keeper is not None
         try:
             self.keeper.open_session(config, principal, uid, _peer_gid(conn))
-        except SessionError as exc:
-            _answer(conn, str(exc))
+        except ChromafsError as exc:  # its kind passes on: a site that does not exist, a backend down
+            log.log(exc.level, "session on %s refused: %s", config.mountpoint, exc.message)
+            _answer(conn, exc)
             return
         _answer(conn)
 
-    def _own_daemon(self, conn: socket.socket, uid: int, config: MountConfig, cwd: str, token: str | None) -> None:
+    def _own_daemon(self, conn: socket.socket, uid: int, config: MountConfig, token: str | None) -> None:
         """A daemon of the session's own (--isolated, --search-dir): forked, then its report
         (ready, or why not) answered to the caller."""
-        from chromafs_fuse.serving.handshake import wait_for_ready
+        from chromafs_fuse.serving.handshake import ready_report
 
-        job = Job(serve_isolated, {"cwd": cwd, "config": config, "token": token})
         ours, theirs = socket.socketpair()
         with ours, theirs:
             try:
-                pid = self.forker.spawn(job, [theirs.fileno()])
+                pid = self.forker.spawn(ServeIsolated(config.to_dict(), token), [theirs.fileno()])
             except ForkerGone as exc:
                 log.error("%s", exc)
-                _answer(conn, "the mount server cannot start a daemon: restart chromafs-mountd")
+                _answer(conn, ForkerGone("the mount server cannot start a daemon: restart chromafs-mountd"))
                 return
             theirs.close()
             log.info("mount request from uid %d: daemon pid %d", uid, pid)
-            ok, reason = wait_for_ready(ours.fileno(), config.session.backend_timeout_s * 3 + 60)
-        _answer(conn, None if ok else reason or "the daemon exited")
+            ok, reason, kind = ready_report(ours.fileno(), config.session.backend_timeout_s * 3 + 60)
+        _answer(conn, None if ok else error_of(kind, reason or "the daemon exited"))
 
 
-def _answer(conn: socket.socket, error: str | None = None) -> None:
-    """One JSON line: ok, or why not."""
-    from chromafs_fuse.serving.handshake import answer_line
-
+def _answer(conn: socket.socket, error: BaseException | None = None) -> None:
+    """One line: ok, or the failure's kind and message (serving/protocol.py)."""
     with contextlib.suppress(OSError):
-        conn.sendall(answer_line(error))
-
-
-def _problem(error: Exception) -> str:
-    from chromafs_fuse.serving.failures import failure_text
-
-    return failure_text(error)
+        conn.sendall(ok_line() if error is None else error_line(error))
 
 
 def _listening_socket(socket_path: str) -> socket.socket:
@@ -402,8 +390,8 @@ def _listening_socket(socket_path: str) -> socket.socket:
     return server
 
 
-def serve_forever(config: ServerConfig, parse_argv: ParseArgv, class_views: bool) -> int:
-    """Serve mount requests, each request's argv parsed by `parse_argv`, until SIGTERM (0) or
+def serve_forever(config: ServerConfig, class_views: bool) -> int:
+    """Serve mount requests until SIGTERM (0) or
     until the forker is gone (1). With `class_views` (root only), sessions are binds of
     reader-class views of the pool's serving processes in `config.class_root`; without, or for
     `--isolated`, each session gets a daemon."""
@@ -418,14 +406,14 @@ def serve_forever(config: ServerConfig, parse_argv: ParseArgv, class_views: bool
     def start_serving(index: int) -> int:
         ours, theirs = socket.socketpair()
         with ours, theirs:
-            kwargs = {
-                "class_root": config.class_root,
-                "index": index,
-                "cache_bytes": config.serving_cache_bytes,
-                "idle_exit_s": config.class_idle_s + ORPHAN_GRACE_S,  # ends by itself, with no server to stop it
-            }
+            job = ServePoolProcess(
+                class_root=config.class_root,
+                index=index,
+                cache_bytes=config.serving_cache_bytes,
+                idle_exit_s=config.class_idle_s + ORPHAN_GRACE_S,  # ends by itself, with no server to stop it
+            )
             try:
-                pid = forker_of[0].spawn(Job(serve_pool_process, kwargs), [theirs.fileno()])
+                pid = forker_of[0].spawn(job, [theirs.fileno()])
             except ForkerGone as exc:
                 raise SessionError(f"{exc}: restart chromafs-mountd") from exc
             theirs.close()
@@ -442,9 +430,9 @@ def serve_forever(config: ServerConfig, parse_argv: ParseArgv, class_views: bool
     metrics = None
     if config.metrics_addr:
         metrics = MetricsEndpoint(config.metrics_addr, lambda: keeper.snapshot() if keeper else None)
-    forker_of.append(Forker.start([listener, *([metrics] if metrics else [])]))  # before any thread starts
+    forker_of.append(Forker.start(JOBS, [listener, *([metrics] if metrics else [])]))  # before any thread starts
     forker = forker_of[0]
-    server = MountServer(config.socket, parse_argv, forker, keeper, listener)
+    server = MountServer(config.socket, forker, keeper, listener)
 
     def stop(_signum: int, _frame: object) -> None:
         server.stop()

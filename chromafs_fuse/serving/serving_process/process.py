@@ -5,14 +5,9 @@ that the session binds read-only. With `--shared-processes N` the sites are spre
 processes, the i-th (from 0) at `shared-<i>` for i > 0.
 
 It is told what to serve over `<class root>/shared.sock` (mode 0600; root or its own user only),
-one JSON object a line each way:
-  {"op": "add", "config": MountConfig.to_dict(), "class": {"authenticated": b, "groups": [...]}}
-      -> {"ok": true, "path": "<site directory>/<view name>"} or {"ok": false, "error": "..."}
-  {"op": "remove", "path": "<site directory>/<view name>"} -> {"ok": true|false, "site_gone": b}
-  {"op": "session", "path": "<site directory>/<view name>", "uid": u, "gid": g, "expires_at": t|null,
-   "allow_other": b} -> {"ok": true, "path": ".sessions/<slot>"}: the directory a session binds
-  {"op": "end_session", "path": ".sessions/<slot>"} -> {"ok": true|false}
-  {"op": "describe"} -> {"ok": true, "pid": ..., "views": {full path: status}}
+in serving/protocol.py's lines (CONTROL_REQUESTS): AddView (answered with the view's path in the
+mount), RemoveView (`site_gone`: its site's last view), OpenViewSession (the directory
+`.sessions/<slot>` a session binds), EndViewSession, Describe; a refusal keeps its kind.
 A session is refused from its expiry on by this process itself (sessions.py), whatever the mount
 server does.
 It outlives the mount server that started it (a restarted one reconnects through the socket) and
@@ -42,11 +37,22 @@ from chromafs_fuse.errors import ChromafsError, unexpected
 from chromafs_fuse.logs import setup_logging
 from chromafs_fuse.page_cache import PageCache
 from chromafs_fuse.serving.daemon.watchdog import start_watchdog, stop_watchdog
-from chromafs_fuse.serving.failures import failure_text, report_failure
+from chromafs_fuse.serving.failures import report_failure
 from chromafs_fuse.serving.fuse_adapter import FuseAdapter, entry_attributes, pyfuse3_passes_inode
 from chromafs_fuse.serving.handshake import READY
 from chromafs_fuse.serving.lifetime import end_when_unused, watch_signals
 from chromafs_fuse.serving.process import limit_malloc_arenas
+from chromafs_fuse.serving.protocol import (
+    CONTROL_REQUESTS,
+    AddView,
+    BadRequest,
+    Describe,
+    EndViewSession,
+    OpenViewSession,
+    RemoveView,
+    decode,
+    error_answer,
+)
 from chromafs_fuse.serving.serving_process.sites import ServedSites
 from chromafs_fuse.serving.status import StatusFile, uptime_since
 from chromafs_fuse.shared_filesystem import SharedFilesystem
@@ -158,39 +164,32 @@ class ServingProcess:
 
     async def _answer(self, line: bytes) -> dict[str, Any]:
         try:
-            request = json.loads(line)
-            op = request.get("op")
-            if op == "add":
-                reader_class = request["class"]
-                reader = Principal(bool(reader_class["authenticated"]), frozenset(reader_class.get("groups") or ()))
-                path = await self.sites.add(MountConfig.from_dict(request["config"]), reader.reader_class())
+            request = decode(line, CONTROL_REQUESTS)
+            if isinstance(request, AddView):
+                reader = Principal(request.authenticated, frozenset(request.groups))
+                path = await self.sites.add(MountConfig.from_dict(request.config), reader.reader_class())
                 return {"ok": True, "path": path}
-            if op == "remove":
-                path = str(request["path"])
-                removed = self.sites.remove(path)
-                return {"ok": removed, "site_gone": not self.sites.serves(path.split("/", 1)[0])}
-            if op == "session":
+            if isinstance(request, RemoveView):
+                removed = self.sites.remove(request.path)
+                site_gone = not self.sites.serves(request.path.split("/", 1)[0])
+                return {"ok": True, "removed": removed, "site_gone": site_gone}
+            if isinstance(request, OpenViewSession):
                 path = await self.sites.open_session(
-                    str(request["path"]),
-                    int(request["uid"]),
-                    int(request["gid"]),
-                    None if request.get("expires_at") is None else float(request["expires_at"]),
-                    bool(request.get("allow_other")),
+                    request.path, request.uid, request.gid, request.expires_at, request.allow_other
                 )
                 return {"ok": True, "path": path}
-            if op == "end_session":
-                return {"ok": await self.sites.end_session(str(request["path"]))}
-            if op == "describe":
-                return {"ok": True, **self.describe()}
-            return {"ok": False, "error": f"unknown op {op!r}"}
+            if isinstance(request, EndViewSession):
+                return {"ok": True, "ended": await self.sites.end_session(request.path)}
+            assert isinstance(request, Describe)
+            return {"ok": True, **self.describe()}
         except ChromafsError as exc:  # the answer (a backend down, a bad token, a corrupt tree): no traceback
             log.log(exc.level, "control request refused: %s", exc.message)
-            return {"ok": False, "error": exc.message}
+            return error_answer(exc)
         except (KeyError, TypeError, ValueError) as exc:
-            return {"ok": False, "error": f"bad request: {exc}"}
+            return error_answer(BadRequest(f"bad request: {exc}"))
         except Exception as exc:  # a bug: logged with its traceback, worded for the mount server
             log.exception("control request failed")
-            return {"ok": False, "error": failure_text(exc)}
+            return error_answer(exc)
 
     def describe(self) -> dict[str, Any]:
         cache = self.cache
