@@ -1,9 +1,11 @@
 """`chromafs-mountd`: the host's mount server, the one process every agent session goes through.
 
-It imports everything once, then listens on a Unix socket. A session request is answered on a
-thread of its own, so no request waits for another's backend: a session of a class that is
-served is a token check and a read-only bind (tens of milliseconds) whatever another site's
-Chroma is doing. Every reader class of every site is a directory of a serving process's FUSE
+It imports everything once, then listens on a Unix socket, on one trio loop: a task per
+connection, housekeeping on its own clock, the metrics endpoint. What blocks (a token check and a
+bind, a serving process asked over its control socket, a daemon forked and waited for) runs in
+one of trio's worker threads, so no request waits for another's backend: a session of a class
+that is served is a token check and a read-only bind (tens of milliseconds) whatever another
+site's Chroma is doing. Every reader class of every site is a directory of a serving process's FUSE
 mount (serving/server/pool.py); the pool of serving processes, one per core by default, is the
 fault boundary, and a serving process that dies is started again and its sessions bound again
 at their own paths (serving/server/session_keeper.py). Housekeeping (expiry, idle classes, dead
@@ -27,20 +29,19 @@ import dataclasses
 import errno
 import logging
 import os
-import select
 import signal
 import socket
 import struct
-import threading
 import time
 from collections.abc import Callable
 from types import SimpleNamespace
 from typing import TYPE_CHECKING
 
 import setproctitle
+import trio
 
 from chromafs_fuse.config import MountConfig, ServerConfig
-from chromafs_fuse.errors import AccessDenied, ChromafsError, UsageError, error_of
+from chromafs_fuse.errors import AccessDenied, ChromafsError, Unavailable, UsageError, error_of
 from chromafs_fuse.options import request_values
 from chromafs_fuse.serving.failures import failure_text
 from chromafs_fuse.serving.protocol import (
@@ -63,10 +64,11 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("chromafs.mountd")
 MAX_CONCURRENT_REQUESTS = 256  # beyond this a request waits for a thread (it is never refused)
+READ_TIMEOUT_S = 5.0  # a client that sends nothing is dropped
+ACCEPT_BACKOFF_S = 0.1
 HOUSEKEEPING_S = 0.5
 # failures that pass: the process or the host is short of descriptors or buffers
 SHORT_OF = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
-ACCEPT_BACKOFF_S = 0.1
 ORPHAN_GRACE_S = 5.0  # a serving process idle this much past --class-idle ends itself: no server stopped it
 
 
@@ -78,31 +80,15 @@ def default_serving_processes() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-def _peer_gid(conn: socket.socket) -> int:
+def _peer_gid(conn: socket.socket | trio.socket.SocketType) -> int:
     creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
     return int(struct.unpack("3i", creds)[2])
 
 
-def _peer_uid(conn: socket.socket) -> int:
+def _peer_uid(conn: socket.socket | trio.socket.SocketType) -> int:
     creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
     _pid, uid, _gid = struct.unpack("3i", creds)
     return int(uid)
-
-
-def _read_line(conn: socket.socket) -> bytes:
-    """One line (or everything up to the client's shutdown); EOFError for none at all."""
-    conn.settimeout(5)
-    data = b""
-    while len(data) <= MAX_LINE_BYTES and not data.endswith(b"\n"):
-        chunk = conn.recv(65536)
-        if not chunk:
-            break
-        data += chunk
-    if len(data) > MAX_LINE_BYTES:
-        raise BadRequest("bad request: too large")
-    if not data:
-        raise EOFError  # a connection closed without a word: a health check probing the socket
-    return data
 
 
 def _become_daemon(title: str) -> None:
@@ -175,7 +161,9 @@ def _prepare(request: OpenSession) -> PreparedRequest:
 
 
 class MountServer:
-    """The socket, the request threads, the housekeeping clock and the forker."""
+    """The socket, a task per connection, the housekeeping clock and the forker, on one trio loop;
+    what blocks (the session keeper's binds and its serving processes' answers, the forker, a
+    daemon's start) runs in trio's worker threads, at most MAX_CONCURRENT_REQUESTS at once."""
 
     def __init__(
         self,
@@ -183,176 +171,183 @@ class MountServer:
         forker: Forker,
         keeper: SessionKeeper | None,
         listener: socket.socket,
+        metrics: MetricsEndpoint | None = None,
     ) -> None:
         self.socket_path = socket_path
         self.forker = forker
         self.keeper = keeper
         self.listener = listener
-        self.stopping = threading.Event()
+        self.metrics = metrics
         self._short_logged = -60.0  # when running short of descriptors was last said
-        self.slots = threading.BoundedSemaphore(MAX_CONCURRENT_REQUESTS)
+        self._status = 0
+        self._requests = trio.CapacityLimiter(MAX_CONCURRENT_REQUESTS)
 
     # -- the loop -------------------------------------------------------------------------------
 
-    def serve(self, metrics: MetricsEndpoint | None) -> int:
-        """Until stopped: 0; 1 when the forker is gone (nothing more can be forked: a supervisor
-        restarts the server, and its sessions read on meanwhile)."""
-        threads = []
-        if self.keeper is not None:
-            threads.append(threading.Thread(target=self._keep_house, name="housekeeping", daemon=True))
-        if metrics is not None:
-            threads.append(threading.Thread(target=self._answer_metrics, args=(metrics,), name="metrics", daemon=True))
-        for thread in threads:
-            thread.start()
+    def serve(self) -> int:
+        """Until SIGTERM or SIGINT: 0; 1 when the forker is gone (nothing more can be forked: a
+        supervisor restarts the server, and its sessions read on meanwhile)."""
         try:
-            while not self.stopping.is_set():
-                if self.forker.gone.is_set() or not self.forker.alive():
-                    log.critical("the forker is gone: stopping so that the server is started again")
-                    return 1
-                try:
-                    readable, _, _ = select.select([self.listener], [], [], HOUSEKEEPING_S)
-                    if not readable:
-                        continue
-                    conn, _ = self.listener.accept()
-                except (OSError, ValueError) as exc:  # ValueError: select on the socket that stop() closed
-                    if self.stopping.is_set():
-                        break
-                    if isinstance(exc, OSError) and exc.errno == errno.ECONNABORTED:
-                        continue  # the client hung up first
-                    if isinstance(exc, OSError) and exc.errno in SHORT_OF:
-                        self._short_of(f"accepting a request: {errno.errorcode[exc.errno]}")
-                        continue
-                    raise
-                self.slots.acquire()
-                try:
-                    threading.Thread(target=self._answer, args=(conn,), name="request", daemon=True).start()
-                except RuntimeError:  # no thread to be had: this request is refused, the server goes on
-                    self.slots.release()
-                    conn.close()
-                    self._short_of("starting a request's thread")
+            trio.run(self._serve)
         finally:
-            self.stopping.set()
             if self.keeper is not None:  # a last pass: sessions unmounted meanwhile leave no status behind
                 try:
                     self.keeper.housekeep(stopping=True)
                 except Exception:  # stopping anyway: the next server's recovery cleans up
                     log.exception("the last housekeeping pass failed")
-            if metrics is not None:
-                metrics.close()
+            if self.metrics is not None:
+                self.metrics.close()
             with contextlib.suppress(OSError):
                 self.listener.close()
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self.socket_path)
             self.forker.close()
             log.info("stopped")
-        return 0
+        return self._status
 
-    def _short_of(self, what: str, wait: bool = True) -> None:
-        """Out of descriptors, buffers or threads: a pending connection waits in the backlog while
-        the server backs off (`wait`), as trio's serve_listeners does; it never ends the server
-        (expiry, healing and the sessions that stand depend on it). Said once a minute."""
+    async def _serve(self) -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._accept, nursery)
+            nursery.start_soon(self._watch_forker, nursery.cancel_scope)
+            if self.keeper is not None:
+                nursery.start_soon(self._keep_house)
+            if self.metrics is not None:
+                nursery.start_soon(self._answer_metrics, self.metrics)
+            with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+                async for _ in signals:
+                    break
+            nursery.cancel_scope.cancel()
+
+    async def _accept(self, nursery: trio.Nursery) -> None:
+        """A task per connection. Short of descriptors or buffers (EMFILE, ENFILE, ENOBUFS,
+        ENOMEM), it backs off and serves on, as trio's serve_listeners does (saying so once a
+        minute, not each time): a pending client waits in the backlog."""
+        listener = trio.SocketListener(trio.socket.from_stdlib_socket(self.listener))
+        while True:
+            try:
+                stream = await listener.accept()
+            except OSError as exc:
+                if exc.errno not in SHORT_OF:
+                    raise
+                self._short_of(f"accepting a request: {errno.errorcode[exc.errno]}")
+                await trio.sleep(ACCEPT_BACKOFF_S)
+                continue
+            nursery.start_soon(self._answer, stream)
+
+    async def _watch_forker(self, scope: trio.CancelScope) -> None:
+        while True:
+            if self.forker.gone.is_set() or not self.forker.alive():
+                log.critical("the forker is gone: stopping so that the server is started again")
+                self._status = 1
+                scope.cancel()
+                return
+            await trio.sleep(HOUSEKEEPING_S)
+
+    def _short_of(self, what: str) -> None:
+        """Out of descriptors, buffers or threads: said once a minute; it never ends the server
+        (expiry, healing and the sessions that stand depend on it)."""
         now = time.monotonic()
         if now - self._short_logged >= 60.0:
             self._short_logged = now
             log.warning("short of resources (%s): backing off and serving on", what)
-        if wait:
-            self.stopping.wait(ACCEPT_BACKOFF_S)
 
-    def stop(self) -> None:
-        self.stopping.set()
-        with contextlib.suppress(OSError):
-            self.listener.close()
-
-    def _keep_house(self) -> None:
-        """Every HOUSEKEEPING_S, and at once when a session's token expires sooner."""
-        assert self.keeper is not None
-        while not self.stopping.is_set():
+    async def _keep_house(self) -> None:
+        """Every HOUSEKEEPING_S, and at once when a session's token expires sooner; a pass runs
+        in a worker thread (it reads the mount table, detaches, asks serving processes)."""
+        keeper = self.keeper
+        assert keeper is not None
+        while True:
             try:
-                self.keeper.housekeep()
+                await trio.to_thread.run_sync(keeper.housekeep)
             except OSError as exc:
                 if exc.errno not in SHORT_OF:
                     log.exception("housekeeping failed")
                 else:  # what a pass does before it reads the mount table (expiry) is done
-                    self._short_of(f"housekeeping: {errno.errorcode[exc.errno]}", wait=False)
+                    self._short_of(f"housekeeping: {errno.errorcode[exc.errno]}")
+            except RuntimeError:  # no thread to be had: the next pass tries again
+                self._short_of("starting housekeeping's thread")
             except Exception:  # a bug in one pass: logged with its traceback; the next pass runs
                 log.exception("housekeeping failed")
             wait_s = HOUSEKEEPING_S
-            next_expiry = self.keeper.next_expiry()
+            next_expiry = keeper.next_expiry()
             if next_expiry is not None:
                 wait_s = min(wait_s, max(0.01, next_expiry - time.time()))
-            self.stopping.wait(wait_s)
+            await trio.sleep(wait_s)
 
-    def _answer_metrics(self, metrics: MetricsEndpoint) -> None:
-        while not self.stopping.is_set():
+    async def _answer_metrics(self, metrics: MetricsEndpoint) -> None:
+        while True:
+            await trio.lowlevel.wait_readable(metrics.listener)
             try:
-                readable, _, _ = select.select([metrics], [], [], HOUSEKEEPING_S)
-                if readable:
-                    metrics.answer()
-            except (OSError, ValueError):
-                if self.stopping.is_set():
-                    return
+                await trio.to_thread.run_sync(metrics.answer)
+            except Exception:  # a bug in one scrape: logged; the endpoint goes on
                 log.exception("the metrics endpoint failed")
-                self.stopping.wait(HOUSEKEEPING_S)
+                await trio.sleep(HOUSEKEEPING_S)
 
     # -- a request ------------------------------------------------------------------------------
 
-    def _answer(self, conn: socket.socket) -> None:
+    async def _answer(self, stream: trio.SocketStream) -> None:
+        """One request a connection, then the connection is closed (whatever it sends after)."""
         try:
-            with conn:
-                self._handle(conn)
+            async with stream:
+                await self._handle(stream)
+        except trio.BrokenResourceError:
+            pass  # the client hung up first
         except Exception:  # a bug in one request: logged with its traceback; the server goes on
             log.exception("a mount request failed")
-        finally:
-            self.slots.release()
 
-    def _handle(self, conn: socket.socket) -> None:
-        """One request a connection, then the connection is closed (whatever it sends after)."""
-        conn.settimeout(None)
+    async def _handle(self, stream: trio.SocketStream) -> None:
+        conn = stream.socket
         uid = _peer_uid(conn)
         if uid not in (0, os.getuid()):
             log.warning("refused a mount request from uid %d", uid)
-            with contextlib.suppress(OSError, ValueError, EOFError):
-                _read_line(conn)  # read first: a close on an unread request resets the answer away
-            _answer(conn, AccessDenied("permission denied: only root or the server's user may mount"))
+            with contextlib.suppress(BadRequest, EOFError):
+                await _read_line(stream)  # read first: a close on an unread request resets the answer away
+            await _answer(stream, AccessDenied("permission denied: only root or the server's user may mount"))
             return
         try:
-            request = decode(_read_line(conn), MOUNT_SERVER_REQUESTS)
+            request = decode(await _read_line(stream), MOUNT_SERVER_REQUESTS)
         except EOFError:
             return
-        except (OSError, BadRequest) as exc:
+        except BadRequest as exc:
             log.warning("bad mount request: %s", exc)
-            _answer(conn, exc if isinstance(exc, BadRequest) else BadRequest("bad request"))
+            await _answer(stream, exc)
             return
         if isinstance(request, OpenSession):
-            self._open_session(conn, uid, request)
+            gid = _peer_gid(conn)
+            try:
+                # abandoned on cancel: a stopping server does not wait for a backend that hangs
+                error = await trio.to_thread.run_sync(
+                    self._open_session, uid, gid, request, limiter=self._requests, abandon_on_cancel=True
+                )
+            except RuntimeError:  # no thread to be had: this request is refused, the server goes on
+                self._short_of("starting a request's thread")
+                error = Unavailable("the mount server is short of threads: try again")
+            await _answer(stream, error)
 
-    def _open_session(self, conn: socket.socket, uid: int, request: OpenSession) -> None:
+    def _open_session(self, uid: int, gid: int, request: OpenSession) -> ChromafsError | Exception | None:
+        """In a worker thread: the session opened (None) or why not."""
         got = _prepare(request)
         config, principal = got.config, got.principal
         own_daemon = self.keeper is None or got.isolated or (config is not None and bool(config.search_dir))
         if config is None:
             error = got.error or UsageError("bad options")
             log.warning("mount request from uid %d: %s", uid, failure_text(error))
-            _answer(conn, error)
-            return
+            return error
         if own_daemon:
-            self._own_daemon(conn, uid, config, request.token)
-            return
+            return self._own_daemon(uid, config, request.token)
         if principal is None:
-            _answer(conn, got.error or AccessDenied("no reader"))
-            return
+            return got.error or AccessDenied("no reader")
         assert self.keeper is not None
         try:
-            self.keeper.open_session(config, principal, uid, _peer_gid(conn))
+            self.keeper.open_session(config, principal, uid, gid)
         except ChromafsError as exc:  # its kind passes on: a site that does not exist, a backend down
             log.log(exc.level, "session on %s refused: %s", config.mountpoint, exc.message)
-            _answer(conn, exc)
-            return
-        _answer(conn)
+            return exc
+        return None
 
-    def _own_daemon(self, conn: socket.socket, uid: int, config: MountConfig, token: str | None) -> None:
+    def _own_daemon(self, uid: int, config: MountConfig, token: str | None) -> ChromafsError | None:
         """A daemon of the session's own (--isolated, --search-dir): forked, then its report
-        (ready, or why not) answered to the caller."""
+        (ready, or why not)."""
         from chromafs_fuse.serving.handshake import ready_report
 
         ours, theirs = socket.socketpair()
@@ -361,18 +356,36 @@ class MountServer:
                 pid = self.forker.spawn(ServeIsolated(config.to_dict(), token), [theirs.fileno()])
             except ForkerGone as exc:
                 log.error("%s", exc)
-                _answer(conn, ForkerGone("the mount server cannot start a daemon: restart chromafs-mountd"))
-                return
+                return ForkerGone("the mount server cannot start a daemon: restart chromafs-mountd")
             theirs.close()
             log.info("mount request from uid %d: daemon pid %d", uid, pid)
             ok, reason, kind = ready_report(ours.fileno(), config.session.backend_timeout_s * 3 + 60)
-        _answer(conn, None if ok else error_of(kind, reason or "the daemon exited"))
+        return None if ok else error_of(kind, reason or "the daemon exited")
 
 
-def _answer(conn: socket.socket, error: BaseException | None = None) -> None:
+async def _read_line(stream: trio.SocketStream) -> bytes:
+    """One line (or everything up to the client's shutdown) within READ_TIMEOUT_S; EOFError for
+    none at all (a health check probing the socket)."""
+    data = b""
+    with trio.move_on_after(READ_TIMEOUT_S) as waited:
+        while len(data) <= MAX_LINE_BYTES and not data.endswith(b"\n"):
+            chunk = await stream.receive_some(65536)
+            if not chunk:
+                break
+            data += chunk
+    if waited.cancelled_caught:
+        raise BadRequest("timed out")
+    if len(data) > MAX_LINE_BYTES:
+        raise BadRequest("bad request: too large")
+    if not data:
+        raise EOFError
+    return data
+
+
+async def _answer(stream: trio.SocketStream, error: BaseException | None = None) -> None:
     """One line: ok, or the failure's kind and message (serving/protocol.py)."""
-    with contextlib.suppress(OSError):
-        conn.sendall(ok_line() if error is None else error_line(error))
+    with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+        await stream.send_all(ok_line() if error is None else error_line(error))
 
 
 def _listening_socket(socket_path: str) -> socket.socket:
@@ -432,12 +445,6 @@ def serve_forever(config: ServerConfig, class_views: bool) -> int:
         metrics = MetricsEndpoint(config.metrics_addr, lambda: keeper.snapshot() if keeper else None)
     forker_of.append(Forker.start(JOBS, [listener, *([metrics] if metrics else [])]))  # before any thread starts
     forker = forker_of[0]
-    server = MountServer(config.socket, forker, keeper, listener)
-
-    def stop(_signum: int, _frame: object) -> None:
-        server.stop()
-
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
+    server = MountServer(config.socket, forker, keeper, listener, metrics)
     log.info("listening on %s%s", config.socket, f"; class views in {config.class_root}" if keeper else "")
-    return server.serve(metrics)
+    return server.serve()
