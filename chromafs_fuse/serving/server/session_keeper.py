@@ -215,7 +215,12 @@ class SessionKeeper:
             gid,
             allow_other="allow_other" in config.fuse_options,
         )
-        session.source = self.host.open_session(mount, session)
+        try:
+            session.source = self.host.open_session(mount, session)
+        except SessionError:
+            with self.lock:
+                self._not_opened(mount)
+            raise
         with self.lock:
             stale = self.table.sessions.get(mountpoint)
             if stale is not None:  # unmounted by its user since the last housekeeping pass
@@ -223,13 +228,13 @@ class SessionKeeper:
                 self.table.ended += 1
             if self.table.classes.get(key) is not mount:
                 self._ended.append((mount, session.source))
+                self._save()
                 raise SessionError("the reader's class went away while the session opened: try again")
             try:
                 self.kernel.bind_read_only(session.source, mountpoint)
             except OSError as exc:
                 self._ended.append((mount, session.source))
-                if not self.table.sessions_of(key):
-                    mount.idle_since = self.clock()
+                self._not_opened(mount)
                 raise SessionError(f"cannot bind the session on {mountpoint}: {exc.strerror}") from exc
             self.table.add(session)
             self._write_status(session)
@@ -260,6 +265,7 @@ class SessionKeeper:
                     self._healing.add(key)
                 elif mount is not None:
                     self._drop_class(mount, "its serving process is gone")
+                    self._save()
             if heal:
                 assert mount is not None
                 self._heal(mount)
@@ -271,6 +277,7 @@ class SessionKeeper:
             mount = self._start(key, config, principal, host)
             with self.lock:
                 self.table.classes[key] = mount
+                self._save()
             return mount
 
     @contextlib.contextmanager
@@ -352,10 +359,15 @@ class SessionKeeper:
 
     def _expire(self, now: float) -> bool:
         expired = self.table.expired(now)
+        devices = self._devices() if expired else {}
         for session in expired:
-            # logged before the detach so that whoever sees the mount go also finds the reason
-            log.warning("session on %s expired (%s): detaching it", session.mountpoint, session.reader)
-            self.kernel.detach(session.mountpoint)
+            mount = self.table.classes[session.class_key]
+            if devices is None or devices.get(session.mountpoint) == mount.device:
+                # logged before the detach so that whoever sees the mount go also finds the reason
+                log.warning("session on %s expired (%s): detaching it", session.mountpoint, session.reader)
+                self.kernel.detach(session.mountpoint)
+            else:
+                log.info("session on %s expired (%s); its user had unmounted it", session.mountpoint, session.reader)
             self._end(session, now)
             self.table.expiries += 1
         return bool(expired)
@@ -414,6 +426,9 @@ class SessionKeeper:
                     self._end(session, self.clock())
                     self.table.ended += 1
                     continue
+                # its directory was the dead process's: the new one may give its path to another
+                # session, which must not be ended in its place if this one cannot be bound
+                session.source = ""
                 try:
                     session.source = self.host.open_session(served, session)
                     # the new bind beneath the dead one, then the dead one detached: a reader never
@@ -423,6 +438,8 @@ class SessionKeeper:
                     self._write_status(session)
                 except (OSError, SessionError) as exc:
                     log.error("session on %s cannot be bound again: %s; ending it", session.mountpoint, exc)
+                    if self.kernel.mounted_devices().get(session.mountpoint) == mount.device:
+                        self.kernel.detach(session.mountpoint)  # the dead class's bind: nothing to read there
                     self._end(session, self.clock(), served)
                     self.table.ended += 1
             self._save()
@@ -479,11 +496,30 @@ class SessionKeeper:
         self.table.remove(session.mountpoint, now)
         self._remove_status(session)
 
+    def _not_opened(self, mount: ClassMount) -> None:
+        """A session of `mount` was not opened after all: the class `_class` held in use is idle
+        again (from now) if no session of it is left."""
+        if not self.table.sessions_of(mount.key):
+            mount.idle_since = self.clock()
+        self._save()
+
     def _drop_class(self, mount: ClassMount, why: str) -> None:
         log.error("class %s dropped: %s; detaching its sessions", mount.key[:12], why)
-        for session in self.table.drop_class(mount.key):
-            self.kernel.detach(session.mountpoint)
+        sessions = self.table.drop_class(mount.key)
+        devices = self._devices() if sessions else {}
+        for session in sessions:
+            if devices is None or devices.get(session.mountpoint) == mount.device:
+                self.kernel.detach(session.mountpoint)
             self._remove_status(session)
+
+    def _devices(self) -> dict[str, str] | None:
+        """The mount table, to tell a session's bind from another mount its user put at its path
+        since (never detached); None when it cannot be read (short of descriptors): a session
+        that must end is detached all the same."""
+        try:
+            return self.kernel.mounted_devices()
+        except OSError:
+            return None
 
     def _snapshot(self) -> HostSnapshot:
         return HostSnapshot.take(self.kernel)
