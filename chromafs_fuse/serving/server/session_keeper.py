@@ -13,34 +13,82 @@ expired (the bind is detached), notices sessions their users unmounted, stops cl
 every session of it bound again at its own path, each class on a thread of its own. Everything
 is saved in a state journal in the root-only class directory, so a restarted server finds its
 classes and sessions and carries on.
+
+The keeper itself does no I/O but its journal's: the host's mount table, binds and processes are
+its `Kernel`, the status files its `StatusBoard`, the time its clock, and a heal runs where its
+`RunHeal` puts it (host_kernel.py holds the real ones; tests/unit/test_session_simulation.py
+drives it on a simulated host).
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Container, Iterator
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from chromafs_fuse.access import Principal
 from chromafs_fuse.config import MountConfig, mount_settings
 from chromafs_fuse.errors import Refused
-from chromafs_fuse.serving.binds import bind_read_only, detach, mounted_devices, replace_bind
-from chromafs_fuse.serving.process import process_start
+from chromafs_fuse.serving.server.host_kernel import HOST_KERNEL, StatusFiles, heal_in_thread
 from chromafs_fuse.serving.server.session_table import ClassMount, Session, SessionTable, class_key
 from chromafs_fuse.serving.server.state_journal import StateJournal
-from chromafs_fuse.serving.status import runtime_dir, session_status_path, utc_text, write_private_json
+from chromafs_fuse.serving.status import utc_text
 
 log = logging.getLogger("chromafs.mountd")
 
 
 class SessionError(Refused):
     """A session cannot be opened; the message goes back to the caller."""
+
+
+class Kernel(Protocol):
+    """The host's mount table and processes, as the keeper reads and changes them."""
+
+    def private_directory(self, path: str) -> None:
+        """Create `path` (the class root), readable by root only."""
+        ...
+
+    def mounted_devices(self) -> dict[str, str]:
+        """Mountpoint -> the device mounted there, the topmost mount's (serving/binds.py)."""
+        ...
+
+    def process_start(self, pid: int) -> int | None:
+        """When `pid` started (None: no such process); with the pid, names a process for good."""
+        ...
+
+    def bind_read_only(self, source: str, target: str) -> None:
+        """A read-only bind of `source` on `target`; OSError when it cannot be."""
+        ...
+
+    def replace_bind(self, source: str, target: str) -> None:
+        """A read-only bind of `source` in place of the mount at `target`; OSError (ENOENT when
+        nothing is mounted there any more) when it cannot be."""
+        ...
+
+    def detach(self, target: str) -> bool:
+        """Unmount the topmost mount at `target`; False when nothing was mounted there."""
+        ...
+
+
+class StatusBoard(Protocol):
+    """Where `chromafs status` finds the sessions (a status file each)."""
+
+    def write(self, mountpoint: str, status: dict[str, Any]) -> None: ...
+
+    def remove(self, mountpoint: str) -> None: ...
+
+    def remove_stale(self, root: str, live: Container[str]) -> None:
+        """Forget every session of the class root `root` whose mountpoint is not in `live`."""
+        ...
+
+
+# runs a heal (named, for its thread) in the background: on a thread of its own for real
+RunHeal = Callable[[str, Callable[[], None]], None]
 
 
 @dataclass
@@ -50,16 +98,17 @@ class HostSnapshot:
     process are one /proc read, not a thousand)."""
 
     devices: dict[str, str]
+    kernel: Kernel = HOST_KERNEL
     _starts: dict[int, int | None] = field(default_factory=dict)
 
     @classmethod
-    def take(cls) -> HostSnapshot:
-        return cls(mounted_devices())
+    def take(cls, kernel: Kernel = HOST_KERNEL) -> HostSnapshot:
+        return cls(kernel.mounted_devices(), kernel)
 
     def started(self, pid: int) -> int | None:
         """`process_start(pid)`, read once per snapshot."""
         if pid not in self._starts:
-            self._starts[pid] = process_start(pid)
+            self._starts[pid] = self.kernel.process_start(pid)
         return self._starts[pid]
 
     def runs(self, pid: int, pid_start: int | None) -> bool:
@@ -101,12 +150,24 @@ class ClassHost(Protocol):
 
 
 class SessionKeeper:
-    def __init__(self, root: str, idle_s: float, host: ClassHost) -> None:
+    def __init__(
+        self,
+        root: str,
+        idle_s: float,
+        host: ClassHost,
+        kernel: Kernel = HOST_KERNEL,
+        statuses: StatusBoard | None = None,
+        clock: Callable[[], float] = time.time,
+        run_heal: RunHeal = heal_in_thread,
+    ) -> None:
         self.root = root
         self.idle_s = idle_s
         self.host = host
-        os.makedirs(root, mode=0o700, exist_ok=True)
-        os.chmod(root, 0o700)  # class views are reached through session binds only
+        self.kernel = kernel
+        self.statuses: StatusBoard = statuses or StatusFiles()
+        self.clock = clock
+        self.run_heal = run_heal
+        kernel.private_directory(root)
         self.state_path = os.path.join(root, "state.json")
         self.journal = StateJournal(self.state_path)
         self.lock = threading.RLock()  # the table, the journal, the binds
@@ -138,7 +199,7 @@ class SessionKeeper:
     def _open(self, config: MountConfig, principal: Principal, uid: int, gid: int, started: float) -> Session:
         mountpoint = config.mountpoint
         key = class_key(mount_settings(config), principal)
-        host = HostSnapshot.take()
+        host = self._snapshot()
         if mountpoint in host.devices:
             raise SessionError(f"{mountpoint} is already mounted")
         mount = self._class(key, config, principal, host)
@@ -148,27 +209,32 @@ class SessionKeeper:
             key,
             principal.subject,
             reader,
-            time.time(),
+            self.clock(),
             principal.expires_at,
             uid,
             gid,
             allow_other="allow_other" in config.fuse_options,
         )
-        session.source = self.host.open_session(mount, session)
+        try:
+            session.source = self.host.open_session(mount, session)
+        except SessionError:
+            with self.lock:
+                self._not_opened(mount)
+            raise
         with self.lock:
             stale = self.table.sessions.get(mountpoint)
             if stale is not None:  # unmounted by its user since the last housekeeping pass
-                self._end(stale, time.time())
+                self._end(stale, self.clock())
                 self.table.ended += 1
             if self.table.classes.get(key) is not mount:
                 self._ended.append((mount, session.source))
+                self._save()
                 raise SessionError("the reader's class went away while the session opened: try again")
             try:
-                bind_read_only(session.source, mountpoint)
+                self.kernel.bind_read_only(session.source, mountpoint)
             except OSError as exc:
                 self._ended.append((mount, session.source))
-                if not self.table.sessions_of(key):
-                    mount.idle_since = time.time()
+                self._not_opened(mount)
                 raise SessionError(f"cannot bind the session on {mountpoint}: {exc.strerror}") from exc
             self.table.add(session)
             self._write_status(session)
@@ -190,7 +256,7 @@ class SessionKeeper:
             with self.lock:
                 mount = self.table.classes.get(key)
                 if mount is not None and not self.host.alive(mount, host):
-                    host = HostSnapshot.take()  # it may have been served while this request waited
+                    host = self._snapshot()  # it may have been served while this request waited
                 if mount is not None and self.host.alive(mount, host):
                     mount.idle_since = None  # in use from now: housekeeping must not stop it under us
                     return mount
@@ -199,6 +265,7 @@ class SessionKeeper:
                     self._healing.add(key)
                 elif mount is not None:
                     self._drop_class(mount, "its serving process is gone")
+                    self._save()
             if heal:
                 assert mount is not None
                 self._heal(mount)
@@ -210,6 +277,7 @@ class SessionKeeper:
             mount = self._start(key, config, principal, host)
             with self.lock:
                 self.table.classes[key] = mount
+                self._save()
             return mount
 
     @contextlib.contextmanager
@@ -249,11 +317,11 @@ class SessionKeeper:
         """One pass; `stopping`: the server's last, which ends what must end (expired tokens,
         sessions unmounted) but heals and drops nothing: serving processes stopped with the
         server are the next server's to serve again."""
-        now = time.time() if now is None else now
+        now = self.clock() if now is None else now
         idle: list[ClassMount] = []
         with self.lock:
             changed = self._expire(now)
-            host = HostSnapshot.take()
+            host = self._snapshot()
             for mount in list(self.table.classes.values()):
                 if stopping or mount.key in self._healing or self.host.alive(mount, host):
                     continue
@@ -291,10 +359,15 @@ class SessionKeeper:
 
     def _expire(self, now: float) -> bool:
         expired = self.table.expired(now)
+        devices = self._devices() if expired else {}
         for session in expired:
-            # logged before the detach so that whoever sees the mount go also finds the reason
-            log.warning("session on %s expired (%s): detaching it", session.mountpoint, session.reader)
-            detach(session.mountpoint)
+            mount = self.table.classes[session.class_key]
+            if devices is None or devices.get(session.mountpoint) == mount.device:
+                # logged before the detach so that whoever sees the mount go also finds the reason
+                log.warning("session on %s expired (%s): detaching it", session.mountpoint, session.reader)
+                self.kernel.detach(session.mountpoint)
+            else:
+                log.info("session on %s expired (%s); its user had unmounted it", session.mountpoint, session.reader)
             self._end(session, now)
             self.table.expiries += 1
         return bool(expired)
@@ -307,7 +380,7 @@ class SessionKeeper:
     def _heal_in_background(self, mount: ClassMount) -> None:
         log.error("class %s: its serving process is gone; serving it again", mount.key[:12])
         self._healing.add(mount.key)
-        threading.Thread(target=self._heal, args=(mount,), name=f"heal-{mount.key[:8]}", daemon=True).start()
+        self.run_heal(f"heal-{mount.key[:8]}", lambda: self._heal(mount))
 
     def _heal(self, mount: ClassMount) -> None:
         """Serve a class whose process died again, and bind each of its sessions again at its own
@@ -329,7 +402,7 @@ class SessionKeeper:
             config = MountConfig.from_dict(mount.config)
             authenticated, groups = mount.reader_class
             reader = Principal(bool(authenticated), frozenset(groups))
-            served = self.host.start(mount.key, config, reader, HostSnapshot.take())
+            served = self.host.start(mount.key, config, reader, self._snapshot())
         except Exception as exc:  # whatever it is, the class is dropped with the reason logged
             with self.lock:
                 self._healing.discard(mount.key)
@@ -344,25 +417,30 @@ class SessionKeeper:
             served.created, served.idle_since = mount.created, mount.idle_since
             self.table.classes[mount.key] = served
             bound = 0
-            devices = mounted_devices()
+            devices = self.kernel.mounted_devices()
             for session in self.table.sessions_of(mount.key):
                 if devices.get(session.mountpoint) != mount.device:
                     # its user unmounted it while the class was down: never bound again
                     log.info("session on %s ended: unmounted", session.mountpoint)
                     session.source = ""  # its directory was the dead process's: nobody to tell
-                    self._end(session, time.time())
+                    self._end(session, self.clock())
                     self.table.ended += 1
                     continue
+                # its directory was the dead process's: the new one may give its path to another
+                # session, which must not be ended in its place if this one cannot be bound
+                session.source = ""
                 try:
                     session.source = self.host.open_session(served, session)
                     # the new bind beneath the dead one, then the dead one detached: a reader never
                     # finds the empty directory under them (no empty listing, no ENOENT)
-                    replace_bind(session.source, session.mountpoint)
+                    self.kernel.replace_bind(session.source, session.mountpoint)
                     bound += 1
                     self._write_status(session)
                 except (OSError, SessionError) as exc:
                     log.error("session on %s cannot be bound again: %s; ending it", session.mountpoint, exc)
-                    self._end(session, time.time(), served)
+                    if self.kernel.mounted_devices().get(session.mountpoint) == mount.device:
+                        self.kernel.detach(session.mountpoint)  # the dead class's bind: nothing to read there
+                    self._end(session, self.clock(), served)
                     self.table.ended += 1
             self._save()
         log.warning(
@@ -379,8 +457,8 @@ class SessionKeeper:
         """After a restart: keep what still stands (a class whose process died but has sessions
         is healed by the first housekeeping pass), drop the rest, and let class mounts no state
         names drain (detached once no bind uses them)."""
-        now = time.time()
-        host = HostSnapshot.take()
+        now = self.clock()
+        host = self._snapshot()
         devices = host.devices
         for session in list(self.table.sessions.values()):
             if devices.get(session.mountpoint) != self.table.classes[session.class_key].device:
@@ -399,8 +477,8 @@ class SessionKeeper:
                 users = [p for p, d in devices.items() if d == device and p != path]
                 if not users:
                     log.info("unmounting %s: a class mount no state names, with no session", path)
-                    detach(path)
-        self._remove_stale_statuses()
+                    self.kernel.detach(path)
+        self.statuses.remove_stale(self.root, self.table.sessions)
         for session in self.table.sessions.values():
             self._write_status(session)
         self._save()
@@ -418,11 +496,33 @@ class SessionKeeper:
         self.table.remove(session.mountpoint, now)
         self._remove_status(session)
 
+    def _not_opened(self, mount: ClassMount) -> None:
+        """A session of `mount` was not opened after all: the class `_class` held in use is idle
+        again (from now) if no session of it is left."""
+        if not self.table.sessions_of(mount.key):
+            mount.idle_since = self.clock()
+        self._save()
+
     def _drop_class(self, mount: ClassMount, why: str) -> None:
         log.error("class %s dropped: %s; detaching its sessions", mount.key[:12], why)
-        for session in self.table.drop_class(mount.key):
-            detach(session.mountpoint)
+        sessions = self.table.drop_class(mount.key)
+        devices = self._devices() if sessions else {}
+        for session in sessions:
+            if devices is None or devices.get(session.mountpoint) == mount.device:
+                self.kernel.detach(session.mountpoint)
             self._remove_status(session)
+
+    def _devices(self) -> dict[str, str] | None:
+        """The mount table, to tell a session's bind from another mount its user put at its path
+        since (never detached); None when it cannot be read (short of descriptors): a session
+        that must end is detached all the same."""
+        try:
+            return self.kernel.mounted_devices()
+        except OSError:
+            return None
+
+    def _snapshot(self) -> HostSnapshot:
+        return HostSnapshot.take(self.kernel)
 
     def _save(self) -> None:
         try:
@@ -432,14 +532,8 @@ class SessionKeeper:
 
     # -- status (chromafs status) --------------------------------------------------------
 
-    def _status_path(self, session: Session) -> str:
-        return session_status_path(session.mountpoint)
-
     def _write_status(self, session: Session) -> None:
-        path = self._status_path(session)
         mount = self.table.classes[session.class_key]
-        if not path:
-            return
         status = {
             "mountpoint": session.mountpoint,
             "site": mount.site,
@@ -450,35 +544,7 @@ class SessionKeeper:
             "expires_at": session.expires_at,
             "session": {"subject": session.subject, "class": mount.key, "class_mount": mount.path},
         }
-        with contextlib.suppress(OSError):
-            write_private_json(path, status)
-
-    def _remove_stale_statuses(self) -> None:
-        """Status files of sessions of this class root that its state no longer names (left by a
-        server that stopped or crashed before their sessions ended): `chromafs status` must not
-        list them. Other servers' files are theirs."""
-        directory = runtime_dir()
-        if not directory:
-            return
-        ours = os.path.join(self.root, "")
-        for name in os.listdir(directory):
-            if not (name.startswith("session-") and name.endswith(".json")):
-                continue
-            path = os.path.join(directory, name)
-            try:
-                with open(path) as f:
-                    status = json.load(f)
-                class_path = str(status["session"]["class_mount"])
-                mountpoint = str(status["mountpoint"])
-            except (OSError, ValueError, KeyError, TypeError):
-                continue
-            if class_path.startswith(ours) and mountpoint not in self.table.sessions:
-                with contextlib.suppress(OSError):
-                    os.unlink(path)
-                    log.info("removed the status of a session that ended while no server ran: %s", mountpoint)
+        self.statuses.write(session.mountpoint, status)
 
     def _remove_status(self, session: Session) -> None:
-        path = self._status_path(session)
-        if path:
-            with contextlib.suppress(OSError):
-                os.unlink(path)
+        self.statuses.remove(session.mountpoint)
