@@ -109,6 +109,7 @@ class SessionSpace:
     sessions: dict[int, ServedSession] = field(default_factory=dict)
     next_slot: int = 1
     _deadlines: list[tuple[float, int]] = field(default_factory=list)  # heap of (expires_at, slot)
+    _of_view: dict[tuple[str, str], dict[int, ServedSession]] = field(default_factory=dict)  # by class
 
     def open(
         self, site: str, view: str, uid: int, gid: int, expires_at: float | None, allow_other: bool = False
@@ -118,6 +119,7 @@ class SessionSpace:
         session = ServedSession(self.next_slot, site, view, uid, gid, expires_at, allow_other)
         self.next_slot += 1
         self.sessions[session.slot] = session
+        self._of_view.setdefault((site, view), {})[session.slot] = session
         if expires_at is not None:
             heapq.heappush(self._deadlines, (expires_at, session.slot))
         return session
@@ -133,6 +135,11 @@ class SessionSpace:
         session = self.sessions.pop(slot, None)
         if session is not None:
             session.ended = True
+            of_view = self._of_view.get((session.site, session.view))
+            if of_view is not None:
+                of_view.pop(slot, None)
+                if not of_view:
+                    del self._of_view[(session.site, session.view)]
         return session
 
     def expire(self, now: float) -> list[ServedSession]:
@@ -151,7 +158,8 @@ class SessionSpace:
         return self._deadlines[0][0] if self._deadlines else None
 
     def of_view(self, site: str, view: str) -> Iterator[ServedSession]:
-        return (s for s in self.sessions.values() if s.site == site and s.view == view)
+        """The sessions of one class (however many others the process serves)."""
+        return iter(list(self._of_view.get((site, view), {}).values()))
 
     def get(self, slot: int) -> ServedSession | None:
         return self.sessions.get(slot)

@@ -50,6 +50,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help="the density figure's steps: sites served at once (each with 2 reader classes)",
     )
     p.add_argument(
+        "--mountd-sessions",
+        type=int,
+        default=10_000,
+        metavar="N",
+        help="the mountd figure's many-sessions case: N sessions over 200 classes (0: skip it)",
+    )
+    p.add_argument(
         "--serving-processes",
         type=int,
         metavar="N",

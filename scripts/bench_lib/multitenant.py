@@ -21,6 +21,8 @@ under other names; every session is a real `chromafs-mount --mountd` request, ti
    then whether each session's mountpoint is in /proc/self/mountinfo exactly once (nothing
    stacked, nothing lost).
 4. Processes: the processes under chromafs-mountd with 2 sites x 2 classes, then 12 x 2.
+5. Many sessions (many_sessions.py): `--mountd-sessions` (10,000) over 200 classes, then a later
+   session's time, its server-side time and expiry among them all.
 
 Every wait is bounded: a figure the code does not reach is printed as such, and the run goes on.
 """
@@ -43,6 +45,8 @@ from typing import Any
 
 from bench_lib import measure
 from bench_lib.corpus import SAMPLE
+from bench_lib.many_sessions import lines as many_lines
+from bench_lib.many_sessions import many_sessions
 from bench_lib.mount_server import Host, Opened, cmdline, mount_counts
 from bench_lib.procs import run_timed
 from bench_lib.site_copies import SiteCopier
@@ -109,6 +113,9 @@ def measure_mountd(run: Any) -> dict[str, Any]:
             ("burst_and_kill", lambda: burst_and_kill(run, root, sites[:BURST_SITES], beta_backend)),
             ("processes", lambda: processes(run, root, sites, beta_backend)),
         ]
+        if run.args.mountd_sessions:
+            count = run.args.mountd_sessions
+            cases.append(("many_sessions", lambda: many_sessions(run, root, sites[:BURST_SITES], beta_backend, count)))
         for name, case in cases:
             try:
                 out[name] = case()
@@ -453,6 +460,8 @@ def _burst_text(summary: dict[str, Any]) -> str:
 def case_lines(name: str, result: dict[str, Any]) -> list[str]:
     if "error" in result and "bars" not in result:
         return [f"  {name}: could not run: {result['error']}"]
+    if name == "many_sessions":
+        return many_lines(result)
     bars = result["bars"]
     if name == "head_of_line":
         pending = result.get("alpha_pending", {})
@@ -552,7 +561,7 @@ def text_lines(result: dict[str, Any]) -> list[str]:
     lines = [f"  chromafs-mountd --serving-processes: {result.get('serving_processes', '?')}"]
     if "setup_s" not in result:
         return [*lines, "  did not get as far as its sites"]
-    for name in ("head_of_line", "burst_and_kill", "processes"):
+    for name in ("head_of_line", "burst_and_kill", "processes", "many_sessions"):
         if name in result:
             lines += case_lines(name, result[name])
     return lines

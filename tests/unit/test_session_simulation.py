@@ -82,6 +82,10 @@ class SimKernel:
     def mounted_devices(self) -> dict[str, str]:
         return {path: stack[-1] for path, stack in self.stacks.items()}
 
+    def device_at(self, path: str) -> str | None:
+        stack = self.stacks.get(path)
+        return stack[-1] if stack else None
+
     def process_start(self, pid: int) -> int | None:
         return self.running.get(pid)
 
@@ -227,7 +231,7 @@ class SimPool:
         return (
             process is not None
             and host.runs(mount.pid, mount.pid_start)
-            and host.devices.get(process.mountpoint) == mount.device
+            and host.device_at(process.mountpoint) == mount.device
         )
 
     def open_session(self, mount: ClassMount, session: Session) -> str:

@@ -32,6 +32,9 @@ class HostKernel:
     def mounted_devices(self) -> dict[str, str]:
         return binds.mounted_devices()
 
+    def device_at(self, path: str) -> str | None:
+        return binds.device_at(path)
+
     def process_start(self, pid: int) -> int | None:
         return process_start(pid)
 

@@ -26,7 +26,7 @@ from typing import Any
 from chromafs_fuse.access import Principal
 from chromafs_fuse.config import MountConfig
 from chromafs_fuse.errors import ChromafsError
-from chromafs_fuse.serving.binds import detach, mounted_devices
+from chromafs_fuse.serving.binds import detach, device_at
 from chromafs_fuse.serving.process import process_start
 from chromafs_fuse.serving.protocol import (
     AddView,
@@ -89,7 +89,9 @@ class PoolMember:
         self.lock = threading.Lock()  # one start of the process at a time
 
     def _serving(self, host: HostSnapshot) -> bool:
-        return self.pid is not None and host.runs(self.pid, self.pid_start) and self.mountpoint in host.devices
+        return (
+            self.pid is not None and host.runs(self.pid, self.pid_start) and host.device_at(self.mountpoint) is not None
+        )
 
     def ensure_running(self, host: HostSnapshot) -> str:
         """The process's mount device, the process started first if none answers."""
@@ -99,23 +101,22 @@ class PoolMember:
     def _ensure_running(self, host: HostSnapshot) -> str:
         if not self._serving(host):
             host = HostSnapshot.take()  # another request may have started it meanwhile
-        devices = host.devices
+        device = host.device_at(self.mountpoint)
         if not self._serving(host):
             self.pid = None
             with contextlib.suppress(OSError, ValueError, ChromafsError):
                 pid = int(self.control.ask(Describe())["pid"])
-                if self.mountpoint in devices:
+                if device is not None:
                     self.pid, self.pid_start = pid, process_start(pid)
             if self.pid is None:
-                if self.mountpoint in devices:
+                if device is not None:
                     detach(self.mountpoint)  # left by a process that is gone
                 started = time.perf_counter()
                 self.pid = self._start(self.index)
                 self.pid_start = process_start(self.pid)
                 took = time.perf_counter() - started
                 log.info("shared mount %s (pid %d) ready in %.3fs", self.mountpoint, self.pid, took)
-                devices = mounted_devices()
-        device = devices.get(self.mountpoint)
+                device = device_at(self.mountpoint)
         if device is None:
             raise SessionError("the shared mount is not mounted")
         return device
@@ -222,7 +223,7 @@ class ServingPool:
         return (
             process is not None
             and host.runs(mount.pid, mount.pid_start)
-            and host.devices.get(process.mountpoint) == mount.device
+            and host.device_at(process.mountpoint) == mount.device
         )
 
     def owns(self, path: str) -> bool:

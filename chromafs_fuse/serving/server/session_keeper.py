@@ -57,6 +57,11 @@ class Kernel(Protocol):
         """Mountpoint -> the device mounted there, the topmost mount's (serving/binds.py)."""
         ...
 
+    def device_at(self, path: str) -> str | None:
+        """`mounted_devices().get(path)`, asked for one path (a request's cost must not grow
+        with the mounts on the host)."""
+        ...
+
     def process_start(self, pid: int) -> int | None:
         """When `pid` started (None: no such process); with the pid, names a process for good."""
         ...
@@ -93,17 +98,29 @@ RunHeal = Callable[[str, Callable[[], None]], None]
 
 @dataclass
 class HostSnapshot:
-    """What one pass of the server reads about the host: the mount table once, and each serving
-    process's start time once however many classes it serves (a thousand views of one serving
-    process are one /proc read, not a thousand)."""
+    """What one pass of the server reads about the host: the mount table at most once (read when
+    a pass looks at every mount; a request asks about its few paths one by one), and each
+    serving process's start time once however many classes it serves (a thousand views of one
+    serving process are one /proc read, not a thousand)."""
 
-    devices: dict[str, str]
     kernel: Kernel = HOST_KERNEL
+    _devices: dict[str, str] | None = None
     _starts: dict[int, int | None] = field(default_factory=dict)
 
     @classmethod
     def take(cls, kernel: Kernel = HOST_KERNEL) -> HostSnapshot:
-        return cls(kernel.mounted_devices(), kernel)
+        return cls(kernel)
+
+    @property
+    def devices(self) -> dict[str, str]:
+        """The whole mount table, read once."""
+        if self._devices is None:
+            self._devices = self.kernel.mounted_devices()
+        return self._devices
+
+    def device_at(self, path: str) -> str | None:
+        """The device mounted at `path` (None: nothing), from the table if it was read."""
+        return self._devices.get(path) if self._devices is not None else self.kernel.device_at(path)
 
     def started(self, pid: int) -> int | None:
         """`process_start(pid)`, read once per snapshot."""
@@ -200,7 +217,7 @@ class SessionKeeper:
         mountpoint = config.mountpoint
         key = class_key(mount_settings(config), principal)
         host = self._snapshot()
-        if mountpoint in host.devices:
+        if host.device_at(mountpoint) is not None:
             raise SessionError(f"{mountpoint} is already mounted")
         mount = self._class(key, config, principal, host)
         reader = principal.describe()
@@ -429,6 +446,7 @@ class SessionKeeper:
                 # its directory was the dead process's: the new one may give its path to another
                 # session, which must not be ended in its place if this one cannot be bound
                 session.source = ""
+                self.table.touch(session)
                 try:
                     session.source = self.host.open_session(served, session)
                     # the new bind beneath the dead one, then the dead one detached: a reader never
@@ -438,7 +456,7 @@ class SessionKeeper:
                     self._write_status(session)
                 except (OSError, SessionError) as exc:
                     log.error("session on %s cannot be bound again: %s; ending it", session.mountpoint, exc)
-                    if self.kernel.mounted_devices().get(session.mountpoint) == mount.device:
+                    if self.kernel.device_at(session.mountpoint) == mount.device:
                         self.kernel.detach(session.mountpoint)  # the dead class's bind: nothing to read there
                     self._end(session, self.clock(), served)
                     self.table.ended += 1

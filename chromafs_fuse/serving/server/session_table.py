@@ -68,13 +68,22 @@ class SessionTable:
     binds: int = 0  # sessions opened since the server started
     expiries: int = 0  # sessions ended by their token's expiry
     ended: int = 0  # sessions ended by an unmount
+    # sessions added, changed or removed since the journal last saved (it writes only those: a
+    # request's cost must not grow with the sessions on the host)
+    changed: set[str] = field(default_factory=set, compare=False, repr=False)
 
     def add(self, session: Session) -> None:
         self.sessions[session.mountpoint] = session
         self.classes[session.class_key].idle_since = None
         self.binds += 1
+        self.changed.add(session.mountpoint)
+
+    def touch(self, session: Session) -> None:
+        """`session` changed (a field set after it was added): the journal writes it again."""
+        self.changed.add(session.mountpoint)
 
     def remove(self, mountpoint: str, now: float) -> Session | None:
+        self.changed.add(mountpoint)
         session = self.sessions.pop(mountpoint, None)
         if session is not None and not self.sessions_of(session.class_key):
             mount = self.classes.get(session.class_key)
@@ -97,4 +106,5 @@ class SessionTable:
         orphans = self.sessions_of(key)
         for session in orphans:
             del self.sessions[session.mountpoint]
+            self.changed.add(session.mountpoint)
         return orphans

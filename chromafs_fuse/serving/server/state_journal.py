@@ -31,10 +31,12 @@ class StateJournal:
         self._sessions: dict[str, dict[str, Any]] = {}
         self._changes = 0  # change lines since the last whole table
         self._rewrite_next = True  # the file may not say what _classes and _sessions say (yet)
+        self._compare_all_next = True  # the table's `changed` may not name every change (yet)
 
     def load(self) -> SessionTable:
         """The table the file holds; empty when there is none or its first line cannot be read."""
         table = SessionTable()
+        self._compare_all_next = True
         try:
             with open(self.path, "rb") as f:
                 data = f.read()
@@ -86,7 +88,12 @@ class StateJournal:
         """Write what changed in `table` since the last save (OSError when it cannot be written)."""
         changes: list[dict[str, Any]] = []
         self._diff(table.classes, self._classes, "class", changes)
-        self._diff(table.sessions, self._sessions, "session", changes)
+        if self._compare_all_next:
+            self._diff(table.sessions, self._sessions, "session", changes)
+            self._compare_all_next = False
+        else:  # only the sessions the table says changed: the others are as written
+            self._diff(table.sessions, self._sessions, "session", changes, table.changed)
+        table.changed.clear()
         if not changes and not self._rewrite_next:
             return
         limit = max(COMPACT_MIN_LINES, len(self._classes) + len(self._sessions))
@@ -106,15 +113,22 @@ class StateJournal:
         self._changes += len(changes)
 
     @staticmethod
-    def _diff(live: dict[str, Any], written: dict[str, dict[str, Any]], kind: str, out: list[dict[str, Any]]) -> None:
-        for key, record in live.items():
-            fields = vars(record)  # flat dataclasses: vars(), not asdict(), which deep-copies
+    def _diff(
+        live: dict[str, Any],
+        written: dict[str, dict[str, Any]],
+        kind: str,
+        out: list[dict[str, Any]],
+        keys: set[str] | None = None,
+    ) -> None:
+        """The changes from `written` to `live` (among `keys` only, when given) into `out`."""
+        for key in live if keys is None else [k for k in keys if k in live]:
+            fields = vars(live[key])  # flat dataclasses: vars(), not asdict(), which deep-copies
             if written.get(key) != fields:
                 written[key] = dict(fields)
                 out.append({kind: fields})
-        for key in written.keys() - live.keys():
-            del written[key]
-            out.append({f"{kind}_gone": key})
+        for key in (written.keys() - live.keys()) if keys is None else [k for k in keys if k not in live]:
+            if written.pop(key, None) is not None:
+                out.append({f"{kind}_gone": key})
 
     def _rewrite(self) -> None:
         table = {"classes": list(self._classes.values()), "sessions": list(self._sessions.values())}
