@@ -55,7 +55,7 @@ def _inode_for(path: str, salt: int) -> int:
 @dataclass(frozen=True, slots=True)
 class InodeScope:
     """Where a table's inode numbers live. The default is a mount of its own: the root is inode 1.
-    A view among many in one shared mount numbers its directories (root included) for the view
+    A view among many in one serving mount numbers its directories (root included) for the view
     alone, since their listings differ between views, and its files for the site, so that every
     view of a site that shows a page gives it the same inode and the kernel holds its bytes once."""
 

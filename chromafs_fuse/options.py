@@ -297,7 +297,7 @@ MOUNT_OPTIONS = (
     ),
     Option(
         "--isolated",
-        "with --mountd: a daemon of this session's own, not a bind of its reader class's shared mount",
+        "with --mountd: a daemon of this session's own, not a bind of its reader class's serving mount",
         kind="switch",
         default=False,
     ),

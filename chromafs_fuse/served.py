@@ -1,6 +1,6 @@
 """`ServedFilesystem`: what the pyfuse3 adapter (serving/fuse_adapter.py) forwards each kernel
 request to. Two classes stand in for each other there: `DocsFilesystem` (filesystem.py, one
-reader's tree) and `SharedFilesystem` (shared_filesystem.py, many views in one inode space).
+reader's tree) and `ServingFilesystem` (serving_filesystem.py, many views in one inode space).
 Both satisfy this Protocol structurally; mypy checks it where an adapter is built."""
 
 from __future__ import annotations

@@ -28,7 +28,7 @@ SESSION_BIT = 1 << 63
 ORDINAL_BITS = 24
 MAX_ORDINAL = (1 << ORDINAL_BITS) - 1
 MAX_SLOT = (1 << (63 - ORDINAL_BITS)) - 1
-SESSIONS_DIR = b".sessions"  # no site directory starts with a dot (shared_views.site_dir_name)
+SESSIONS_DIR = b".sessions"  # no site directory starts with a dot (serving_views.site_dir_name)
 OWNER_ONLY = stat.S_IFDIR | 0o500
 EVERYONE = stat.S_IFDIR | 0o555
 

@@ -251,14 +251,14 @@ class RedisMonitor:
 
 
 class SharedServer(MountServer):
-    """chromafs-mountd with one serving process: every reader class a view of ONE mount, `shared`."""
+    """chromafs-mountd with one serving process: every reader class a view of ONE mount, `serving`."""
 
     def argv(self) -> list[str]:
         return [*super().argv(), "--serving-processes", "1"]
 
     @property
     def shared(self) -> Path:
-        return self.class_root / "shared"
+        return self.class_root / "serving"
 
 
 @contextlib.contextmanager
@@ -273,7 +273,7 @@ def running_shared_server(
         with server:
             yield server
     finally:
-        shared = [p for p in mounts_under(server.class_root) if p.parent == server.class_root]  # shared, shared-1..
+        shared = [p for p in mounts_under(server.class_root) if p.parent == server.class_root]  # serving, serving-1..
         for root in (*also, folder):
             for path in mounts_under(root):
                 if path not in shared:

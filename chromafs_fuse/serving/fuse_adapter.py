@@ -109,7 +109,7 @@ def _request(name: str) -> Callable[[Handler[S, P, R]], Handler[S, P, R]]:
 
 class FuseAdapter(pyfuse3.Operations, Generic[F]):
     """The pyfuse3 operations over `fs`: a DocsFilesystem (a mount of its own) or a
-    SharedFilesystem (a serving process), each a ServedFilesystem."""
+    ServingFilesystem (a serving process), each a ServedFilesystem."""
 
     supports_dot_lookup = True
     enable_writeback_cache = False

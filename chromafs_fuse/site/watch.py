@@ -1,4 +1,4 @@
-"""Following the re-ingests of many sites from one process (the shared mount, issue 30), at a
+"""Following the re-ingests of many sites from one process (the serving mount, issue 30), at a
 cost that does not grow with them per second: per Redis ONE subscription to every site's channel
 and ONE batched read of every site's version key per interval, where a `follow_on_trio` per site
 would hold a thread, a connection and a version read each.

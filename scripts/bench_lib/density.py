@@ -316,7 +316,7 @@ def bars(result: dict[str, Any]) -> dict[str, bool]:
 
 
 def _kind(pid: int) -> str:
-    """A process by its title's first word: chromafs-shared (a serving process), or the
+    """A process by its title's first word: chromafs-serving (a serving process), or the
     interpreter's name (the server and its forker)."""
     words = cmdline(pid).split()
     return os.path.basename(words[0]) if words else "?"

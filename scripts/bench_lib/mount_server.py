@@ -24,7 +24,7 @@ from harness.processes import BIN, child_env
 
 CLASS_IDLE_S = 600.0
 # the processes serving FUSE mounts, by setproctitle: the pool's, and a daemon of a session's own (--isolated)
-SERVING_TITLES = ("chromafs-shared", "chromafs-mount")
+SERVING_TITLES = ("chromafs-serving", "chromafs-mount")
 
 
 def token(site: str, groups: list[str], exp: float) -> str:
@@ -170,7 +170,7 @@ class Host:
 
     def serving_children(self) -> list[tuple[int, str]]:
         """The processes under the server (its children, or their children: a forker's) that serve
-        FUSE mounts under its class root, with their titles (`chromafs-shared <class root>...`,
+        FUSE mounts under its class root, with their titles (`chromafs-serving <class root>...`,
         `chromafs-mount <class root>/...`)."""
         root = str(self.server.class_root)
         out = []

@@ -16,7 +16,7 @@ under other names; every session is a real `chromafs-mount --mountd` request, ti
    tree published to Redis: site_copies.py) x 2 reader classes (anonymous, signed in): 40
    sessions of 40 new classes from 20 clients at once, then 40 more of the same classes.
 3. Kill: with the burst's sessions, every serving process (the processes under the server titled
-   `chromafs-shared <class root>` or `chromafs-mount <class root>/...`) is SIGKILLed; per session,
+   `chromafs-serving <class root>` or `chromafs-mount <class root>/...`) is SIGKILLed; per session,
    the time until a listing of its own mountpoint and a read of one known file succeed again;
    then whether each session's mountpoint is in /proc/self/mountinfo exactly once (nothing
    stacked, nothing lost).

@@ -196,7 +196,7 @@ def run_corpus(run: Run, spec: str, index: int) -> dict[str, Any]:
         tree_doc = corpora.tree_document(chroma_dir, corpus.site)
         for shared in ("cold", "warm"):
             mounter = run.mounter(corpus.site, backend, f"{corpus.site}-server-{shared}")
-            name = f"chromafs-server-redis/shared-{shared}"
+            name = f"chromafs-server-redis/serving-{shared}"
             systems.append((name, Chromafs(name, mounter, run.redis, shared, tree_doc)))
         if run.mountds:
             # The same deployment, each mount forked by the resident mount server.
@@ -204,7 +204,7 @@ def run_corpus(run: Run, spec: str, index: int) -> dict[str, Any]:
             for shared in ("cold", "warm"):
                 argv = [*backend, "--mountd", str(run.mountd_socket)]
                 mounter = run.mounter(corpus.site, argv, f"{corpus.site}-mountd-{shared}")
-                name = f"chromafs-mountd/shared-{shared}"
+                name = f"chromafs-mountd/serving-{shared}"
                 systems.append((name, Chromafs(name, mounter, run.redis, shared, tree_doc)))
     results: dict[str, Any] = {}
     expected: dict[str, str] | None = None

@@ -113,7 +113,7 @@ import os, signal
 for pid in filter(str.isdigit, os.listdir("/proc")):
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
-            if f.read().startswith(b"chromafs-shared "):
+            if f.read().startswith(b"chromafs-serving "):
                 os.kill(int(pid), signal.SIGKILL)
     except OSError:
         pass

@@ -40,13 +40,13 @@ SOURCE = (SAMPLE_SITE / PAGE).read_bytes()
 def serving_processes(server: MountServer) -> dict[int, str]:
     """pid -> the mount it serves, for every serving process of `server`'s pool."""
     out = subprocess.run(
-        ["pgrep", "-f", f"chromafs-shared {server.class_root}( [0-9]+)?$"], capture_output=True, text=True
+        ["pgrep", "-f", f"chromafs-serving {server.class_root}( [0-9]+)?$"], capture_output=True, text=True
     )
     found = {}
     for pid in map(int, out.stdout.split()):
         title = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode().split()
         index = int(title[2]) if len(title) > 2 else 0
-        found[pid] = str(server.class_root / ("shared" if index == 0 else f"shared-{index}"))
+        found[pid] = str(server.class_root / ("serving" if index == 0 else f"serving-{index}"))
     return found
 
 

@@ -365,9 +365,9 @@ finish() {
     umount "$WORK/session" 2>/dev/null
     fusermount3 -u "$WORK/alone" 2>/dev/null
     kill "$server"; wait "$server"
-    pkill -f "chromafs-shared /run/chromafs/classes"
-    for _ in $(seq 100); do pgrep -f "chromafs-shared /run/chromafs/classes" >/dev/null || break; sleep 0.1; done
-    umount -l /run/chromafs/classes/shared 2>/dev/null
+    pkill -f "chromafs-serving /run/chromafs/classes"
+    for _ in $(seq 100); do pgrep -f "chromafs-serving /run/chromafs/classes" >/dev/null || break; sleep 0.1; done
+    umount -l /run/chromafs/classes/serving 2>/dev/null
     umount -l /run/chromafs
 }
 trap finish EXIT

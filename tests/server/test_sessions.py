@@ -1,4 +1,4 @@
-"""Sessions: binds of a shared mount per reader class (chromafs-mountd as root), or a daemon of
+"""Sessions: binds of a serving mount per reader class (chromafs-mountd as root), or a daemon of
 their own; either way a session ends when its token expires, and only that session."""
 
 from __future__ import annotations

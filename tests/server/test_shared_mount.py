@@ -74,14 +74,14 @@ def find_list(root: Path) -> list[str]:
 
 
 def shared_processes(server: SharedServer) -> list[int]:
-    out = subprocess.run(["pgrep", "-f", f"chromafs-shared {server.class_root}$"], capture_output=True, text=True)
+    out = subprocess.run(["pgrep", "-f", f"chromafs-serving {server.class_root}$"], capture_output=True, text=True)
     return [int(pid) for pid in out.stdout.split()]
 
 
 def control(server: SharedServer, request: dict) -> dict:
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
         sock.settimeout(10)
-        sock.connect(str(server.class_root / "shared.sock"))
+        sock.connect(str(server.class_root / "serving.sock"))
         sock.sendall(json.dumps(request).encode() + b"\n")
         answer = b""
         while not answer.endswith(b"\n"):
@@ -183,8 +183,8 @@ def test_a_second_site_and_the_page_cache_are_shared_without_leaking(
 
 
 def warm_lines(server: SharedServer, count: int) -> list[str]:
-    """The shared process's log lines of its first `count` warmed views, once there are as many."""
-    log_file = server.class_root / "shared.log"
+    """The serving process's log lines of its first `count` warmed views, once there are as many."""
+    log_file = server.class_root / "serving.log"
 
     def warmed() -> list[str]:
         lines = [line for line in log_file.read_text().splitlines() if " warm " in line and " read" in line]
@@ -216,7 +216,7 @@ def test_a_class_is_read_into_the_kernel_once_in_the_background(
     grep = run(["grep", "-r", "--count", "an-absent-word-7f3a", str(anon)])
     visible = expected_visible(SAMPLE_SITE, "public", None)
     assert grep.returncode == 1 and len(grep.stdout.splitlines()) == len(visible), grep.stderr
-    assert requests() == before, "grep reached the shared process"
+    assert requests() == before, "grep reached the serving process"
     for rel in visible:
         resident, pages = resident_pages(anon / rel)
         assert resident == pages, f"{rel}: {resident} of {pages} pages in the kernel"
@@ -325,7 +325,7 @@ def test_the_process_outlives_a_server_restart_and_ends_once_unused(
     wait_until(
         lambda: not shared_processes(server) and server.shared not in mounts_under(server.class_root),
         IDLE_S + 5.0 + 30.0,  # --class-idle, the grace, a loaded machine
-        "the shared process ended once its last session was gone",
+        "the serving process ended once its last session was gone",
         0.2,
     )
 
@@ -390,7 +390,7 @@ def test_sites_are_spread_over_a_pool_and_a_site_stays_in_its_process(
     chroma = sample_chroma("public")
     other_chroma = tmp_path / "other-chroma"
     ingest(SAMPLE_SITE, "--site", "other", "--chroma-path", str(other_chroma), "--quiet")
-    first, second = server.class_root / "shared", server.class_root / "shared-1"
+    first, second = server.class_root / "serving", server.class_root / "serving-1"
     try:
         with server:
             other, anon = tmp_path / "other", tmp_path / "anon"
@@ -398,7 +398,7 @@ def test_sites_are_spread_over_a_pool_and_a_site_stays_in_its_process(
             open_session(anon, [*session_args(chroma, server, None, secret_file), *NO_WARM])
             assert mounts_under(server.class_root) == [first, second]
             assert (os.stat(other).st_dev, os.stat(anon).st_dev) == (os.stat(first).st_dev, os.stat(second).st_dev)
-            for pattern in (f"chromafs-shared {server.class_root}$", f"chromafs-shared {server.class_root} 1$"):
+            for pattern in (f"chromafs-serving {server.class_root}$", f"chromafs-serving {server.class_root} 1$"):
                 assert len(run(["pgrep", "-f", pattern]).stdout.split()) == 1, pattern
             server.kill()
             server.start()
@@ -453,7 +453,7 @@ def test_the_server_reports_each_class_of_the_shared_mount(
 def test_a_tree_without_sizes_reads_whole_and_a_broken_page_fails_with_eio(
     server: SharedServer, secret_file: Path, tmp_path: Path
 ) -> None:
-    """A collection written by another tool: its tree gives no sizes. The shared mount runs in
+    """A collection written by another tool: its tree gives no sizes. The serving mount runs in
     no-open mode, where the kernel clamps reads to the size it holds, so a size is learned when
     the kernel asks for it: every page reads whole, `stat` gives its real size, and a page that
     cannot be put together fails with EIO (stat and read), never as an empty file."""
@@ -491,7 +491,7 @@ def test_the_shared_mounts_top_listings_follow_classes_coming_and_going(
     secret_file: Path,
     tmp_path: Path,
 ) -> None:
-    """In no-open mode the kernel caches every listing, the top two levels of the shared mount
+    """In no-open mode the kernel caches every listing, the top two levels of the serving mount
     (root only) included: they are dropped as classes come and go."""
     chroma = sample_chroma("public")
     anon, billing = tmp_path / "anon", tmp_path / "billing"
@@ -510,7 +510,7 @@ NOBODY = 65534
 
 
 def control_as(uid: int, server: SharedServer, request: dict) -> tuple[bytes, str]:
-    """`request` sent to the shared process's control socket from a child running as `uid` (and
+    """`request` sent to the serving process's control socket from a child running as `uid` (and
     group `uid`, no others), which reaches the socket through the class root as its working
     directory: (every byte it was answered, how the connection ended: "closed" when the
     process closed it, "timeout" when it stayed open)."""
@@ -527,7 +527,7 @@ def control_as(uid: int, server: SharedServer, request: dict) -> tuple[bytes, st
             answer = b""
             with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
                 sock.settimeout(10)
-                sock.connect("shared.sock")
+                sock.connect("serving.sock")
                 try:
                     sock.sendall(json.dumps(request).encode() + b"\n")
                     while chunk := sock.recv(65536):
@@ -557,17 +557,17 @@ def test_the_control_socket_answers_no_other_user(
     server: SharedServer, sample_chroma: Callable[[str], Path], secret_file: Path, tmp_path: Path
 ) -> None:
     """The control socket is root's alone (0600 in a 0700 class root); opened to everyone here,
-    so that the shared process's own check of the peer's uid is what a connection from nobody
+    so that the serving process's own check of the peer's uid is what a connection from nobody
     meets: closed without an answer, and logged. Root is still answered afterwards."""
     anon = tmp_path / "anon"
     open_session(anon, [*session_args(sample_chroma("public"), server, None, secret_file), *NO_WARM])
-    sock = server.class_root / "shared.sock"
+    sock = server.class_root / "serving.sock"
     assert sock.stat().st_mode & 0o777 == 0o600
     server.class_root.chmod(0o711)
     sock.chmod(0o666)
     answer, ended = control_as(NOBODY, server, {"op": "describe"})
     assert (answer, ended) == (b"", "closed"), "the control socket answered uid 65534"
-    log = server.class_root / "shared.log"
+    log = server.class_root / "serving.log"
     wait_until(
         lambda: f"refused a control connection from uid {NOBODY}" in log.read_text(), 10, f"the refusal in {log}"
     )

@@ -76,7 +76,7 @@ def test_a_session_ends_at_its_expiry_and_its_class_and_the_others_read_on(
     server: SharedServer, opener: Callable[..., Path], token_file: Callable[..., Path]
 ) -> None:
     long_, anon = opener("long", token_file(["billing"])), opener("anon")
-    expires_at = int(time.time()) + 6  # after the shared process started: its start-up is not counted
+    expires_at = int(time.time()) + 6  # after the serving process started: its start-up is not counted
     short = opener("short", token_file(["billing"], exp=expires_at))
     short_class, long_class, anon_class = classes_of(short, long_, anon)
     assert short_class == long_class != anon_class  # one view for the two billing sessions
@@ -96,7 +96,7 @@ def test_a_session_ends_at_its_expiry_and_its_class_and_the_others_read_on(
 def test_the_server_restarts_under_live_sessions_without_harm(
     server: SharedServer, opener: Callable[..., Path], token_file: Callable[..., Path]
 ) -> None:
-    """Killed under 6 sessions of 3 classes, the server comes back, finds the shared process and
+    """Killed under 6 sessions of 3 classes, the server comes back, finds the serving process and
     its views, adds sessions to them without stacking anything, and still ends an expiring one."""
     tokens = [None, token_file(["billing"]), token_file(["admin"])]
     sessions = [opener(f"s{i}", tokens[i % 3]) for i in range(5)]
@@ -187,7 +187,7 @@ def test_a_shell_over_a_shared_session_sees_what_the_session_sees(
     on_host = subprocess.run(["bash", "-c", script.replace("/docs", str(session))], capture_output=True, text=True)
     assert on_host.returncode == 0, on_host.stderr
     device, listing = done.stdout.split("\n", 1)
-    assert int(device) == os.stat(server.shared).st_dev  # a view of the shared mount
+    assert int(device) == os.stat(server.shared).st_dev  # a view of the serving mount
     assert listing == on_host.stdout.split("\n", 1)[1]
     assert (SAMPLE_SITE / BILLING_PAGE).read_text() in listing
     assert mounts_under(SHELLS) == [], "the shell's session outlived its command"

@@ -27,7 +27,7 @@ from chromafs_fuse.serving.fuse_adapter import FuseAdapter
 from chromafs_fuse.serving.server.forker import ForkerGone
 from chromafs_fuse.serving.server.session_keeper import SessionError
 from chromafs_fuse.serving.serving_process.sites import ServeError
-from chromafs_fuse.shared_views import InodeClash
+from chromafs_fuse.serving_views import InodeClash
 from chromafs_fuse.site.view import ViewError
 from chromafs_fuse.tokens import TokenError
 from chromafs_fuse.tree import TreeError

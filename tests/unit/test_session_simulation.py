@@ -54,7 +54,7 @@ class Violation(AssertionError):
 
 @dataclass
 class Process:
-    """One serving process of the pool, at `<root>/shared-<index>`."""
+    """One serving process of the pool, at `<root>/serving-<index>`."""
 
     index: int
     mountpoint: str
@@ -142,7 +142,7 @@ class SimPool:
     def __init__(self, root: str, kernel: SimKernel, clock: Callable[[], float]) -> None:
         self.kernel = kernel
         self.clock = clock
-        self.processes = [Process(i, f"{root}/shared-{i}") for i in range(PROCESSES)]
+        self.processes = [Process(i, f"{root}/serving-{i}") for i in range(PROCESSES)]
         self.next_pid = 100
         self.next_device = 1
         self.fail_starts = 0  # the next starts that fail (a backend down, a process that will not start)

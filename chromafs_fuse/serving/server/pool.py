@@ -42,18 +42,18 @@ from chromafs_fuse.serving.server.session_keeper import HostSnapshot, SessionErr
 from chromafs_fuse.serving.server.session_table import ClassMount, Session
 from chromafs_fuse.serving.serving_process.process import member_paths
 from chromafs_fuse.serving.serving_process.sites import site_key
-from chromafs_fuse.shared_views import site_dir_name
+from chromafs_fuse.serving_views import site_dir_name
 
 log = logging.getLogger("chromafs.mountd")
 CONTROL_TIMEOUT_S = 5.0  # a request that does not load a site answers in milliseconds
 
-# starts the i-th shared mount's process and waits until it serves; its pid (SessionError if it cannot)
+# starts the i-th serving process and waits until it serves; its pid (SessionError if it cannot)
 StartMember = Callable[[int], int]
 MAX_SERVING_PROCESSES = 256
 
 
 class ControlSocket:
-    """The shared process's control socket, one connection per request (a few microseconds)."""
+    """The serving process's control socket, one connection per request (a few microseconds)."""
 
     def __init__(self, path: str) -> None:
         self.path = path
@@ -75,7 +75,7 @@ class ControlSocket:
 
 
 class PoolMember:
-    """One shared mount's process, as the mount server knows it: started when a site first needs
+    """One serving process, as the mount server knows it: started when a site first needs
     it, found again through its socket after a restart of the server."""
 
     def __init__(self, root: str, index: int, start: StartMember) -> None:
@@ -115,15 +115,15 @@ class PoolMember:
                 self.pid = self._start(self.index)
                 self.pid_start = process_start(self.pid)
                 took = time.perf_counter() - started
-                log.info("shared mount %s (pid %d) ready in %.3fs", self.mountpoint, self.pid, took)
+                log.info("serving mount %s (pid %d) ready in %.3fs", self.mountpoint, self.pid, took)
                 device = device_at(self.mountpoint)
         if device is None:
-            raise SessionError("the shared mount is not mounted")
+            raise SessionError("the serving mount is not mounted")
         return device
 
 
 class ServingPool:
-    """Every class a view of a shared mount at `<root>/shared` (`shared-<i>` for the i-th of
+    """Every class a view of a serving mount at `<root>/serving` (`serving-<i>` for the i-th of
     `processes`). Every class of a site is in the same process (a page the classes share is one
     inode); a new site goes to the process serving the fewest."""
 

@@ -118,7 +118,7 @@ def serve_pool_process(ready_fd: int, job: ServePoolProcess) -> int:
     """In a forked child: the `index`-th serving process of the pool."""
     from chromafs_fuse.serving.serving_process.process import member_paths, run_serving_process
 
-    _become_daemon(f"chromafs-shared {job.class_root}" + (f" {job.index}" if job.index else ""))
+    _become_daemon(f"chromafs-serving {job.class_root}" + (f" {job.index}" if job.index else ""))
     log_file = f"{member_paths(job.class_root, job.index)[0]}.log"
     return run_serving_process(job.class_root, job.cache_bytes, job.idle_exit_s, ready_fd, log_file, index=job.index)
 

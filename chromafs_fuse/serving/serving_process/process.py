@@ -1,10 +1,10 @@
-"""The shared mount's process (issue 30): ONE FUSE mount at `<class root>/shared` serving every
+"""A serving process (issue 30): ONE FUSE mount at `<class root>/serving` serving every
 reader class of every site the mount server hands it, each a directory `<site>/<view>`, and each
 session of a class a directory `.sessions/<slot>` of its own (its owner, its expiry: sessions.py)
-that the session binds read-only. With `--shared-processes N` the sites are spread over N such
-processes, the i-th (from 0) at `shared-<i>` for i > 0.
+that the session binds read-only. With `--serving-processes N` the sites are spread over N such
+processes, the i-th (from 0) at `serving-<i>` for i > 0.
 
-It is told what to serve over `<class root>/shared.sock` (mode 0600; root or its own user only),
+It is told what to serve over `<class root>/serving.sock` (mode 0600; root or its own user only),
 in serving/protocol.py's lines (CONTROL_REQUESTS): AddView (answered with the view's path in the
 mount), RemoveView (`site_gone`: its site's last view), OpenViewSession (the directory
 `.sessions/<slot>` a session binds), EndViewSession, Describe; a refusal keeps its kind.
@@ -55,18 +55,18 @@ from chromafs_fuse.serving.protocol import (
 )
 from chromafs_fuse.serving.serving_process.sites import ServedSites
 from chromafs_fuse.serving.status import StatusFile, uptime_since
-from chromafs_fuse.shared_filesystem import SharedFilesystem
+from chromafs_fuse.serving_filesystem import ServingFilesystem
 
-log = logging.getLogger("chromafs.shared")
-MOUNT_NAME = "shared"
-SOCKET_NAME = "shared.sock"
+log = logging.getLogger("chromafs.serving")
+MOUNT_NAME = "serving"
+SOCKET_NAME = "serving.sock"
 MAX_LINE_BYTES = 256 * 1024
 STATUS_EVERY_S = 2.0
-MOUNT_OPTIONS = {"fsname=chromafs:shared", "subtype=chromafs", "ro", "noatime", "allow_other"}
+MOUNT_OPTIONS = {"fsname=chromafs:serving", "subtype=chromafs", "ro", "noatime", "allow_other"}
 
 
 def member_paths(class_root: str, index: int = 0) -> tuple[str, str]:
-    """(the `index`-th shared mount's mountpoint, its control socket) in the mount server's class root."""
+    """(the `index`-th serving mount's mountpoint, its control socket) in the mount server's class root."""
     name = MOUNT_NAME if index == 0 else f"{MOUNT_NAME}-{index}"
     return os.path.join(class_root, name), os.path.join(class_root, f"{name}.sock")
 
@@ -80,7 +80,7 @@ class ServingProcess:
     def __init__(self, class_root: str, cache_bytes: int, idle_exit_s: float, index: int = 0) -> None:
         self.mountpoint, self.socket_path = member_paths(class_root, index)
         self.idle_exit_s = idle_exit_s
-        self.fs = SharedFilesystem(entry_attributes, time.time_ns(), no_open=pyfuse3_passes_inode())
+        self.fs = ServingFilesystem(entry_attributes, time.time_ns(), no_open=pyfuse3_passes_inode())
         self.adapter = FuseAdapter(self.fs)
         self.cache = PageCache(cache_bytes)
         self.sites = ServedSites(self.fs, self.cache, self.mountpoint)
@@ -195,7 +195,7 @@ class ServingProcess:
         cache = self.cache
         return {
             "pid": os.getpid(),
-            "site": "(shared)",
+            "site": "(serving)",
             "mountpoint": self.mountpoint,
             "reader": f"{len(self.fs.namespace.views())} views",
             "started": self.started,
@@ -219,14 +219,14 @@ def run_serving_process(
     log_level: str = "info",
     index: int = 0,
 ) -> int:
-    """Serve the `index`-th shared mount of `class_root`; the exit status."""
+    """Serve the `index`-th serving mount of `class_root`; the exit status."""
     limit_malloc_arenas()
     setup_logging(log_level, log_file, background=ready_fd is not None)
     try:
         ServingProcess(class_root, cache_bytes, idle_exit_s, index).run(ready_fd)
     except RuntimeError as exc:  # pyfuse3.init: permissions, no /dev/fuse
-        return report_failure(ready_fd, f"mounting the shared mount in {class_root} failed: {exc}")
+        return report_failure(ready_fd, f"mounting the serving mount in {class_root} failed: {exc}")
     except Exception as exc:  # a bug: its traceback in the log, one line to whoever waits
-        log.exception("the shared mount failed")
+        log.exception("the serving mount failed")
         return report_failure(ready_fd, f"the serving process failed: {unexpected(exc)}")
     return 0

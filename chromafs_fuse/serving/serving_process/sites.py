@@ -1,10 +1,10 @@
-"""The sites and views the shared mount serves (issue 30), on its trio loop.
+"""The sites and views the serving mount serves (issue 30), on its trio loop.
 
 A *site* here is a site with one set of mount settings (config.mount_settings):
 its tree, one page source (every site's pages in the process's one memory budget, one Redis
 client per URL) and one `TreeFollower`. A *view* is a reader class of a site: its tree pruned
-in the view's inode scope (shared_views.scope_for), on a `DocsFilesystem` of its own, served in
-the `SharedFilesystem` at `<site directory>/<view name>`. A view of a site already served is a
+in the view's inode scope (serving_views.scope_for), on a `DocsFilesystem` of its own, served in
+the `ServingFilesystem` at `<site directory>/<view name>`. A view of a site already served is a
 prune and a table (in a worker thread); the first view of a site loads its tree first (Redis,
 else Chroma, within --backend-timeout). On a re-ingest every view of the site switches to the
 new tree (old versions that readers hold stay readable) and the kernel is told what to forget.
@@ -33,9 +33,9 @@ from chromafs_fuse.readahead import ReadScheduler
 from chromafs_fuse.serving.kernel_push import forget_attributes, tell_kernel, walk_directories
 from chromafs_fuse.serving.serving_process.warm import ViewWarmer, WarmJob
 from chromafs_fuse.serving.warm_up import should_warm_kernel
+from chromafs_fuse.serving_filesystem import ServingFilesystem
+from chromafs_fuse.serving_views import scope_for, site_dir_name, view_name
 from chromafs_fuse.sessions import ServedSession
-from chromafs_fuse.shared_filesystem import SharedFilesystem
-from chromafs_fuse.shared_views import scope_for, site_dir_name, view_name
 from chromafs_fuse.site.follower import TreeFollower, new_trees
 from chromafs_fuse.site.loader import CHROMA_OPEN_GRACE_S, SiteLoader
 from chromafs_fuse.site.page_source import PageSource
@@ -43,7 +43,7 @@ from chromafs_fuse.site.watch import SiteWatch
 from chromafs_fuse.tree import SiteTree
 from chromafs_fuse.tree_diff import diff_tables
 
-log = logging.getLogger("chromafs.shared")
+log = logging.getLogger("chromafs.serving")
 # a spare session's class: (site key, view name, uid, gid, allow_other)
 SpareKey = tuple[str, str, int, int, bool]
 EXPIRY_POLL_S = 0.2  # how late the kernel may forget an expired session (its requests are refused at exp)
@@ -59,7 +59,7 @@ class ServeError(Refused):
 
 
 def site_key(config: MountConfig) -> str:
-    """The site's name in the shared mount: its name and a digest of its mount settings (two
+    """The site's name in the serving mount: its name and a digest of its mount settings (two
     mount servers' views of a site with other settings are other sites)."""
     settings = json.dumps(mount_settings(config), sort_keys=True, default=str)
     return f"{config.site}.{hashlib.sha256(settings.encode()).hexdigest()[:8]}"
@@ -93,7 +93,7 @@ class ServedSite:
         self.pages = pages
         self.loader = loader
         self.attributes: AttributeMaker[Any] | None = None  # set by ServedSites (its conversion)
-        self.no_open = False  # set by ServedSites: the shared mount's open mode
+        self.no_open = False  # set by ServedSites: the serving process's mount's open mode
         self.follower = TreeFollower(loader, pages.chroma, tree, config.refresh_interval_s)
         self.views: dict[str, ServedView] = {}
         self.warmed: set[int] = set()  # inodes read through a view already (serving/serving_process/warm.py)
@@ -107,9 +107,9 @@ class ServedSite:
 
 
 class ServedSites:
-    """Every site and view of the shared mount; `run` holds the sites' tasks until cancelled."""
+    """Every site and view of the serving mount; `run` holds the sites' tasks until cancelled."""
 
-    def __init__(self, fs: SharedFilesystem[Any], cache: PageCache, mountpoint: str) -> None:
+    def __init__(self, fs: ServingFilesystem[Any], cache: PageCache, mountpoint: str) -> None:
         self.fs = fs
         self.mountpoint = mountpoint
         self.cache = cache  # one memory budget for every site's pages
@@ -248,7 +248,7 @@ class ServedSites:
     async def add(self, config: MountConfig, reader: Principal) -> str:
         """Serve the reader class's view of the site (if not served yet); its path in the mount."""
         if config.search_dir:
-            raise ServeError("--search-dir is not served by the shared mount")
+            raise ServeError("--search-dir is not served by the serving mount")
         site = await self._site(config)
         name = view_name(site.key, reader_key(reader))
         while name not in site.views:

@@ -1,8 +1,8 @@
-"""Warming the shared mount's views (issue 30): a new reader class's pages are read through the
+"""Warming the serving process's mount's views (issue 30): a new reader class's pages are read through the
 mount once, in the background, so that the class's first `grep -r` finds them in the kernel's
 page cache instead of paying a request per file.
 
-The kernel keeps what the shared mount's files read (no-open mode, or keep_cache), and a page that
+The kernel keeps what the serving process's mount's files read (no-open mode, or keep_cache), and a page that
 several views of a site show is one inode, so a page read once through any view is held for every
 view of its site: a site's second class lists its directories and reads only the pages the first
 one did not show. Views are warmed a few at a time, each by a thread reading as a user would (no page
@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 import trio
 
-log = logging.getLogger("chromafs.shared")
+log = logging.getLogger("chromafs.serving")
 READ_BYTES = 1 << 20
 QUEUE_VIEWS = 100_000  # views waiting for their warm-up (a few hundred bytes each)
 WARMERS = 4  # views warmed at once, each by a thread reading through the mount
@@ -30,7 +30,7 @@ WARMERS = 4  # views warmed at once, each by a thread reading through the mount
 
 @dataclass(frozen=True)
 class WarmJob:
-    path: str  # the view's directory in the shared mount
+    path: str  # the view's directory in the serving mount
     warmed: set[int]  # inode numbers of the site read already (one set per site, shared by its views)
     current: Callable[[], bool]  # False once the view is removed or switched to another tree
     done: trio.Event = field(default_factory=trio.Event)  # set once warmed, stopped or failed
@@ -48,7 +48,7 @@ def warm_view(job: WarmJob) -> WarmResult:
     """In a worker thread: list every directory of the view and read every file not read yet
     through another view of its site, in name order (the order the read-ahead batches)."""
     result = WarmResult()
-    # Relative to each directory's descriptor: a path from the shared mount's root would ask the
+    # Relative to each directory's descriptor: a path from the serving process's mount's root would ask the
     # top directories (never cached: views come and go) again for every file.
     for directory, dirs, files, dir_fd in os.fwalk(job.path):
         dirs.sort()

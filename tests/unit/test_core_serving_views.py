@@ -9,7 +9,7 @@ import pytest
 
 from chromafs_fuse.access import Principal, visible_entries
 from chromafs_fuse.inodes import ROOT_INODE, InodeScope, InodeTable
-from chromafs_fuse.shared_views import InodeClash, SharedNamespace, scope_for, site_dir_name, view_name
+from chromafs_fuse.serving_views import InodeClash, ServingNamespace, scope_for, site_dir_name, view_name
 from chromafs_fuse.tree import PathEntry
 
 
@@ -79,7 +79,7 @@ def test_the_default_scope_numbers_a_mount_of_its_own_as_before() -> None:
 
 
 def test_routes_follow_views_joining_and_leaving() -> None:
-    space: SharedNamespace[View] = SharedNamespace()
+    space: ServingNamespace[View] = ServingNamespace()
     anon_name, anon = view_of("docs", ANON)
     admin_name, admin = view_of("docs", ADMIN)
     space.add("docs", anon_name, anon)
@@ -96,7 +96,7 @@ def test_routes_follow_views_joining_and_leaving() -> None:
 
 
 def test_the_top_two_levels_list_sites_and_their_views() -> None:
-    space: SharedNamespace[View] = SharedNamespace()
+    space: ServingNamespace[View] = ServingNamespace()
     anon_name, anon = view_of("docs", ANON)
     space.add("docs", anon_name, anon)
     odd = "team docs/v2"
@@ -112,7 +112,7 @@ def test_the_top_two_levels_list_sites_and_their_views() -> None:
 
 
 def test_a_replaced_view_keeps_old_versions_it_still_serves() -> None:
-    space: SharedNamespace[View] = SharedNamespace()
+    space: ServingNamespace[View] = ServingNamespace()
     name, before = view_of("docs", ANON)
     space.add("docs", name, before)
     old = inode(before, "index.md")
@@ -125,7 +125,7 @@ def test_a_replaced_view_keeps_old_versions_it_still_serves() -> None:
 
 
 def test_a_view_whose_inodes_clash_with_another_is_refused() -> None:
-    space: SharedNamespace[View] = SharedNamespace()
+    space: ServingNamespace[View] = ServingNamespace()
     name, anon = view_of("docs", ANON)
     space.add("docs", name, anon)
     impostor = View(InodeTable(SITE, InodeScope(site="other", view=f"docs\0{name}")))  # same directories

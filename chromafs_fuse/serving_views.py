@@ -5,7 +5,7 @@ A session is a bind of one view's directory, so it reaches nothing above it. Eac
 is numbered in its own `InodeScope`: its directories are its own, and a page has one inode in
 every view of its site that shows it, so the kernel keeps the page's bytes once. The namespace
 routes an inode to a view that holds it; the top two levels are its own, seen only by whoever
-may open the shared mount itself (root).
+may open the serving mount itself (root).
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ class _Site(Generic[V]):
     views: dict[str, V] = field(default_factory=dict)  # name -> view
 
 
-class SharedNamespace(Generic[V]):
+class ServingNamespace(Generic[V]):
     """Which view answers for an inode, and the listing of the top two levels."""
 
     def __init__(self) -> None:

@@ -1,12 +1,12 @@
-"""Many views answering as one mount (issue 30): the filesystem of the shared mount.
+"""Many views answering as one mount (issue 30): the filesystem of the serving mount.
 
-`SharedFilesystem` answers the requests the pyfuse3 adapter forwards, as a `DocsFilesystem`
-does, for a `SharedNamespace` of views: each view is a reader class of a site with its own
+`ServingFilesystem` answers the requests the pyfuse3 adapter forwards, as a `DocsFilesystem`
+does, for a `ServingNamespace` of views: each view is a reader class of a site with its own
 `DocsFilesystem` (its pruned table numbered in the view's `InodeScope`). A request on an inode
 goes to a view that holds it; a page that several views of a site show has one inode, and any
 of them answers for it alike (one page source and one attribute maker per site). The top two
 levels, the root and one directory per site, are answered here; only root reaches them (the
-shared mount sits in the mount server's root-only directory, a session is a bind of one view).
+serving mount sits in the mount server's root-only directory, a session is a bind of one view).
 
 Nothing a session sees depends on the other views: a view's directories and files are its own
 table's, `statfs` gives fixed numbers, and the top levels are never timed in the kernel (views
@@ -31,6 +31,7 @@ from chromafs_fuse.attributes import BLOCK_SIZE, DAEMON_OWNER, DIR_MODE, Attribu
 from chromafs_fuse.errors import FsError
 from chromafs_fuse.filesystem import DocsFilesystem, FsStats, OpenReply
 from chromafs_fuse.inodes import ROOT_INODE, InodeTable
+from chromafs_fuse.serving_views import ServingNamespace
 from chromafs_fuse.sessions import (
     SESSION_BIT,
     SESSIONS_DIR,
@@ -41,7 +42,6 @@ from chromafs_fuse.sessions import (
     session_inode,
     split_inode,
 )
-from chromafs_fuse.shared_views import SharedNamespace
 from chromafs_fuse.tree_diff import TreeChange
 
 A = TypeVar("A")
@@ -65,12 +65,12 @@ class ViewEntry(Generic[A]):
         return self.fs.table
 
 
-class SharedFilesystem(Generic[A]):
+class ServingFilesystem(Generic[A]):
     def __init__(self, convert: Callable[[Attributes], A], time_ns: int, no_open: bool = False) -> None:
         """`convert` turns an attribute record into what the mount answers with (as
         AttributeMaker's); `time_ns` is the time the top directories show until a view comes or
         goes; `no_open`: the kernel's open mode (every view's DocsFilesystem is built with it)."""
-        self.namespace: SharedNamespace[ViewEntry[A]] = SharedNamespace()
+        self.namespace: ServingNamespace[ViewEntry[A]] = ServingNamespace()
         self.convert = convert
         self.time_ns = time_ns
         self.no_open = no_open

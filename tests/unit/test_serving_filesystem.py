@@ -1,4 +1,4 @@
-"""The shared mount's filesystem in-process (issue 30): many views answering as one mount, against
+"""The serving mount's filesystem in-process (issue 30): many views answering as one mount, against
 a fake page source. Real mounts of it are in test_shared_mount.py."""
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ from chromafs_fuse.errors import FsError
 from chromafs_fuse.filesystem import DocsFilesystem
 from chromafs_fuse.inodes import ROOT_INODE, InodeTable
 from chromafs_fuse.readahead import ReadScheduler
+from chromafs_fuse.serving_filesystem import SHARED_STATS, ServingFilesystem
+from chromafs_fuse.serving_views import scope_for, view_name
 from chromafs_fuse.sessions import SessionSpace
-from chromafs_fuse.shared_filesystem import SHARED_STATS, SharedFilesystem
-from chromafs_fuse.shared_views import scope_for, view_name
 from chromafs_fuse.tree import parse_tree
 from chromafs_fuse.tree_diff import diff_tables
 
@@ -38,8 +38,8 @@ def view_fs(site: str, reader: Principal, tree: dict[str, Any] = TREE) -> tuple[
     return name, DocsFilesystem(table, pages, ReadScheduler(table, pages, 32), False, MAKER)
 
 
-def shared(*views: tuple[str, Principal]) -> tuple[SharedFilesystem[Attributes], dict[str, str]]:
-    fs: SharedFilesystem[Attributes] = SharedFilesystem(keep_record, 1)
+def shared(*views: tuple[str, Principal]) -> tuple[ServingFilesystem[Attributes], dict[str, str]]:
+    fs: ServingFilesystem[Attributes] = ServingFilesystem(keep_record, 1)
     names = {}
     for site, reader in views:
         name, view = view_fs(site, reader)
@@ -55,7 +55,7 @@ def call(fn: Any, *args: Any) -> Any:
     return trio.run(run)
 
 
-def resolve(fs: SharedFilesystem[Attributes], path: str) -> Attributes:
+def resolve(fs: ServingFilesystem[Attributes], path: str) -> Attributes:
     attributes = fs.getattr(ROOT_INODE)
     for part in path.split("/"):
         attributes = call(fs.lookup, attributes.inode, part.encode())
@@ -123,7 +123,7 @@ def test_nothing_a_view_shows_depends_on_the_others() -> None:
     crowded, _ = shared(("docs", ANON), ("docs", STAFF), ("other", ANON), ("other", STAFF))
     view = f"docs/{names['docs:anonymous']}"
 
-    def seen(fs: SharedFilesystem[Attributes]) -> list[object]:
+    def seen(fs: ServingFilesystem[Attributes]) -> list[object]:
         root = resolve(fs, view)
         out: list[object] = [fs.getattr(root.inode), fs.stats()]
         for directory in [root.inode, resolve(fs, f"{view}/guides").inode]:
@@ -169,12 +169,12 @@ def test_an_old_version_held_by_two_views_is_forgotten_by_both() -> None:
 # -- sessions (issue 45): each its own directories, owner and expiry; files the class's --------
 
 
-def session_root(fs: SharedFilesystem[Attributes], slot: int) -> Attributes:
+def session_root(fs: ServingFilesystem[Attributes], slot: int) -> Attributes:
     sessions = call(fs.lookup, ROOT_INODE, b".sessions")
     return call(fs.lookup, sessions.inode, str(slot).encode())
 
 
-def walk(fs: SharedFilesystem[Attributes], start: Attributes, path: str) -> Attributes:
+def walk(fs: ServingFilesystem[Attributes], start: Attributes, path: str) -> Attributes:
     attributes = start
     for part in path.split("/"):
         attributes = call(fs.lookup, attributes.inode, part.encode())
