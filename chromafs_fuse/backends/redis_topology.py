@@ -18,6 +18,10 @@ def open_client(target: RedisTarget, timeout_s: float, ca_file: str | None = Non
     from redis.retry import Retry
 
     timeouts: dict[str, Any] = {"socket_timeout": timeout_s, "socket_connect_timeout": timeout_s}
+    # No CLIENT SETINFO on connect: a server before Redis 7.2 answers it with an error, and
+    # redis-py pipelines it with the handshake, so a handshake cut short by a timeout can leave
+    # that error to be read as the answer of the next command.
+    timeouts |= _no_client_setinfo(redis.Redis)
     tls: dict[str, Any] = {"ssl": True, "ssl_ca_certs": ca_file} if target.tls else {}
     if target.kind == "single":
         extra = {"ssl_ca_certs": ca_file} if target.tls and ca_file else {}
@@ -36,7 +40,8 @@ def open_client(target: RedisTarget, timeout_s: float, ca_file: str | None = Non
         )
     from redis.sentinel import Sentinel
 
-    sentinels = Sentinel(list(target.nodes), sentinel_kwargs={**timeouts, **tls}, **timeouts, **tls)
+    sentinel_timeouts = {"socket_timeout": timeout_s, "socket_connect_timeout": timeout_s}
+    sentinels = Sentinel(list(target.nodes), sentinel_kwargs={**sentinel_timeouts, **tls}, **timeouts, **tls)
     return sentinels.master_for(
         target.service,
         db=target.db,
@@ -45,3 +50,13 @@ def open_client(target: RedisTarget, timeout_s: float, ca_file: str | None = Non
         password=target.password,
         **timeouts,
     )
+
+
+def _no_client_setinfo(client: Any) -> dict[str, Any]:
+    """The keywords that turn CLIENT SETINFO off for this redis-py: `driver_info=None` from 7.x
+    on, `lib_name` and `lib_version` None before (deprecated since)."""
+    import inspect
+
+    if "driver_info" in inspect.signature(client.__init__).parameters:
+        return {"driver_info": None}
+    return {"lib_name": None, "lib_version": None}
