@@ -117,7 +117,9 @@ def many_sessions(run: Any, root: Path, sites: list[str], backend: list[str], co
         # later sessions through the real client, one at a time
         later = []
         for n in range(LATER):
-            opened = host.open(sites[n % SITES], backend, groups=[f"g{n % CLASSES_PER_SITE}"])
+            # a class of the bulk's (the same settings: --refresh-interval 0), never a new one
+            group = [f"g{n % CLASSES_PER_SITE}"]
+            opened = host.open(sites[n % SITES], backend, groups=group, flags=("--refresh-interval", "0"))
             later.append(opened)
             if opened.mountpoint not in mountpoints:
                 mountpoints.append(opened.mountpoint)
