@@ -52,6 +52,24 @@ def setup_logging(level: str, log_file: str | None, background: bool = False, js
     root.setLevel(level.upper())
     for noisy in ("chromadb", "httpx", "httpcore", "urllib3", "posthog", "botocore", "boto3"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    pyfuse3_log = logging.getLogger("pyfuse3")
+    if not any(isinstance(f, _GoneRequests) for f in pyfuse3_log.filters):
+        pyfuse3_log.addFilter(_GoneRequests())
+
+
+class _GoneRequests:
+    """pyfuse3 logs an error when an answer cannot be delivered; ENOENT there means the kernel no
+    longer waits for that request (its caller was interrupted or killed, or the mount went):
+    nothing failed on our side, so it is a debug line."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        import logging
+
+        gone = any(arg == os.strerror(2) for arg in record.args or ())  # No such file or directory
+        if record.levelno >= logging.ERROR and "fuse_reply_" in str(record.msg) and gone:
+            record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+            return logging.getLogger("pyfuse3").isEnabledFor(logging.DEBUG)
+        return True
 
 
 def _json_formatter_class() -> type[logging.Formatter]:

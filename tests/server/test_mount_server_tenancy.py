@@ -44,7 +44,10 @@ def serving_processes(server: MountServer) -> dict[int, str]:
     )
     found = {}
     for pid in map(int, out.stdout.split()):
-        title = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode().split()
+        try:
+            title = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode().split()
+        except OSError:  # gone since pgrep saw it (a test kills them)
+            continue
         index = int(title[2]) if len(title) > 2 else 0
         found[pid] = str(server.class_root / ("serving" if index == 0 else f"serving-{index}"))
     return found
