@@ -10,6 +10,7 @@ Chroma itself (chroma_blobs.py), and retired the same way.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 from collections import Counter
@@ -26,10 +27,13 @@ from chromafs_fuse.chunks import split_page
 from chromafs_fuse.config import from_flag
 from chromafs_fuse.ingest.access_rules import AclRule
 from chromafs_fuse.ingest.chroma_blobs import (
+    IN_CHROMA,
     MAX_UPSERT_BYTES,
+    PAGE,
+    TOO_LARGE,
     BlobWriter,
+    chroma_blob_plan,
     delete_blob_pieces,
-    plan_chroma_blobs,
 )
 from chromafs_fuse.ingest.chroma_writes import RetryingCollection, retried
 from chromafs_fuse.ingest.embedding import (
@@ -48,7 +52,7 @@ from chromafs_fuse.ingest.retention import (
     encode_retired,
     plan_retention,
 )
-from chromafs_fuse.ingest.scan import Problem, ScanOptions, SourceFile, one_per_file, scan_site
+from chromafs_fuse.ingest.scan import Problem, ScanOptions, SiteScan, SourceFile, one_per_file
 from chromafs_fuse.lexical import LexiconPage, decode_lexicon, encode_lexicon, encode_vector, page_terms, title_terms
 from chromafs_fuse.names import (
     EMBEDDER_FIELD,
@@ -191,15 +195,16 @@ def _progress(total: int, enabled: bool, desc: str) -> Any:
     return tqdm(total=total, disable=not enabled, desc=desc, unit="file", leave=False)
 
 
-def _plan(files: list[SourceFile], options: IngestOptions, summary: IngestSummary) -> tuple[list[SourceFile], set[str]]:
-    """The files that will be published, and the keys of those kept in Chroma as binary files."""
+def _plan(source: SourceFile, options: IngestOptions, summary: IngestSummary) -> str:
+    """What becomes of one file (chroma_blobs.py's PAGE, IN_CHROMA or TOO_LARGE), its problem noted."""
     if options.blob_store is not None:
-        return files, set()
-    in_chroma, too_large, problems = plan_chroma_blobs(files, options.chroma_blob_limit)
-    summary.problems += problems
-    if too_large:
-        summary.skipped["binary files above --chroma-blob-limit"] += len(too_large)
-    return [f for f in files if f.key not in too_large], in_chroma
+        return PAGE
+    plan, problem = chroma_blob_plan(source, options.chroma_blob_limit)
+    if problem is not None:
+        summary.problems.append(problem)
+    if plan == TOO_LARGE:
+        summary.skipped["binary files above --chroma-blob-limit"] += 1
+    return plan
 
 
 class ChunkWriter:
@@ -343,15 +348,18 @@ def _open_collection(options: IngestOptions) -> tuple[RetryingCollection, int, s
 def ingest(options: IngestOptions, show_progress: bool = False) -> IngestSummary:
     started = time.monotonic()
     summary = IngestSummary()
-    scan = scan_site(ScanOptions(options.source_dir, options.default_access, options.acl_rules, options.include_hidden))
-    summary.problems = scan.problems
-    files, in_chroma = _plan(scan.files, options, summary)
-    summary.problems = one_per_file(summary.problems)
-    if not files:  # never replace a site with nothing: a wrong or empty folder leaves it as it was
+    # read a window ahead, never the whole site: its size does not set the ingest's memory
+    scan = SiteScan(ScanOptions(options.source_dir, options.default_access, options.acl_rules, options.include_hidden))
+    summary.problems = scan.problems  # filled as the files are read
+    sources = iter(scan)
+    first = next(sources, None)
+    if first is None:  # never replace a site with nothing: a wrong or empty folder leaves it as it was
+        summary.problems = one_per_file(summary.problems)
         summary.seconds = time.monotonic() - started
         return summary
     collection, batch_size, embedder = _open_collection(options)
     embed, dimensions = make_embedder(embedder)
+    zero_vector = [0.0] * (dimensions or len(embed([""])[0]))
     page_vectors = PageVectors(page_embedder(embedder))
     summary.embedder = embedder
     old_tree = _existing_tree(collection)
@@ -359,19 +367,22 @@ def ingest(options: IngestOptions, show_progress: bool = False) -> IngestSummary
     old_pages = {key: entry for key, entry in old_tree.items() if entry.blob is None}
     writer = ChunkWriter(collection, embed, batch_size, options.page_field, summary)
     writer.dimensions = dimensions
-    blobs = BlobWriter(collection, batch_size)
+    blobs = BlobWriter(collection, batch_size, zero_vector)
 
     tree: dict[str, dict[str, Any]] = {}
     old_lexicon = _existing_lexicon(collection)
     lexicon: dict[str, LexiconPage] = {}  # every chunked page's terms and vector (lexical.py)
-    with _progress(len(files), show_progress, f"ingest {options.site}") as bar, page_vectors:
-        for source in files:
+    with _progress(scan.total, show_progress, f"ingest {options.site}") as bar, page_vectors:
+        for source in itertools.chain([first], sources):
             bar.update(1)
+            plan = _plan(source, options, summary)
+            if plan == TOO_LARGE:
+                continue
             sha = source.sha256
             entry: dict[str, Any] = source.access.as_tree_fields()
             entry.update(size=len(source.data), sha256=sha, mtime=round(source.mtime, 3))
             wants_blob = source.text is None or len(source.data) > options.large_file_threshold
-            if source.key in in_chroma:
+            if plan == IN_CHROMA:
                 entry["blob"] = blob_fields(source.data, sha)
                 blobs.add(source.key, sha, source.data)
                 summary.chroma_blobs += 1
@@ -414,11 +425,14 @@ def ingest(options: IngestOptions, show_progress: bool = False) -> IngestSummary
                 metadata = {options.page_field: source.key, options.chunk_index_field: index, PAGE_SHA_FIELD: sha}
                 writer.add(chunk_id(source.key, sha, index), chunk, title, metadata)
         writer.flush()
+        blobs.flush()
+    summary.problems = one_per_file(summary.problems)
+    summary.blob_pieces_written = blobs.written
+    if not tree:  # every file refused (too large): the site stays as it was
+        summary.seconds = time.monotonic() - started
+        return summary
     for key, vector in page_vectors.results():
         lexicon[key] = lexicon[key]._replace(vector=vector)
-    dimensions = writer.dimensions
-    zero_vector = [0.0] * (dimensions or len(embed([""])[0]))
-    summary.blob_pieces_written = blobs.write(zero_vector)
 
     if lexicon != old_lexicon:  # an unchanged site keeps its record
         collection.upsert(

@@ -19,8 +19,9 @@ import logging
 import os
 import re
 import stat
+from collections import deque
 from collections.abc import Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -205,30 +206,75 @@ def read_navigation(root: Path, problems: list[Problem]) -> set[str]:
     return found
 
 
+# what the scan holds read ahead of the ingest: a site's size never sets the ingest's memory
+READ_AHEAD_BYTES = 32 * 1024 * 1024
+READ_AHEAD_FILES = 64
+
+
+class SiteScan:
+    """The files of a source folder, read in order a bounded window ahead (READ_AHEAD_BYTES, at
+    least one file), each with its access decided; `problems` grows as they are read. The
+    folder is walked when this is made: `total` is how many files it names."""
+
+    def __init__(self, options: ScanOptions, workers: int = 8) -> None:
+        self.options = options
+        self.workers = workers
+        self.problems: list[Problem] = []
+        self.navigation_public = read_navigation(options.root, self.problems)
+        self.fallback = default_access(options.default_access)
+        self.paths: list[tuple[str, Path]] = []
+        for relative, path in walk(options.root, options.include_hidden, self.problems):
+            try:
+                self.paths.append((normalize_key(relative), path))
+            except InvalidPath as exc:
+                self.problems.append(Problem(relative, f"name cannot be served: {exc}", NOT_INGESTED))
+
+    @property
+    def total(self) -> int:
+        return len(self.paths)
+
+    def __iter__(self) -> Iterator[SourceFile]:
+        waiting: deque[tuple[str, int, Future[tuple[bytes, float] | OSError]]] = deque()
+        ahead = 0
+        paths = iter(self.paths)
+        with ThreadPoolExecutor(max_workers=self.workers) as pool:
+            while True:
+                while not waiting or (ahead < READ_AHEAD_BYTES and len(waiting) < READ_AHEAD_FILES):
+                    following = next(paths, None)
+                    if following is None:
+                        break
+                    key, path = following
+                    size = _size(path)
+                    waiting.append((key, size, pool.submit(_read, path)))
+                    ahead += size
+                if not waiting:
+                    return
+                key, size, future = waiting.popleft()
+                read = future.result()
+                ahead -= size
+                if isinstance(read, OSError):
+                    reason = "vanished before it was read" if isinstance(read, FileNotFoundError) else read.strerror
+                    self.problems.append(Problem(key, f"cannot read: {reason}", NOT_INGESTED))
+                    continue
+                data, mtime = read
+                source = _decide(key, data, mtime, self.options, self.navigation_public, self.fallback, self.problems)
+                if source is not None:
+                    yield source
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0  # its read says why
+
+
 def scan_site(options: ScanOptions, workers: int = 8) -> ScanResult:
-    """Read every file of the source folder and decide its access."""
-    root = options.root
-    problems: list[Problem] = []
-    navigation_public = read_navigation(root, problems)
-    fallback = default_access(options.default_access)
-    paths: list[tuple[str, Path]] = []
-    for relative, path in walk(root, options.include_hidden, problems):
-        try:
-            paths.append((normalize_key(relative), path))
-        except InvalidPath as exc:
-            problems.append(Problem(relative, f"name cannot be served: {exc}", NOT_INGESTED))
-    files: list[SourceFile] = []
-    with ThreadPoolExecutor(max_workers=workers) as pool:
-        for (key, _), read in zip(paths, pool.map(_read, [p for _, p in paths]), strict=True):
-            if isinstance(read, OSError):
-                reason = "vanished before it was read" if isinstance(read, FileNotFoundError) else read.strerror
-                problems.append(Problem(key, f"cannot read: {reason}", NOT_INGESTED))
-                continue
-            data, mtime = read
-            source = _decide(key, data, mtime, options, navigation_public, fallback, problems)
-            if source is not None:
-                files.append(source)
-    return ScanResult(files, problems)
+    """Read every file of the source folder and decide its access (the whole site in memory:
+    the ingest reads it through `SiteScan`, a window at a time)."""
+    scan = SiteScan(options, workers)
+    files = list(scan)
+    return ScanResult(files, scan.problems)
 
 
 def _page_text(key: str, data: bytes, problems: list[Problem]) -> tuple[str | None, str | None]:
