@@ -14,7 +14,9 @@ ignores the answer, so ingest and mount always agree on where a site is).
 Calls are blocking and thread-safe: each thread keeps one keep-alive
 connection, and a kept-alive connection the server has closed (an idle
 timeout, a restart) is reopened once. Every request has the timeout on
-connect and on each read.
+connect and on each read. Every request here only reads, so a busy answer
+(429, 502, 503, 504: a server under an ingest, a proxy in front of one) is
+asked again, backing off, until the timeout has passed since the first try.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import http.client
 import json
 import logging
 import threading
+import time
 import weakref
 from collections.abc import Iterable, Mapping, Sequence
 from http import HTTPStatus
@@ -39,15 +42,18 @@ CHROMA_DATABASE = "default_database"
 GET_INCLUDE = ("documents", "metadatas")
 # Chroma server versions this adapter was tested against (major, minor), oldest and newest.
 TESTED_SERVER_VERSIONS = ((1, 0), (1, 5))
+BUSY = frozenset({429, 502, 503, 504})  # "try again later": a read is asked again within its deadline
+FIRST_BACKOFF_S, MAX_BACKOFF_S = 0.05, 1.0
 
 
 class ChromaHttpError(Unavailable, RuntimeError):
     """Chroma answered with an error status; `error_name` is Chroma's (NotFoundError, ...)."""
 
-    def __init__(self, status: int, error_name: str, detail: str) -> None:
+    def __init__(self, status: int, error_name: str, detail: str, retry_after: str | None = None) -> None:
         self.status = status
         self.error_name = error_name
         self.detail = detail
+        self.retry_after = retry_after  # the Retry-After header of a busy answer
         super().__init__(f"HTTP {status} {error_name or _reason(status)}: {detail}")
 
 
@@ -89,8 +95,24 @@ class ChromaServer:
         self._lock = threading.Lock()
 
     def request(self, method: str, path: str, body: object = None) -> Any:
-        """The decoded JSON answer; ChromaHttpError on an error status, ChromaUnreachable on no answer."""
+        """The decoded JSON answer; ChromaHttpError on an error status (a busy one once the
+        timeout has passed since the first try), ChromaUnreachable on no answer."""
         data = None if body is None else json.dumps(body).encode("utf-8")
+        deadline = time.monotonic() + self.timeout_s
+        backoff = FIRST_BACKOFF_S
+        while True:
+            try:
+                return self._request_once(method, path, data)
+            except ChromaHttpError as exc:
+                remaining = deadline - time.monotonic()
+                if exc.status not in BUSY or remaining <= 0:
+                    raise
+                wait = min(backoff, _retry_after(exc), remaining)
+                log.debug("Chroma is busy (%s): asking again in %.2f s", exc, wait)
+                time.sleep(wait)
+                backoff = min(backoff * 2, MAX_BACKOFF_S)
+
+    def _request_once(self, method: str, path: str, data: bytes | None) -> Any:
         for attempt in (1, 2):
             conn = self._connection()
             reused = conn.sock is not None
@@ -103,7 +125,7 @@ class ChromaServer:
                 if attempt == 1 and reused and not isinstance(exc, TimeoutError):
                     continue  # the server closed a kept-alive connection: once more on a new one
                 raise ChromaUnreachable(self._failure(exc)) from exc
-            return _decode(response.status, payload)
+            return _decode(response.status, payload, response.getheader("Retry-After"))
         raise AssertionError("unreachable")
 
     def close(self) -> None:
@@ -252,7 +274,15 @@ def _snippet(value: object, limit: int = 200) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def _decode(status: int, payload: bytes) -> Any:
+def _retry_after(exc: ChromaHttpError) -> float:
+    """Seconds the server asked to wait (Retry-After in seconds), else no bound."""
+    try:
+        return max(0.0, float(exc.retry_after)) if exc.retry_after else float("inf")
+    except ValueError:
+        return float("inf")  # an HTTP date: our own backoff
+
+
+def _decode(status: int, payload: bytes, retry_after: str | None = None) -> Any:
     if 200 <= status < 300:
         try:
             return json.loads(payload)
@@ -266,7 +296,7 @@ def _decode(status: int, payload: bytes) -> Any:
     if isinstance(body, dict):
         kind = str(body.get("error") or "")
         message = _snippet(body.get("message") or body.get("detail") or message)
-    raise ChromaHttpError(status, kind, message)
+    raise ChromaHttpError(status, kind, message, retry_after)
 
 
 def check_server_version(server: ChromaServer) -> str | None:

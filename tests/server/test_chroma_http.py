@@ -218,3 +218,73 @@ def test_an_untested_server_version_is_named(answer: bytes, warning: str, caplog
         server.shutdown()
         server.server_close()
     assert warning in caplog.text
+
+
+class BusyProxy:
+    """A loopback HTTP proxy in front of a real Chroma server that answers "503 Service
+    Unavailable" (Retry-After: 0) to the first `busy` requests, as a server under load or a proxy
+    in front of one does, and forwards the rest."""
+
+    def __init__(self, upstream: str, busy: int) -> None:
+        import http.client
+        import http.server
+        import threading
+
+        self.busy, self.seen = busy, 0
+        host, port = urlparse(upstream).hostname, urlparse(upstream).port
+        proxy = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def _answer(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                proxy.seen += 1
+                if proxy.seen <= proxy.busy:
+                    payload = b'{"error": "ServiceUnavailable", "message": "busy"}'
+                    self.send_response(503)
+                    self.send_header("Retry-After", "0")
+                else:
+                    upstream_conn = http.client.HTTPConnection(host, port, timeout=10)
+                    upstream_conn.request(self.command, self.path, body=body or None, headers=dict(self.headers))
+                    answer = upstream_conn.getresponse()
+                    payload = answer.read()
+                    upstream_conn.close()
+                    self.send_response(answer.status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload)
+
+            do_GET = do_POST = _answer
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def __enter__(self) -> BusyProxy:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_a_busy_server_is_asked_again_within_the_timeout(served_site: str) -> None:
+    """Every request of the adapter only reads: a busy answer (here 503) is asked again, backing
+    off, until the timeout has passed since the first try; then the busy answer is the error."""
+    with BusyProxy(served_site, busy=4) as proxy:
+        collection = HttpCollection.open(proxy.url, SITE, timeout_s=5)
+        tree = collection.get(ids=[TREE_RECORD_ID], include=["documents"])
+        assert tree["ids"] == [TREE_RECORD_ID] and proxy.seen > proxy.busy  # the busy answers, then the real ones
+    with BusyProxy(served_site, busy=10**6) as proxy:
+        started = time.monotonic()
+        with pytest.raises(ChromaHttpError) as info:
+            HttpCollection.open(proxy.url, SITE, timeout_s=1)
+        took = time.monotonic() - started
+    assert info.value.status == 503 and 1.0 <= took < 3.0, took
+    assert proxy.seen > 3, "it gave up without asking again"
