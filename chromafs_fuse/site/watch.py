@@ -91,7 +91,8 @@ class SiteWatch:
             if listening is None:
                 from chromafs_fuse.backends.redis_cache import ManyTreeAnnouncements
 
-                listening = self._announcements[id(redis)] = (redis, ManyTreeAnnouncements(lambda: redis.client))
+                announcements = ManyTreeAnnouncements(lambda: redis.announcements_client)
+                listening = self._announcements[id(redis)] = (redis, announcements)
                 if self._nursery is not None:
                     self._nursery.start_soon(self._listen, listening[1])
             self._want(redis)
