@@ -52,7 +52,6 @@ class RedisCache:
         self.prefix = prefix
         self.ttl_s = ttl_s
         self.tree_ttl_s = tree_ttl_s
-        self._announcements_client: Any = None
         self._down_until = 0.0
         self._down = False
         self._down_since = 0.0
@@ -74,17 +73,6 @@ class RedisCache:
                 if self._client is None:
                     self._client = open_client(self.target, self.timeout_s, self.ca_file)
         return self._client
-
-    @property
-    def announcements_client(self) -> Any:
-        """A client of its own for tree announcements (pub/sub), made on first use: a subscription
-        closed by one thread while another waits on it must never hand its connection to the
-        cache's reads (seen as a read answered with another command's reply, or EBADF)."""
-        if self._announcements_client is None:
-            with self._lock:
-                if self._announcements_client is None:
-                    self._announcements_client = open_client(self.target, self.timeout_s, self.ca_file)
-        return self._announcements_client
 
     @property
     def clustered(self) -> bool:
@@ -137,7 +125,7 @@ class RedisCache:
         return True
 
     def listen_for_trees(self, site: str, collection: str) -> TreeAnnouncements:
-        return TreeAnnouncements(lambda: self.announcements_client, self.tree_channel(site, collection), self.clustered)
+        return TreeAnnouncements(lambda: self.client, self.tree_channel(site, collection), self.clustered)
 
     def page_key(self, site: str, content_version: str, page: str) -> str:
         """A page's bytes, under its sha256 (a tree's pages without one: the tree version)."""

@@ -91,8 +91,7 @@ class SiteWatch:
             if listening is None:
                 from chromafs_fuse.backends.redis_cache import ManyTreeAnnouncements
 
-                announcements = ManyTreeAnnouncements(lambda: redis.announcements_client)
-                listening = self._announcements[id(redis)] = (redis, announcements)
+                listening = self._announcements[id(redis)] = (redis, ManyTreeAnnouncements(lambda: redis.client))
                 if self._nursery is not None:
                     self._nursery.start_soon(self._listen, listening[1])
             self._want(redis)
