@@ -195,35 +195,47 @@ def request_line(argv: list[str]) -> bytes:
     return encode_request(mountpoint, request_options(given, {}), None)
 
 
+def in_child_as(uid: int, gid: int, cwd: Path, job: Callable[[], tuple[int, bytes]]) -> tuple[int, bytes]:
+    """`job` run in a forked child as `uid` and group `gid` (no supplementary groups), in `cwd`:
+    its exit status and the bytes it handed back (a traceback's text when it raised)."""
+    reader, writer = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: never back into pytest
+        code, out = 99, b""
+        try:
+            os.close(reader)
+            os.chdir(cwd)
+            os.setgroups([])
+            os.setgid(gid)
+            os.setuid(uid)
+            code, out = job()
+        except BaseException:
+            out += traceback.format_exc().encode()
+        finally:
+            with contextlib.suppress(BaseException):
+                os.write(writer, out)
+            os._exit(code)
+    os.close(writer)
+    with os.fdopen(reader, "rb") as answer:
+        out = answer.read()
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status), out
+
+
 def request_as(uid: int, socket_path: Path, argv: list[str], gid: int | None = None) -> tuple[int, str]:
     """chromafs-mount's own request for `argv`, sent to the server from a child running as `uid`
     and group `gid` (`uid` when None; no supplementary groups): its exit status and what it
     printed. The child reaches the socket through its folder as its working directory, so only
     that folder needs to be open to others."""
-    reader, writer = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: never back into pytest
-        code = 99
+
+    def job() -> tuple[int, bytes]:
         printed = io.StringIO()
-        try:
-            os.close(reader)
-            os.chdir(socket_path.parent)
-            os.setgroups([])
-            os.setgid(uid if gid is None else gid)
-            os.setuid(uid)
-            with contextlib.redirect_stderr(printed):
-                code = request_mount(socket_path.name, request_line(argv), argv[0], 30)
-        except BaseException:
-            printed.write(traceback.format_exc())
-        finally:
-            with contextlib.suppress(BaseException):
-                os.write(writer, printed.getvalue().encode())
-            os._exit(code)
-    os.close(writer)
-    with os.fdopen(reader, "rb") as answer:
-        printed = answer.read().decode()
-    _, status = os.waitpid(pid, 0)
-    return os.waitstatus_to_exitcode(status), printed
+        with contextlib.redirect_stderr(printed):
+            code = request_mount(socket_path.name, request_line(argv), argv[0], 30)
+        return code, printed.getvalue().encode()
+
+    code, printed = in_child_as(uid, uid if gid is None else gid, socket_path.parent, job)
+    return code, printed.decode()
 
 
 @pytest.mark.expect_log(r"WARNING chromafs.mountd: refused a mount request from uid")
@@ -252,38 +264,25 @@ def test_a_mount_request_from_another_user_is_refused(sample_backend: Callable[.
 def exchange_as(uid: int, socket_path: Path, lines: list[bytes]) -> list[bytes]:
     """From a child running as `uid`: connect, and for each line send it and read one answer
     line (b"" once the server has closed the connection); the answers."""
-    reader, writer = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: never back into pytest
+
+    def job() -> tuple[int, bytes]:
         answers: list[str] = []
-        try:
-            os.close(reader)
-            os.chdir(socket_path.parent)
-            os.setgroups([])
-            os.setgid(uid)
-            os.setuid(uid)
-            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
-                conn.settimeout(30)
-                conn.connect(socket_path.name)
-                replies = conn.makefile("rb")
-                for line in lines:
-                    with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-                        conn.sendall(line)
-                    try:
-                        answers.append(replies.readline().decode())
-                    except ConnectionResetError:
-                        answers.append("")
-        except BaseException:
-            answers.append(traceback.format_exc())
-        finally:
-            with contextlib.suppress(BaseException):
-                os.write(writer, json.dumps(answers).encode())
-            os._exit(0)
-    os.close(writer)
-    with os.fdopen(reader, "rb") as answer:
-        printed = answer.read().decode()
-    os.waitpid(pid, 0)
-    return [a.encode() for a in json.loads(printed)]
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+            conn.settimeout(30)
+            conn.connect(socket_path.name)
+            replies = conn.makefile("rb")
+            for line in lines:
+                with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+                    conn.sendall(line)
+                try:
+                    answers.append(replies.readline().decode())
+                except ConnectionResetError:
+                    answers.append("")
+        return 0, json.dumps(answers).encode()
+
+    code, out = in_child_as(uid, uid, socket_path.parent, job)
+    assert code == 0, out.decode()
+    return [a.encode() for a in json.loads(out)]
 
 
 @pytest.mark.expect_log(r"WARNING chromafs.mountd: refused a mount request from uid")
