@@ -22,12 +22,12 @@ from typing import Any
 
 import trio
 
-from chromafs_fuse.access import Principal, visible_entries
+from chromafs_fuse.access import Principal
 from chromafs_fuse.attributes import AttributeMaker
 from chromafs_fuse.config import MountConfig, RedisSettings, mount_settings
 from chromafs_fuse.errors import Refused
 from chromafs_fuse.filesystem import DocsFilesystem
-from chromafs_fuse.inodes import InodeScope, InodeTable
+from chromafs_fuse.inodes import InodeTable
 from chromafs_fuse.page_cache import PageCache
 from chromafs_fuse.readahead import ReadScheduler
 from chromafs_fuse.serving.kernel_push import forget_attributes, tell_kernel, walk_directories
@@ -39,6 +39,7 @@ from chromafs_fuse.sessions import ServedSession
 from chromafs_fuse.site.follower import TreeFollower, new_trees
 from chromafs_fuse.site.loader import CHROMA_OPEN_GRACE_S, SiteLoader
 from chromafs_fuse.site.page_source import PageSource
+from chromafs_fuse.site.tables import WHOLE_TABLE_FILES, prune_view, whole_table
 from chromafs_fuse.site.watch import SiteWatch
 from chromafs_fuse.tree import SiteTree
 from chromafs_fuse.tree_diff import diff_tables
@@ -69,10 +70,6 @@ def reader_key(reader: Principal) -> str:
     return json.dumps([reader.authenticated, sorted(reader.groups) if reader.authenticated else []])
 
 
-def pruned(tree: SiteTree, reader: Principal, scope: InodeScope) -> InodeTable:
-    return InodeTable(visible_entries(tree.entries, reader), scope)
-
-
 @dataclass
 class ServedView:
     name: str
@@ -99,6 +96,22 @@ class ServedSite:
         self.warmed: set[int] = set()  # inodes read through a view already (serving/serving_process/warm.py)
         self.cancel = trio.CancelScope()  # ends the site's tasks once its last view goes
         self.switches = 0
+        self._whole: tuple[SiteTree, InodeTable] | None = None  # a big tree's whole table
+
+    def whole(self, tree: SiteTree) -> InodeTable | None:
+        """`tree`'s whole table (site/tables.whole_table), if made."""
+        return self._whole[1] if self._whole is not None and self._whole[0] is tree else None
+
+    async def make_whole(self, tree: SiteTree) -> InodeTable | None:
+        """`tree`'s whole table, made (in a worker thread) if the tree is big enough to need one."""
+        if len(tree.entries) < WHOLE_TABLE_FILES:
+            return None
+        whole = self.whole(tree)
+        if whole is None:
+            whole = await trio.to_thread.run_sync(whole_table, tree, self.key)
+            if self.tree is tree:
+                self._whole = (tree, whole)
+        return whole
 
     def filesystem(self, table: InodeTable, replaced: dict | None = None) -> DocsFilesystem[Any]:
         assert self.attributes is not None
@@ -253,7 +266,8 @@ class ServedSites:
         name = view_name(site.key, reader_key(reader))
         while name not in site.views:
             tree = site.tree
-            table = await trio.to_thread.run_sync(pruned, tree, reader, scope_for(site.key, name))
+            scope = scope_for(site.key, name)
+            table = await trio.to_thread.run_sync(prune_view, tree, reader, scope, site.whole(tree))
             if self.sites.get(site.key) is not site:
                 site = await self._site(config)  # its last view went meanwhile: opened again
                 continue
@@ -263,6 +277,8 @@ class ServedSites:
             self.fs.add(site.key, name, fs)
             site.views[name] = ServedView(name, reader, fs)
             log.info("view %s/%s: %s, %d files", site.directory, name, reader.describe(), table.file_count)
+            if site.whole(tree) is None and len(tree.entries) >= WHOLE_TABLE_FILES and self._nursery is not None:
+                self._nursery.start_soon(site.make_whole, tree)  # the site's next classes: half the work
             job, alone = self._warm(site, name)
             site.views[name].lists_ahead = job is not None
             if job is not None and self._nursery is not None:  # the likely owner: the server's user
@@ -391,9 +407,10 @@ class ServedSites:
             return
         started = time.perf_counter()
         site.tree = tree
+        whole = await site.make_whole(tree) if len(site.views) > 1 else None  # one view: built as fast
         for name, view in list(site.views.items()):
             old = view.fs
-            table = await trio.to_thread.run_sync(pruned, tree, view.reader, old.table.scope)
+            table = await trio.to_thread.run_sync(prune_view, tree, view.reader, old.table.scope, whole)
             change = await trio.to_thread.run_sync(diff_tables, old.table, table)
             if site.views.get(name) is not view:
                 continue  # removed meanwhile
@@ -406,6 +423,8 @@ class ServedSites:
         site.pages.switch(tree.version)
         site.switches += 1
         site.warmed = set()  # the kernel forgot the changed pages: read the views again
+        if whole is None and len(tree.entries) >= WHOLE_TABLE_FILES and self._nursery is not None:
+            self._nursery.start_soon(site.make_whole, tree)
         for name in site.views:
             self._warm(site, name)
         log.info(
