@@ -108,9 +108,12 @@ class ServedSite:
             return None
         whole = self.whole(tree)
         if whole is None:
+            started = time.perf_counter()
             whole = await trio.to_thread.run_sync(whole_table, tree, self.key)
             if self.tree is tree:
                 self._whole = (tree, whole)
+            log.info("site %s: the whole tree's table, %d files, in %.3fs", self.key, whole.file_count,
+                     time.perf_counter() - started)  # fmt: skip
         return whole
 
     def filesystem(self, table: InodeTable, replaced: dict | None = None) -> DocsFilesystem[Any]:
@@ -267,7 +270,10 @@ class ServedSites:
         while name not in site.views:
             tree = site.tree
             scope = scope_for(site.key, name)
-            table = await trio.to_thread.run_sync(prune_view, tree, reader, scope, site.whole(tree))
+            whole = site.whole(tree)
+            started = time.perf_counter()
+            table = await trio.to_thread.run_sync(prune_view, tree, reader, scope, whole)
+            took = time.perf_counter() - started
             if self.sites.get(site.key) is not site:
                 site = await self._site(config)  # its last view went meanwhile: opened again
                 continue
@@ -276,7 +282,15 @@ class ServedSites:
             fs = site.filesystem(table)
             self.fs.add(site.key, name, fs)
             site.views[name] = ServedView(name, reader, fs)
-            log.info("view %s/%s: %s, %d files", site.directory, name, reader.describe(), table.file_count)
+            log.info(
+                "view %s/%s: %s, %d files (table %s in %.3fs)",
+                site.directory,
+                name,
+                reader.describe(),
+                table.file_count,
+                "built" if whole is None else "filtered from the whole tree's",
+                took,
+            )
             if site.whole(tree) is None and len(tree.entries) >= WHOLE_TABLE_FILES and self._nursery is not None:
                 self._nursery.start_soon(site.make_whole, tree)  # the site's next classes: half the work
             job, alone = self._warm(site, name)
@@ -428,11 +442,12 @@ class ServedSites:
         for name in site.views:
             self._warm(site, name)
         log.info(
-            "site %s: tree %s for %d views in %.3fs",
+            "site %s: tree %s for %d views in %.3fs (tables %s)",
             site.key,
             tree.version,
             len(site.views),
             time.perf_counter() - started,
+            "built" if whole is None else "filtered from the whole tree's",
         )
 
     # -- status --------------------------------------------------------------------------------
