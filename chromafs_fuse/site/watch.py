@@ -91,7 +91,7 @@ class SiteWatch:
             if listening is None:
                 from chromafs_fuse.backends.redis_cache import ManyTreeAnnouncements
 
-                listening = self._announcements[id(redis)] = (redis, ManyTreeAnnouncements(lambda: redis.client))
+                listening = self._announcements[id(redis)] = (redis, ManyTreeAnnouncements(redis.announcements_client))
                 if self._nursery is not None:
                     self._nursery.start_soon(self._listen, listening[1])
             self._want(redis)
