@@ -14,16 +14,18 @@ from typing import Generic, TypeVar
 from cachetools import LRUCache
 
 from chromafs_fuse.access import Principal, VisibilityKey, visibility_key, visible_entries
-from chromafs_fuse.inodes import InodeTable
+from chromafs_fuse.inodes import InodeScope, InodeTable
 from chromafs_fuse.tree import SiteTree
 
 V = TypeVar("V")
 MAX_TABLES = 64
+OWN_MOUNT = InodeScope()  # a mount of its own: the root is inode 1
 
 
-def prune(tree: SiteTree, principal: Principal) -> InodeTable:
-    """The tree as this reader may see it."""
-    return InodeTable(visible_entries(tree.entries, principal))
+def prune(tree: SiteTree, principal: Principal, scope: InodeScope = OWN_MOUNT) -> InodeTable:
+    """The tree as this reader may see it (its directories' inodes in `scope`: a serving
+    process's view's own)."""
+    return InodeTable(visible_entries(tree.entries, principal), scope)
 
 
 class PrunedTables(Generic[V]):

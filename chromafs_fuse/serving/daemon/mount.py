@@ -3,7 +3,8 @@
 Built complete from a MountConfig and the verified reader: the site loaded and pruned for
 the reader (tree, inode table, page source), the filesystem over it (read scheduler,
 attributes, the --search-dir directory), the pyfuse3 adapter that forwards to it, and the
-re-ingest refresher. `run()` mounts and serves until unmounted, with the kernel pusher (and
+site's follower of re-ingests (serving/tree_switch.py, as each site of a serving process).
+`run()` mounts and serves until unmounted, with the kernel pusher (and
 the watchdog it needs), the warm-up, the status file and the metrics endpoint;
 `switch_to(tree)` serves a re-ingested tree; `describe()` is what `chromafs status` and the
 metrics read.
@@ -33,7 +34,6 @@ from chromafs_fuse.inodes import InodeTable
 from chromafs_fuse.readahead import ReadScheduler
 from chromafs_fuse.search_dir import SEARCH_INODE, SearchDir
 from chromafs_fuse.serving.daemon.metrics import start_metrics_server
-from chromafs_fuse.serving.daemon.refresh import TreeRefresher
 from chromafs_fuse.serving.daemon.watchdog import start_watchdog, stop_watchdog
 from chromafs_fuse.serving.fuse_adapter import (
     Filesystem,
@@ -46,10 +46,13 @@ from chromafs_fuse.serving.kernel_push import KernelPusher, forget_attributes, t
 from chromafs_fuse.serving.lifetime import end_at_expiry, end_when_unused, watch_signals
 from chromafs_fuse.serving.process import sd_notify
 from chromafs_fuse.serving.status import StatusFile, uptime_since
+from chromafs_fuse.serving.tree_switch import TreeSwitches, follow_site, next_filesystem
 from chromafs_fuse.serving.warm_up import all_files, changed_files, should_warm_kernel, visible_bytes, warm_kernel
+from chromafs_fuse.site.follower import TreeFollower
 from chromafs_fuse.site.loader import LoadedSite, SiteLoader
+from chromafs_fuse.site.watch import SiteWatch
 from chromafs_fuse.tree import PathEntry, SiteTree
-from chromafs_fuse.tree_diff import TreeChange, diff_tables
+from chromafs_fuse.tree_diff import TreeChange
 
 if TYPE_CHECKING:
     from chromafs_fuse.site.searcher import Searcher
@@ -99,11 +102,10 @@ class Mount:
         # (started once mounted: only pushed pages can leave a thread waiting in the kernel on a
         # killed daemon).
         self.may_push = config.push_pages and self.no_open and hasattr(pyfuse3, "store_pages")
-        self.refresher: TreeRefresher | None = None
+        self.follower: TreeFollower | None = None  # with --refresh-interval
         if config.refresh_interval_s > 0:
-            self.refresher = TreeRefresher(
-                self.loader, self.pages, self.tree, config.refresh_interval_s, self.switch_to
-            )
+            self.follower = TreeFollower(self.loader, self.pages.chroma, self.tree, config.refresh_interval_s)
+        self.switches = TreeSwitches()
         self.started = time.time()
         self.status = StatusFile(self.describe)
         # while run() runs:
@@ -147,12 +149,9 @@ class Mount:
         that readers hold stay readable), the kernel told what to forget, and with --warm-kernel
         the pages that changed handed to it. The switch itself is one step on the loop, so a
         request sees one tree or the other; the blocking parts run in worker threads."""
-        table = await trio.to_thread.run_sync(SiteLoader.prune, tree, self.principal)
-        old = self.fs
-        change = await trio.to_thread.run_sync(diff_tables, old.table, table)
-        replaced, dropped = old.carry_replaced(change.replaced, table)
-        change.stale_inodes += dropped
-        new = self._filesystem(table, replaced)
+        started = time.perf_counter()
+        previous, old = self.tree.version, self.fs
+        new, change = await next_filesystem(old, tree, self.principal, self._filesystem)
         self.adapter.switch(new)
         self.pages.switch(tree.version)
         self.tree = tree
@@ -161,7 +160,18 @@ class Mount:
         await trio.to_thread.run_sync(tell_kernel, old_pusher, change)
         self._start_pushing()
         if self.warms_kernel and self._nursery is not None:
-            self._nursery.start_soon(self._warm, changed_files(old.table, table), trio.Event())
+            self._nursery.start_soon(self._warm, changed_files(old.table, new.table), trio.Event())
+        log.info(
+            "tree %s -> %s in %.3fs: %d files changed, %d added, %d removed; %d inodes and %d names invalidated",
+            previous,
+            tree.version,
+            time.perf_counter() - started,
+            change.changed,
+            change.added,
+            change.removed,
+            len(change.stale_inodes),
+            len(change.stale_names),
+        )
         return change
 
     # -- pushing pages into the kernel's cache ----------------------------------------------
@@ -242,8 +252,20 @@ class Mount:
         async with self.pages.running(), trio.open_nursery() as nursery:
             self._nursery = nursery
             self._start_pushing()
-            if self.refresher is not None:
-                nursery.start_soon(self.refresher.run)
+            if self.follower is not None:
+                watch = SiteWatch()  # one site: the serving process's watch of many, with one
+                nursery.start_soon(watch.run)
+                nursery.start_soon(
+                    follow_site,
+                    watch,
+                    self.config.site,
+                    self.follower,
+                    self.loader.redis,
+                    self.pages.timeout_s,
+                    lambda: self.tree.version,
+                    self.switch_to,
+                    self.switches,
+                )
             nursery.start_soon(watch_signals)
             if self.principal.expires_at is not None:
                 nursery.start_soon(end_at_expiry, self.principal.expires_at, self._refuse)
@@ -323,5 +345,5 @@ class Mount:
             "read_latency": adapter.read_latency.cumulative(),
             "latency": {op: [h.cumulative(), h.total_s] for op, h in sorted(adapter.latency.items())},
             "read_latency_sum_s": adapter.read_latency.total_s,
-            **(self.refresher.describe() if self.refresher else {"refresh_interval_s": 0}),
+            **(self.switches.describe(self.follower) if self.follower else {"refresh_interval_s": 0}),
         }

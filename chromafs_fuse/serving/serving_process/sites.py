@@ -22,26 +22,27 @@ from typing import Any
 
 import trio
 
-from chromafs_fuse.access import Principal, visible_entries
+from chromafs_fuse.access import Principal
 from chromafs_fuse.attributes import AttributeMaker
 from chromafs_fuse.config import MountConfig, RedisSettings, mount_settings
 from chromafs_fuse.errors import Refused
 from chromafs_fuse.filesystem import DocsFilesystem
-from chromafs_fuse.inodes import InodeScope, InodeTable
+from chromafs_fuse.inodes import InodeTable
 from chromafs_fuse.page_cache import PageCache
 from chromafs_fuse.readahead import ReadScheduler
 from chromafs_fuse.serving.kernel_push import forget_attributes, tell_kernel, walk_directories
 from chromafs_fuse.serving.serving_process.warm import ViewWarmer, WarmJob
+from chromafs_fuse.serving.tree_switch import TreeSwitches, follow_site, next_filesystem
 from chromafs_fuse.serving.warm_up import should_warm_kernel
 from chromafs_fuse.serving_filesystem import ServingFilesystem
 from chromafs_fuse.serving_views import scope_for, site_dir_name, view_name
 from chromafs_fuse.sessions import ServedSession
-from chromafs_fuse.site.follower import TreeFollower, new_trees
+from chromafs_fuse.site.follower import TreeFollower
 from chromafs_fuse.site.loader import CHROMA_OPEN_GRACE_S, SiteLoader
 from chromafs_fuse.site.page_source import PageSource
+from chromafs_fuse.site.tables import prune
 from chromafs_fuse.site.watch import SiteWatch
 from chromafs_fuse.tree import SiteTree
-from chromafs_fuse.tree_diff import diff_tables
 
 log = logging.getLogger("chromafs.serving")
 # a spare session's class: (site key, view name, uid, gid, allow_other)
@@ -69,10 +70,6 @@ def reader_key(reader: Principal) -> str:
     return json.dumps([reader.authenticated, sorted(reader.groups) if reader.authenticated else []])
 
 
-def pruned(tree: SiteTree, reader: Principal, scope: InodeScope) -> InodeTable:
-    return InodeTable(visible_entries(tree.entries, reader), scope)
-
-
 @dataclass
 class ServedView:
     name: str
@@ -98,7 +95,7 @@ class ServedSite:
         self.views: dict[str, ServedView] = {}
         self.warmed: set[int] = set()  # inodes read through a view already (serving/serving_process/warm.py)
         self.cancel = trio.CancelScope()  # ends the site's tasks once its last view goes
-        self.switches = 0
+        self.switches = TreeSwitches()
 
     def filesystem(self, table: InodeTable, replaced: dict | None = None) -> DocsFilesystem[Any]:
         assert self.attributes is not None
@@ -253,7 +250,7 @@ class ServedSites:
         name = view_name(site.key, reader_key(reader))
         while name not in site.views:
             tree = site.tree
-            table = await trio.to_thread.run_sync(pruned, tree, reader, scope_for(site.key, name))
+            table = await trio.to_thread.run_sync(prune, tree, reader, scope_for(site.key, name))
             if self.sites.get(site.key) is not site:
                 site = await self._site(config)  # its last view went meanwhile: opened again
                 continue
@@ -372,17 +369,16 @@ class ServedSites:
             async with site.pages.running():
                 if site.follower.interval_s <= 0:
                     await trio.sleep_forever()
-                with new_trees(site.follower) as trees:
-                    self.watch.add(site.key, site.follower, site.loader.redis, site.config.session.backend_timeout_s)
-                    try:
-                        async for tree in trees:
-                            try:
-                                await self._switch(site, tree)
-                            except Exception:  # the site keeps its tree; the follower hands the new one out again
-                                log.exception("site %s: switching to tree %s failed", site.key, tree.version)
-                                site.follower.hand_out_again()
-                    finally:
-                        self.watch.remove(site.key)
+                await follow_site(
+                    self.watch,
+                    site.key,
+                    site.follower,
+                    site.loader.redis,
+                    site.pages.timeout_s,
+                    lambda: site.tree.version,
+                    lambda tree: self._switch(site, tree),
+                    site.switches,
+                )
 
     async def _switch(self, site: ServedSite, tree: SiteTree) -> None:
         """Every view of the site to `tree`: pruned, on a new filesystem carrying the old versions
@@ -392,19 +388,14 @@ class ServedSites:
         started = time.perf_counter()
         site.tree = tree
         for name, view in list(site.views.items()):
-            old = view.fs
-            table = await trio.to_thread.run_sync(pruned, tree, view.reader, old.table.scope)
-            change = await trio.to_thread.run_sync(diff_tables, old.table, table)
+            new, change = await next_filesystem(view.fs, tree, view.reader, site.filesystem)
             if site.views.get(name) is not view:
                 continue  # removed meanwhile
-            replaced, dropped = old.carry_replaced(change.replaced, table)
-            change.stale_inodes += dropped
-            view.fs = site.filesystem(table, replaced)
-            self.fs.add(site.key, name, view.fs, extra_inodes=replaced)
+            view.fs = new
+            self.fs.add(site.key, name, new, extra_inodes=new.replaced)
             await trio.to_thread.run_sync(tell_kernel, None, change)
             await trio.to_thread.run_sync(tell_kernel, None, self.fs.session_change(site.key, name, change))
         site.pages.switch(tree.version)
-        site.switches += 1
         site.warmed = set()  # the kernel forgot the changed pages: read the views again
         for name in site.views:
             self._warm(site, name)
@@ -430,6 +421,6 @@ class ServedSites:
                     "visible_files": view.fs.table.file_count,
                     "tree_version": site.tree.version,
                     "requests": {"all": requests.get((site.directory, name), 0)},
-                    "tree_switches": site.switches,
+                    "tree_switches": site.switches.count,
                 }
         return views
