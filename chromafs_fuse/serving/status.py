@@ -10,10 +10,14 @@ import logging
 import os
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from chromafs_fuse.serving.mounttable import mounts
 from chromafs_fuse.serving.process import process_start
+
+if TYPE_CHECKING:
+    from chromafs_fuse.access import Principal
+    from chromafs_fuse.inodes import InodeTable
 
 log = logging.getLogger("chromafs.status")
 
@@ -128,6 +132,27 @@ def read_statuses() -> list[dict[str, Any]]:
         if mountpoint not in seen:
             statuses.append({"mountpoint": mountpoint, "site": source.partition(":")[2], "pid": None})
     return statuses
+
+
+def view_status(
+    site: str,
+    reader: Principal,
+    table: InodeTable,
+    tree_version: str,
+    requests: dict[str, int],
+    refresh: dict[str, Any],
+) -> dict[str, Any]:
+    """One view's status, in one shape: a standalone mount's (its whole status, with its process's
+    figures) and each view's of a serving process (under "views", by its path). `refresh`:
+    `TreeSwitches.describe`."""
+    return {
+        "site": site,
+        "reader": reader.describe(),
+        "visible_files": table.file_count,
+        "tree_version": tree_version,
+        "requests": requests,
+        **refresh,
+    }
 
 
 def uptime_since(started: float) -> float:

@@ -61,7 +61,10 @@ class TreeSwitches:
         self.applied_at = time.time()  # when the tree served now was applied
         self.last_s = 0.0
 
-    def describe(self, follower: TreeFollower) -> dict[str, Any]:
+    def describe(self, follower: TreeFollower | None) -> dict[str, Any]:
+        """Its status keys (None: the site is not followed, no --refresh-interval)."""
+        if follower is None or follower.interval_s <= 0:
+            return {"refresh_interval_s": 0}
         return {
             **follower.describe(),
             "tree_applied_at": self.applied_at,

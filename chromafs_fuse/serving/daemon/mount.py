@@ -33,7 +33,6 @@ from chromafs_fuse.filesystem import DocsFilesystem
 from chromafs_fuse.inodes import InodeTable
 from chromafs_fuse.readahead import ReadScheduler
 from chromafs_fuse.search_dir import SEARCH_INODE, SearchDir
-from chromafs_fuse.serving.daemon.metrics import start_metrics_server
 from chromafs_fuse.serving.daemon.watchdog import start_watchdog, stop_watchdog
 from chromafs_fuse.serving.fuse_adapter import (
     Filesystem,
@@ -45,7 +44,7 @@ from chromafs_fuse.serving.handshake import READY
 from chromafs_fuse.serving.kernel_push import KernelPusher, forget_attributes, tell_kernel
 from chromafs_fuse.serving.lifetime import end_at_expiry, end_when_unused, watch_signals
 from chromafs_fuse.serving.process import sd_notify
-from chromafs_fuse.serving.status import StatusFile, uptime_since
+from chromafs_fuse.serving.status import StatusFile, uptime_since, view_status
 from chromafs_fuse.serving.tree_switch import TreeSwitches, follow_site, next_filesystem
 from chromafs_fuse.serving.warm_up import all_files, changed_files, should_warm_kernel, visible_bytes, warm_kernel
 from chromafs_fuse.site.follower import TreeFollower
@@ -55,6 +54,7 @@ from chromafs_fuse.tree import PathEntry, SiteTree
 from chromafs_fuse.tree_diff import TreeChange
 
 if TYPE_CHECKING:
+    from chromafs_fuse.serving.metrics import MetricsEndpoint
     from chromafs_fuse.site.searcher import Searcher
 
 log = logging.getLogger("chromafs.mount")
@@ -113,6 +113,7 @@ class Mount:
         self.pusher: KernelPusher | None = None
         self.warms_kernel = False  # --warm-kernel, pages pushed, and the site within its budget
         self._nursery: trio.Nursery | None = None
+        self.metrics: MetricsEndpoint | None = None
 
     @property
     def fs(self) -> Filesystem:
@@ -220,7 +221,9 @@ class Mount:
         (when given) once the mount answers; pyfuse3.init raises RuntimeError if mounting fails."""
         config, mountpoint = self.config, self.config.mountpoint
         if config.metrics_addr:
-            start_metrics_server(config.metrics_addr, self.describe)
+            from chromafs_fuse.serving.metrics import mount_endpoint  # prometheus_client: 0.1 s to import
+
+            self.metrics = mount_endpoint(config.metrics_addr, self.describe)
         options = set(pyfuse3.default_options)
         options |= {f"fsname=chromafs:{config.site}", "subtype=chromafs", "ro", "noatime", *config.fuse_options}
         options.discard("rw")  # read-only, whatever the options say
@@ -239,6 +242,8 @@ class Mount:
             trio.run(self._serve, ready_fd)
         finally:
             stop_watchdog(self.watchdog)
+            if self.metrics is not None:
+                self.metrics.close()
             if self.pusher is not None:
                 self.pusher.stop()
             pyfuse3.close(unmount=True)
@@ -267,6 +272,10 @@ class Mount:
                     self.switches,
                 )
             nursery.start_soon(watch_signals)
+            if self.metrics is not None:
+                from chromafs_fuse.serving.metrics import serve_metrics
+
+                nursery.start_soon(serve_metrics, self.metrics, STATUS_EVERY_S)
             if self.principal.expires_at is not None:
                 nursery.start_soon(end_at_expiry, self.principal.expires_at, self._refuse)
             nursery.start_soon(self._announce_ready, ready_fd)
@@ -320,19 +329,22 @@ class Mount:
         config, adapter, pages = self.config, self.adapter, self.pages
         shared = pages.shared
         return {
+            **view_status(
+                config.site,
+                self.principal,
+                self.fs.table,
+                pages.tree_version,
+                dict(adapter.requests),
+                self.switches.describe(self.follower),
+            ),
             "pid": os.getpid(),
-            "site": config.site,
             "mountpoint": config.mountpoint,
-            "reader": self.principal.describe(),
             "expires_at": self.principal.expires_at,
             "backend": public_backend(config),
             "redis": bool(shared),
             "started": self.started,
             "uptime_s": uptime_since(self.started),
-            "visible_files": self.fs.table.file_count,
             "kernel_open": "skipped" if self.no_open else "per open",
-            "tree_version": pages.tree_version,
-            "requests": dict(adapter.requests),
             "caches": {
                 "memory": [pages.cache.hits, pages.cache.misses],
                 "redis": [shared.hits, shared.misses] if shared else [0, 0],
@@ -345,5 +357,4 @@ class Mount:
             "read_latency": adapter.read_latency.cumulative(),
             "latency": {op: [h.cumulative(), h.total_s] for op, h in sorted(adapter.latency.items())},
             "read_latency_sum_s": adapter.read_latency.total_s,
-            **(self.switches.describe(self.follower) if self.follower else {"refresh_interval_s": 0}),
         }

@@ -32,6 +32,7 @@ from chromafs_fuse.page_cache import PageCache
 from chromafs_fuse.readahead import ReadScheduler
 from chromafs_fuse.serving.kernel_push import forget_attributes, tell_kernel, walk_directories
 from chromafs_fuse.serving.serving_process.warm import ViewWarmer, WarmJob
+from chromafs_fuse.serving.status import view_status
 from chromafs_fuse.serving.tree_switch import TreeSwitches, follow_site, next_filesystem
 from chromafs_fuse.serving.warm_up import should_warm_kernel
 from chromafs_fuse.serving_filesystem import ServingFilesystem
@@ -415,12 +416,12 @@ class ServedSites:
         views: dict[str, dict[str, object]] = {}
         for site in self.sites.values():
             for name, view in site.views.items():
-                views[f"{mountpoint}/{site.directory}/{name}"] = {
-                    "site": site.config.site,
-                    "reader": view.reader.describe(),
-                    "visible_files": view.fs.table.file_count,
-                    "tree_version": site.tree.version,
-                    "requests": {"all": requests.get((site.directory, name), 0)},
-                    "tree_switches": site.switches.count,
-                }
+                views[f"{mountpoint}/{site.directory}/{name}"] = view_status(
+                    site.config.site,
+                    view.reader,
+                    view.fs.table,
+                    site.tree.version,
+                    {"all": requests.get((site.directory, name), 0)},
+                    site.switches.describe(site.follower),
+                )
         return views
