@@ -19,7 +19,6 @@ import logging
 import os
 import subprocess
 import time
-from collections.abc import Sequence
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit, urlunsplit
 
@@ -46,7 +45,7 @@ from chromafs_fuse.serving.lifetime import end_at_expiry, end_when_unused, watch
 from chromafs_fuse.serving.process import sd_notify
 from chromafs_fuse.serving.status import StatusFile, uptime_since, view_status
 from chromafs_fuse.serving.tree_switch import TreeSwitches, follow_site, next_filesystem
-from chromafs_fuse.serving.warm_up import all_files, changed_files, should_warm_kernel, visible_bytes, warm_kernel
+from chromafs_fuse.serving.warm_up import ViewWarmer, WarmJob, should_warm_kernel, visible_bytes
 from chromafs_fuse.site.follower import TreeFollower
 from chromafs_fuse.site.loader import LoadedSite, SiteLoader
 from chromafs_fuse.site.watch import SiteWatch
@@ -111,7 +110,9 @@ class Mount:
         # while run() runs:
         self.watchdog: subprocess.Popen[bytes] | None = None
         self.pusher: KernelPusher | None = None
-        self.warms_kernel = False  # --warm-kernel, pages pushed, and the site within its budget
+        self.warms_kernel = False  # --warm-kernel, a watchdog, and the site within its budget
+        self.warmer = ViewWarmer()  # the serving processes' warmer, with one view: the mount's root
+        self.warmed: set[int] = set()  # inodes read into the kernel already (a re-ingest's new ones are not)
         self._nursery: trio.Nursery | None = None
         self.metrics: MetricsEndpoint | None = None
 
@@ -160,8 +161,9 @@ class Mount:
         # never on the loop: the kernel may make a notification wait for a request the loop answers
         await trio.to_thread.run_sync(tell_kernel, old_pusher, change)
         self._start_pushing()
-        if self.warms_kernel and self._nursery is not None:
-            self._nursery.start_soon(self._warm, changed_files(old.table, new.table), trio.Event())
+        self.warmed.difference_update(change.stale_inodes)
+        if self.warms_kernel:
+            self._warm()  # the new and changed pages: new inodes
         log.info(
             "tree %s -> %s in %.3fs: %d files changed, %d added, %d removed; %d inodes and %d names invalidated",
             previous,
@@ -179,7 +181,7 @@ class Mount:
 
     def _start_pushing(self) -> None:
         """On the loop, for the tree served now: its scheduler hands loaded pages to the kernel."""
-        if self.watchdog is None:
+        if self.watchdog is None or not self.may_push:
             return
         scheduler = self.fs.scheduler
         token = trio.lowlevel.current_trio_token()
@@ -198,15 +200,13 @@ class Mount:
             return {}
         return {"stored": pusher.stored, "refused": pusher.refused, "skipped": pusher.skipped}
 
-    async def _warm(self, files: Sequence[int], done: trio.Event) -> None:
-        try:
-            await warm_kernel(
-                self.config.mountpoint, self.adapter, self.pages, files, self.config.session.cache_bytes // 4
-            )
-        except Exception:  # a warm-up is an optimisation: whatever stops it, the mount serves
-            log.exception("warm-up stopped")
-        finally:
-            done.set()
+    def _warm(self) -> WarmJob:
+        """On the loop: the pages of the tree served now that the kernel does not hold yet read
+        through the mount, in the background (stopped by a switch to another tree)."""
+        fs = self.fs
+        job = WarmJob(self.config.mountpoint, self.warmed, lambda: self.fs is fs)
+        self.warmer.offer(job)
+        return job
 
     async def _preload(self) -> None:
         """After mounting (without --warm-kernel): load every visible page into memory."""
@@ -233,8 +233,10 @@ class Mount:
         # garbage do not walk the whole heap on the request path.
         gc.collect()
         gc.freeze()
-        self.watchdog = start_watchdog(mountpoint, "pages are not pushed to the kernel") if self.may_push else None
-        self.warms_kernel = should_warm_kernel(config, self.watchdog is not None, self.fs.table)
+        # the warm-up reads this mount from this process: it needs the watchdog as pushing does
+        watched = self.may_push or config.warm_kernel
+        self.watchdog = start_watchdog(mountpoint, "pages are neither pushed nor warmed") if watched else None
+        self.warms_kernel = self.watchdog is not None and should_warm_kernel(config, self.fs.table)
         if config.pid_file:
             with open(config.pid_file, "w") as f:
                 f.write(f"{os.getpid()}\n")
@@ -272,6 +274,8 @@ class Mount:
                     self.switches,
                 )
             nursery.start_soon(watch_signals)
+            if self.warms_kernel:
+                nursery.start_soon(self.warmer.run)
             if self.metrics is not None:
                 from chromafs_fuse.serving.metrics import serve_metrics
 
@@ -304,11 +308,10 @@ class Mount:
         await trio.to_thread.run_sync(os.listdir, config.mountpoint)
         assert self._nursery is not None
         if self.warms_kernel:
-            warmed = trio.Event()
-            self._nursery.start_soon(self._warm, all_files(self.fs.table), warmed)
+            job = self._warm()
             if config.warm_wait_s > 0:
                 with trio.move_on_after(config.warm_wait_s):
-                    await warmed.wait()
+                    await job.done.wait()
         elif should_preload(config, self.fs.table):
             self._nursery.start_soon(self._preload)
         log.info("mounted on %s", config.mountpoint)

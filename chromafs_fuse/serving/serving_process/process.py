@@ -13,7 +13,7 @@ server does.
 It outlives the mount server that started it (a restarted one reconnects through the socket) and
 ends by itself once no session's bind of it has stood for its idle time. No page is pushed into
 the kernel here: the kernel keeps what it read once (no-open mode, or keep_cache with a stock
-pyfuse3) for every view of the site, and a new view is warmed by reading it (serving/serving_process/warm.py).
+pyfuse3) for every view of the site, and a new view is warmed by reading it (serving/warm_up.py).
 """
 
 from __future__ import annotations

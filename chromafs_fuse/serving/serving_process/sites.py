@@ -31,10 +31,9 @@ from chromafs_fuse.inodes import InodeTable
 from chromafs_fuse.page_cache import PageCache
 from chromafs_fuse.readahead import ReadScheduler
 from chromafs_fuse.serving.kernel_push import forget_attributes, tell_kernel, walk_directories
-from chromafs_fuse.serving.serving_process.warm import ViewWarmer, WarmJob
 from chromafs_fuse.serving.status import view_status
 from chromafs_fuse.serving.tree_switch import TreeSwitches, follow_site, next_filesystem
-from chromafs_fuse.serving.warm_up import should_warm_kernel
+from chromafs_fuse.serving.warm_up import ViewWarmer, WarmJob, should_warm_kernel
 from chromafs_fuse.serving_filesystem import ServingFilesystem
 from chromafs_fuse.serving_views import scope_for, site_dir_name, view_name
 from chromafs_fuse.sessions import ServedSession
@@ -94,7 +93,7 @@ class ServedSite:
         self.no_open = False  # set by ServedSites: the serving process's mount's open mode
         self.follower = TreeFollower(loader, pages.chroma, tree, config.refresh_interval_s)
         self.views: dict[str, ServedView] = {}
-        self.warmed: set[int] = set()  # inodes read through a view already (serving/serving_process/warm.py)
+        self.warmed: set[int] = set()  # inodes read through a view already (serving/warm_up.py)
         self.cancel = trio.CancelScope()  # ends the site's tasks once its last view goes
         self.switches = TreeSwitches()
 
@@ -279,7 +278,7 @@ class ServedSites:
         the job (None: the view is not warmed), and whether it is the only view warming."""
         view = site.views[name]
         fs = view.fs
-        if not should_warm_kernel(site.config, True, fs.table):  # reads need no watchdog: "pushing" holds
+        if not should_warm_kernel(site.config, fs.table):
             return None, False
 
         def current() -> bool:
