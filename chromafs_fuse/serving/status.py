@@ -22,6 +22,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("chromafs.status")
 
 
+STATUS_EVERY_S = 2.0  # how often a mount's or a serving process's status file is written
 RUNTIME_ENV = "CHROMAFS_RUNTIME_DIR"  # instead of /run/chromafs: a test run, a second server's world
 
 
@@ -101,6 +102,16 @@ class StatusFile:
         if self.path:
             with contextlib.suppress(OSError):
                 os.unlink(self.path)
+
+
+async def keep_written(status: StatusFile) -> None:
+    """Until cancelled, every STATUS_EVERY_S: the status described on the loop (one moment) and
+    encoded and written off it (with a thousand views that is tens of milliseconds)."""
+    import trio
+
+    while True:
+        await trio.sleep(STATUS_EVERY_S)
+        await trio.to_thread.run_sync(status.write_described, status.described())
 
 
 def read_statuses() -> list[dict[str, Any]]:

@@ -43,7 +43,7 @@ from chromafs_fuse.serving.handshake import READY
 from chromafs_fuse.serving.kernel_push import KernelPusher, forget_attributes, tell_kernel
 from chromafs_fuse.serving.lifetime import end_at_expiry, end_when_unused, watch_signals
 from chromafs_fuse.serving.process import sd_notify
-from chromafs_fuse.serving.status import StatusFile, uptime_since, view_status
+from chromafs_fuse.serving.status import STATUS_EVERY_S, StatusFile, keep_written, uptime_since, view_status
 from chromafs_fuse.serving.tree_switch import TreeSwitches, follow_site, next_filesystem
 from chromafs_fuse.serving.warm_up import ViewWarmer, WarmJob, should_warm_kernel, visible_bytes
 from chromafs_fuse.site.follower import TreeFollower
@@ -57,7 +57,6 @@ if TYPE_CHECKING:
     from chromafs_fuse.site.searcher import Searcher
 
 log = logging.getLogger("chromafs.mount")
-STATUS_EVERY_S = 2.0
 SEARCH_DIR_RESULTS = 20  # pages a file of the search directory lists
 
 
@@ -285,7 +284,7 @@ class Mount:
             nursery.start_soon(self._announce_ready, ready_fd)
             if self.config.idle_exit_s > 0:
                 nursery.start_soon(end_when_unused, self.config.mountpoint, self.config.idle_exit_s)
-            nursery.start_soon(self._keep_status_written)
+            nursery.start_soon(keep_written, self.status)
             await pyfuse3.main()
             nursery.cancel_scope.cancel()
         self._nursery = None
@@ -321,11 +320,6 @@ class Mount:
                 os.write(ready_fd, READY)
                 os.close(ready_fd)
         sd_notify(f"READY=1\nSTATUS=serving {config.site} on {config.mountpoint}")
-
-    async def _keep_status_written(self) -> None:
-        while True:
-            await trio.sleep(STATUS_EVERY_S)
-            self.status.write()
 
     def describe(self) -> dict:
         """The mount's status (the status file, `chromafs status`, the metrics endpoint)."""

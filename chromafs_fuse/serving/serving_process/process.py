@@ -54,14 +54,13 @@ from chromafs_fuse.serving.protocol import (
     error_answer,
 )
 from chromafs_fuse.serving.serving_process.sites import ServedSites
-from chromafs_fuse.serving.status import StatusFile, uptime_since
+from chromafs_fuse.serving.status import StatusFile, keep_written, uptime_since
 from chromafs_fuse.serving_filesystem import ServingFilesystem
 
 log = logging.getLogger("chromafs.serving")
 MOUNT_NAME = "serving"
 SOCKET_NAME = "serving.sock"
 MAX_LINE_BYTES = 256 * 1024
-STATUS_EVERY_S = 2.0
 MOUNT_OPTIONS = {"fsname=chromafs:serving", "subtype=chromafs", "ro", "noatime", "allow_other"}
 
 
@@ -137,11 +136,8 @@ class ServingProcess:
             with contextlib.suppress(OSError):
                 os.write(ready_fd, READY)
                 os.close(ready_fd)
-        while True:
-            # described on the loop (one moment), encoded and written off it: with a thousand
-            # views that is tens of milliseconds every time
-            await trio.to_thread.run_sync(self.status.write_described, self.status.described())
-            await trio.sleep(STATUS_EVERY_S)
+        await trio.to_thread.run_sync(self.status.write_described, self.status.described())
+        await keep_written(self.status)
 
     # -- the control socket ----------------------------------------------------------------
 
