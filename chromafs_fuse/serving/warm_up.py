@@ -10,7 +10,7 @@ page that several views of a site show is one inode, so a page read once through
 for every view of its site: a site's second class reads only the pages the first one did not
 show, and after a re-ingest a view reads only its new and changed pages (new inodes). No page is
 pushed (a read, unlike a kernel store, needs no patched pyfuse3); reading its own mount, a process
-needs its watchdog (serving/daemon/watchdog.py): killed while such a read waits in the kernel, it
+needs its watchdog (serving/watchdog.py): killed while such a read waits in the kernel, it
 could never close its FUSE descriptor. Views are warmed a few at a time; views of up to
 `--warm-max-bytes` visible bytes (default: a sixteenth of the machine's memory); the kernel evicts
 what it needs. A view removed or switched to a new tree meanwhile stops its warm-up.

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import gc
 import logging
 import os
 import subprocess
@@ -32,16 +31,15 @@ from chromafs_fuse.filesystem import DocsFilesystem
 from chromafs_fuse.inodes import InodeTable
 from chromafs_fuse.readahead import ReadScheduler
 from chromafs_fuse.search_dir import SEARCH_INODE, SearchDir
-from chromafs_fuse.serving.daemon.watchdog import start_watchdog, stop_watchdog
 from chromafs_fuse.serving.fuse_adapter import (
     Filesystem,
     FuseAdapter,
     attribute_maker,
     pyfuse3_passes_inode,
 )
-from chromafs_fuse.serving.handshake import READY
+from chromafs_fuse.serving.handshake import tell_ready
 from chromafs_fuse.serving.kernel_push import KernelPusher, forget_attributes, tell_kernel
-from chromafs_fuse.serving.lifetime import end_at_expiry, end_when_unused, watch_signals
+from chromafs_fuse.serving.lifetime import end_at_expiry, end_when_unused, fuse_mounted, watch_signals
 from chromafs_fuse.serving.process import sd_notify
 from chromafs_fuse.serving.status import STATUS_EVERY_S, StatusFile, keep_written, uptime_since, view_status
 from chromafs_fuse.serving.tree_switch import TreeSwitches, follow_site, next_filesystem
@@ -226,30 +224,25 @@ class Mount:
         options = set(pyfuse3.default_options)
         options |= {f"fsname=chromafs:{config.site}", "subtype=chromafs", "ro", "noatime", *config.fuse_options}
         options.discard("rw")  # read-only, whatever the options say
-        pyfuse3.init(self.adapter, mountpoint, options)
-        # Everything built so far (imported modules, the tree, the inode table) lives as long as the
-        # mount: take it out of the collector's sight, so that collections triggered by per-request
-        # garbage do not walk the whole heap on the request path.
-        gc.collect()
-        gc.freeze()
         # the warm-up reads this mount from this process: it needs the watchdog as pushing does
         watched = self.may_push or config.warm_kernel
-        self.watchdog = start_watchdog(mountpoint, "pages are neither pushed nor warmed") if watched else None
-        self.warms_kernel = self.watchdog is not None and should_warm_kernel(config, self.fs.table)
-        if config.pid_file:
-            with open(config.pid_file, "w") as f:
-                f.write(f"{os.getpid()}\n")
         try:
-            trio.run(self._serve, ready_fd)
+            with fuse_mounted(
+                self.adapter, mountpoint, options, "pages are neither pushed nor warmed" if watched else None
+            ) as self.watchdog:
+                self.warms_kernel = self.watchdog is not None and should_warm_kernel(config, self.fs.table)
+                if config.pid_file:
+                    with open(config.pid_file, "w") as f:
+                        f.write(f"{os.getpid()}\n")
+                try:
+                    trio.run(self._serve, ready_fd)
+                finally:
+                    if self.pusher is not None:
+                        self.pusher.stop()  # before the FUSE session is closed
         finally:
-            stop_watchdog(self.watchdog)
             if self.metrics is not None:
                 self.metrics.close()
-            if self.pusher is not None:
-                self.pusher.stop()
-            pyfuse3.close(unmount=True)
             self.status.remove()
-            log.info("unmounted %s; requests served: %s", mountpoint, dict(self.adapter.requests))
             if config.pid_file:
                 with contextlib.suppress(OSError):
                     os.unlink(config.pid_file)
@@ -315,10 +308,7 @@ class Mount:
             self._nursery.start_soon(self._preload)
         log.info("mounted on %s", config.mountpoint)
         self.status.write()
-        if ready_fd is not None:
-            with contextlib.suppress(OSError):
-                os.write(ready_fd, READY)
-                os.close(ready_fd)
+        tell_ready(ready_fd)
         sd_notify(f"READY=1\nSTATUS=serving {config.site} on {config.mountpoint}")
 
     def describe(self) -> dict:
