@@ -95,8 +95,8 @@ class Mount:
         self.adapter = FuseAdapter(self._filesystem(site.table, {}))
         # Pushing pages needs the kernel to keep them across opens (no-open mode only), the
         # batched store of chromafs's pyfuse3 build (scripts/build_pyfuse3.py), and a watchdog
-        # (started once mounted: only pushed pages can leave a thread waiting in the kernel on a
-        # killed daemon).
+        # (started once mounted: pushed pages, and the warm-up's reads of this mount, can leave a
+        # thread waiting in the kernel on a killed daemon).
         self.may_push = config.push_pages and self.no_open and hasattr(pyfuse3, "store_pages")
         self.follower: TreeFollower | None = None  # with --refresh-interval
         if config.refresh_interval_s > 0:
@@ -146,7 +146,7 @@ class Mount:
     async def switch_to(self, tree: SiteTree) -> TreeChange:
         """Serve `tree` from now on: pruned for the reader, on a new filesystem (old versions
         that readers hold stay readable), the kernel told what to forget, and with --warm-kernel
-        the pages that changed handed to it. The switch itself is one step on the loop, so a
+        the pages that changed read into it. The switch itself is one step on the loop, so a
         request sees one tree or the other; the blocking parts run in worker threads."""
         started = time.perf_counter()
         previous, old = self.tree.version, self.fs
