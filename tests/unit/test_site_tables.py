@@ -12,7 +12,7 @@ from chromafs_fuse import inodes
 from chromafs_fuse.access import Principal, visible_entries
 from chromafs_fuse.inodes import InodeScope, InodeTable
 from chromafs_fuse.serving.server.session_table import class_key
-from chromafs_fuse.site.tables import PrunedTables, prune, prune_view, whole_table
+from chromafs_fuse.site.tables import PrunedTables, prune, whole_table
 from chromafs_fuse.tree import SiteTree, parse_tree
 
 SITE = {
@@ -141,8 +141,8 @@ def test_a_view_pruned_from_the_whole_table_is_the_table_built_for_it(seed: int)
     for reader in [*READERS.values(), Principal.of(["a", "c"])]:
         scope = InodeScope(site="site.1234", view=f"site.1234\0{sorted(reader.groups)}")
         wanted = InodeTable(visible_entries(site.entries, reader), scope)
-        same_table(prune_view(site, reader, scope, whole), wanted)
-        same_table(prune_view(site, reader, scope, None), wanted)
+        same_table(prune(site, reader, scope, whole), wanted)
+        same_table(prune(site, reader, scope), wanted)
 
 
 def test_a_view_is_built_when_the_whole_table_rehashed_a_number() -> None:
@@ -156,7 +156,7 @@ def test_a_view_is_built_when_the_whole_table_rehashed_a_number() -> None:
     whole.salted = True
     scope = InodeScope(site="s", view="v")
     reader = Principal.of(["a", "b", "c"])
-    same_table(prune_view(site, reader, scope, whole), InodeTable(visible_entries(site.entries, reader), scope))
+    same_table(prune(site, reader, scope, whole), InodeTable(visible_entries(site.entries, reader), scope))
 
 
 def test_numbers_that_collide_are_rehashed_the_same_way_in_a_view(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -169,4 +169,4 @@ def test_numbers_that_collide_are_rehashed_the_same_way_in_a_view(monkeypatch: p
     assert whole.salted
     for reader in READERS.values():
         scope = InodeScope(site="s", view=f"v{sorted(reader.groups)}")
-        same_table(prune_view(site, reader, scope, whole), InodeTable(visible_entries(site.entries, reader), scope))
+        same_table(prune(site, reader, scope, whole), InodeTable(visible_entries(site.entries, reader), scope))
