@@ -13,6 +13,7 @@ from chromafs_fuse.options import (
     CLIENT_ONLY,
     MOUNT_OPTIONS,
     MOUNTD_DEFAULTS,
+    absolute,
     by_name,
     deprecated_names,
     quick_path_names,
@@ -75,11 +76,11 @@ def request_options(given: Mapping[str, object], environ: Mapping[str, str]) -> 
     for name, value in given.items():
         if name in CLIENT_ONLY:
             continue
-        out[name] = os.path.abspath(value) if OPTIONS[name].path and isinstance(value, str) and value else value
+        out[name] = absolute(OPTIONS[name], value) if OPTIONS[name].path and isinstance(value, str) and value else value
     for option in MOUNT_OPTIONS:
         if option.env and option.name not in out and option.name not in CLIENT_ONLY and environ.get(option.env):
             value = environ[option.env]
-            out[option.name] = os.path.abspath(value) if option.path else value
+            out[option.name] = absolute(option, value) if option.path else value
     if "--chroma-path" not in out and "--chroma-url" not in out:  # config.chroma_location's variables
         if environ.get("CHROMAFS_CHROMA_URL"):
             out["--chroma-url"] = environ["CHROMAFS_CHROMA_URL"]
