@@ -76,9 +76,12 @@ class ChromaLocation:
     database: str | None = None
 
     def describe(self) -> str:
+        return f"{self.server()} collection={self.collection}"
+
+    def server(self) -> str:
+        """Where the collections are: the server (or directory), and its tenant and database if given."""
         where = self.url if self.url else f"embedded:{self.path}"
-        scope = "".join(f" {k}={v}" for k, v in (("tenant", self.tenant), ("database", self.database)) if v)
-        return f"{where}{scope} collection={self.collection}"
+        return where + "".join(f" {k}={v}" for k, v in (("tenant", self.tenant), ("database", self.database)) if v)
 
 
 def chroma_location(args: Flags) -> ChromaLocation:

@@ -6,6 +6,7 @@ taken from the token, so `alg: none` and HS/RS confusion are refused.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -31,7 +32,9 @@ class KeysUnavailable(TokenError):
     file unreadable): the token is refused, though it may be good."""
 
 
-LEEWAY_S = 30.0  # clock skew between the token's issuer and this host that exp, nbf and iat allow
+# clock skew between the token's issuer and this host that nbf and iat allow; not exp: a session
+# ends at its token's exp by this host's clock, so a token past it would open a session only to end it
+LEEWAY_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -108,8 +111,8 @@ def principal_from_token(
     if not isinstance(groups, list) or not all(isinstance(g, str) for g in groups):
         raise TokenError("token 'groups' claim is not a list of strings")
     subject = claims.get("sub")
-    expires_at = claims["exp"]  # required and checked by jwt.decode: a number
-    assert isinstance(expires_at, (int, float))
+    expires_at = claims["exp"]
+    assert isinstance(expires_at, (int, float))  # _verified_claims checked it
     return Principal.of(groups, subject if isinstance(subject, str) else None, float(expires_at))
 
 
@@ -160,6 +163,9 @@ def _verified_claims(token: str, key: VerificationKey, rules: TokenRules) -> dic
         raise TokenError("the token is not a JWT (three base64url parts joined by dots): check the token file") from exc
     except jwt.InvalidTokenError as exc:
         raise TokenError(f"the token is invalid: {exc}") from exc
+    expires_at = claims["exp"]  # required and checked by jwt.decode: a number
+    if not isinstance(expires_at, (int, float)) or expires_at <= time.time():  # no leeway (LEEWAY_S)
+        raise TokenError("token has expired: ask for a new one")
     return claims
 
 

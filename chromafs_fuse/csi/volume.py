@@ -177,7 +177,15 @@ def prepare(request: PublishRequest, keys: Keys) -> Publish:
         config = MountConfig.from_args(flags)
     except (UsageError, ValueError) as exc:
         raise VolumeError("INVALID_ARGUMENT", f"volumeAttributes: {exc}") from exc
-    principal = reader(token or None, config.site, keys, config.session.backend_timeout_s)
+    try:
+        principal = reader(token or None, config.site, keys, config.session.backend_timeout_s)
+    except VolumeError as exc:
+        from chromafs_fuse.site.loader import missing_site  # the site's backends: only on this path
+
+        missing = missing_site(config.session) if exc.code == "PERMISSION_DENIED" else None
+        if missing is not None:  # a site that does not exist: that is the problem, not the token
+            raise VolumeError("NOT_FOUND", str(missing)) from exc
+        raise
     key = class_key(mount_settings(config), principal)
     return Publish(options, token or None, principal, key, config.session.backend_timeout_s)
 

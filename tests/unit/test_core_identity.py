@@ -83,14 +83,14 @@ def test_with_an_audience_the_site_is_the_site_claim_or_another_aud() -> None:
     assert str(refused.value) == "token names no site: no 'site' claim, and 'acme' is not in its 'aud' claim"
 
 
-def test_a_small_clock_skew_is_allowed_a_large_one_is_not() -> None:
+def test_a_small_clock_skew_is_allowed_for_nbf_and_iat() -> None:
     now = int(time.time())
     assert principal_from_token(_token(iat=now + 20, nbf=now + 20), KEY, "acme", RULES).subject == "alice"
-    assert principal_from_token(_token(exp=now - 10), KEY, "acme", RULES).subject == "alice"
     with pytest.raises(TokenError, match="not valid yet"):
         principal_from_token(_token(nbf=now + 120), KEY, "acme", RULES)
+    # none for exp: the session would end at once, by this host's clock
     with pytest.raises(TokenError, match="expired"):
-        principal_from_token(_token(exp=now - 120), KEY, "acme", RULES)
+        principal_from_token(_token(exp=now - 5), KEY, "acme", RULES)
 
 
 def _jwk(private: rsa.RSAPrivateKey, kid: str) -> dict[str, object]:
