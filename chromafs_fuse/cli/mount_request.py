@@ -159,6 +159,34 @@ def encode_request(mountpoint: str, options: Mapping[str, object], token: str | 
     ).encode()
 
 
+def encode_search(
+    options: Mapping[str, object], query: str, limit: int, token: str | None, embedder: str | None, rank: str
+) -> bytes:
+    """The Search line of serving/protocol.py (the same JSON its codec writes), without importing it."""
+    import json
+
+    request = {"op": "search", "options": dict(options), "query": query, "limit": limit, "token": token}
+    return json.dumps({**request, "embedder": embedder, "rank": rank}).encode() + b"\n"
+
+
+def answer_fields(line: bytes) -> dict[str, object]:
+    """An answer's fields when it says ok; else its error raised as its kind (protocol.answer_of's
+    reading, without importing it)."""
+    import json
+
+    from chromafs_fuse.errors import error_of
+
+    try:
+        answer = json.loads(line)
+    except ValueError:
+        raise error_of("unavailable", line.decode("utf-8", "replace").strip() or "no answer") from None
+    if not isinstance(answer, dict):
+        raise error_of("internal", "an answer that is not a JSON object")
+    if answer.get("ok"):
+        return answer
+    raise error_of(str(answer.get("kind") or "internal"), str(answer.get("error") or "no reason given"))
+
+
 def mount_server_socket(given: str | None, no_mountd: bool) -> tuple[str | None, bool]:
     """(the mount server to ask, whether to mount alone if it does not answer): the one given
     (--mountd, CHROMAFS_MOUNTD_SOCKET), else the host's when its socket is there, as `docker`
