@@ -232,8 +232,17 @@ class MountConfig:
 
     def to_dict(self) -> dict[str, object]:
         """As JSON carries it (the mount server hands a session's configuration to the shared
-        mount's process); `from_dict` gives it back equal."""
-        return dataclasses.asdict(self)
+        mount's process); `from_dict` gives it back equal. Token keys left at their defaults are
+        left out, so that a serving process started by an older server, which knows no `keys`,
+        reads what it is sent (the pool sends none: serving processes verify no token)."""
+        data = dataclasses.asdict(self)
+        if self.session.keys == TokenKeys():
+            data["session"].pop("keys")
+        return data
+
+    def without_keys(self) -> MountConfig:
+        """The same mount, with no token keys: what a serving process is told."""
+        return dataclasses.replace(self, session=dataclasses.replace(self.session, keys=TokenKeys()))
 
     @classmethod
     def from_dict(cls, data: Mapping[str, object]) -> MountConfig:
@@ -244,11 +253,19 @@ class MountConfig:
         session_config = SessionConfig(
             chroma=ChromaLocation(**chroma),
             redis=RedisSettings(**redis) if redis is not None else None,
-            keys=TokenKeys(**session.pop("keys")),
+            keys=_token_keys(session),
             **session,
         )
         fields["fuse_options"] = tuple(fields.get("fuse_options") or ())
         return cls(session=session_config, **fields)
+
+
+def _token_keys(session: dict[str, Any]) -> TokenKeys:
+    """A session's TokenKeys as to_dict wrote them; from a state journal written before they were
+    grouped, its two key files (a server recovering that journal serves its classes again)."""
+    old = {"secret_file": session.pop("jwt_secret_file", None), "public_key": session.pop("jwt_public_key", None)}
+    keys = session.pop("keys", None)
+    return TokenKeys(**keys) if keys is not None else TokenKeys(**old)
 
 
 SESSION_FUSE_OPTIONS = ("allow_other",)

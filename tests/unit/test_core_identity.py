@@ -141,3 +141,20 @@ def test_one_key_source_at_a_time_and_urls_shown_without_secrets(tmp_path: Path)
     with pytest.raises(TokenError, match="wants an http"):
         jwks_keys("ftp://idp.test/jwks", 1.0, 300.0, 5.0)
     assert shown("https://user:pw@idp.test:8443/keys?token=s3cret") == "https://idp.test:8443/keys"
+
+
+def test_a_configuration_journaled_before_token_keys_were_grouped_is_read() -> None:
+    """A mount server's state journal keeps each class's MountConfig.to_dict(): one written before
+    `keys` (jwt_secret_file, jwt_public_key beside the other settings) still serves its class again."""
+    from chromafs_fuse.config import ChromaLocation, MountConfig, SessionConfig
+
+    keys = TokenKeys(jwks_url="https://idp.test/jwks", issuer=ISSUER, audience=AUDIENCE, jwks_cooldown_s=1.0)
+    config = MountConfig(SessionConfig("acme", ChromaLocation(path="/c", collection="acme"), "p", "i", keys=keys), "/m")
+    assert MountConfig.from_dict(config.to_dict()) == config
+    old = config.to_dict()
+    old["session"].pop("keys")  # type: ignore[attr-defined]
+    old["session"].update(jwt_secret_file="/etc/secret", jwt_public_key=None)  # type: ignore[attr-defined]
+    assert MountConfig.from_dict(old).session.keys == TokenKeys(secret_file="/etc/secret")
+    # what a serving process is sent: no keys at all, as an older one reads it
+    sent = config.without_keys().to_dict()
+    assert "keys" not in sent["session"] and MountConfig.from_dict(sent) == config.without_keys()  # type: ignore[operator]
