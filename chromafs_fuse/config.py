@@ -26,11 +26,13 @@ if TYPE_CHECKING:
     Flags = argparse.Namespace | SimpleNamespace
 from chromafs_fuse.options import (
     DEFAULTS,
+    KEY_OPTIONS,
     MOUNT_OPTIONS,
     MOUNTD_OPTIONS,
     REFRESH_INTERVAL_S,
     REFRESH_INTERVAL_WITH_REDIS_S,
     Option,
+    absolute,
     checked_value,
     find,
 )
@@ -74,9 +76,12 @@ class ChromaLocation:
     database: str | None = None
 
     def describe(self) -> str:
+        return f"{self.server()} collection={self.collection}"
+
+    def server(self) -> str:
+        """Where the collections are: the server (or directory), and its tenant and database if given."""
         where = self.url if self.url else f"embedded:{self.path}"
-        scope = "".join(f" {k}={v}" for k, v in (("tenant", self.tenant), ("database", self.database)) if v)
-        return f"{where}{scope} collection={self.collection}"
+        return where + "".join(f" {k}={v}" for k, v in (("tenant", self.tenant), ("database", self.database)) if v)
 
 
 def chroma_location(args: Flags) -> ChromaLocation:
@@ -125,6 +130,38 @@ def redis_settings(
 
 
 @dataclass(frozen=True, slots=True)
+class TokenKeys:
+    """How a session's token is verified: its key (an HS256 secret, a PEM public key, or an identity
+    provider's JWKS) and the claims it must carry (tokens.TokenRules)."""
+
+    secret_file: str | None = from_flag("--jwt-secret-file", KEY_OPTIONS)
+    public_key: str | None = from_flag("--jwt-public-key", KEY_OPTIONS)
+    jwks_url: str | None = from_flag("--jwks-url", KEY_OPTIONS)  # an http(s) URL, or a file (a path or file://)
+    issuer: str | None = from_flag("--jwt-issuer", KEY_OPTIONS)
+    audience: str | None = from_flag("--jwt-audience", KEY_OPTIONS)
+    jwks_cooldown_s: float = from_flag("--jwks-cooldown", KEY_OPTIONS)
+    jwks_refresh_s: float = from_flag("--jwks-refresh", KEY_OPTIONS)
+
+    @classmethod
+    def from_args(cls, args: Flags) -> TokenKeys:
+        """From the flags of options.KEY_OPTIONS; a JWKS file's path made absolute."""
+        values = flag_values(cls, args)
+        if values["jwks_url"]:
+            values["jwks_url"] = absolute(find("--jwks-url", KEY_OPTIONS), values["jwks_url"])
+        return cls(**values)
+
+    def options(self) -> dict[str, object]:
+        """The flags that give these keys, as a session request carries them (paths made absolute)."""
+        out: dict[str, object] = {}
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            option = find(field.metadata["flag"], KEY_OPTIONS)
+            if value is not None and value != option.default:
+                out[option.name] = absolute(option, value) if option.path and isinstance(value, str) else value
+        return out
+
+
+@dataclass(frozen=True, slots=True)
 class SessionConfig:
     site: str = dataclasses.field(metadata=flag("--site"))
     chroma: ChromaLocation  # --chroma-path or --chroma-url, and the environment
@@ -135,8 +172,7 @@ class SessionConfig:
     backend_timeout_s: float = from_flag("--backend-timeout")
     s3_endpoint_url: str | None = from_flag("--s3-endpoint-url")
     redis: RedisSettings | None = None  # --redis-url and its flags
-    jwt_secret_file: str | None = from_flag("--jwt-secret-file")
-    jwt_public_key: str | None = from_flag("--jwt-public-key")
+    keys: TokenKeys = TokenKeys()  # how a token is verified
 
     @classmethod
     def from_args(cls, args: Flags) -> SessionConfig:
@@ -144,7 +180,7 @@ class SessionConfig:
         redis = None
         if args.redis_url:
             redis = redis_settings(args.redis_url, args.redis_prefix, args.redis_ca, args.tree_ttl, args.redis_ttl)
-        return cls(chroma=chroma_location(args), redis=redis, **values)
+        return cls(chroma=chroma_location(args), redis=redis, keys=TokenKeys.from_args(args), **values)
 
 
 Preload = Literal["auto", "on", "off"]
@@ -196,8 +232,17 @@ class MountConfig:
 
     def to_dict(self) -> dict[str, object]:
         """As JSON carries it (the mount server hands a session's configuration to the shared
-        mount's process); `from_dict` gives it back equal."""
-        return dataclasses.asdict(self)
+        mount's process); `from_dict` gives it back equal. Token keys left at their defaults are
+        left out, so that a serving process started by an older server, which knows no `keys`,
+        reads what it is sent (the pool sends none: serving processes verify no token)."""
+        data = dataclasses.asdict(self)
+        if self.session.keys == TokenKeys():
+            data["session"].pop("keys")
+        return data
+
+    def without_keys(self) -> MountConfig:
+        """The same mount, with no token keys: what a serving process is told."""
+        return dataclasses.replace(self, session=dataclasses.replace(self.session, keys=TokenKeys()))
 
     @classmethod
     def from_dict(cls, data: Mapping[str, object]) -> MountConfig:
@@ -208,10 +253,19 @@ class MountConfig:
         session_config = SessionConfig(
             chroma=ChromaLocation(**chroma),
             redis=RedisSettings(**redis) if redis is not None else None,
+            keys=_token_keys(session),
             **session,
         )
         fields["fuse_options"] = tuple(fields.get("fuse_options") or ())
         return cls(session=session_config, **fields)
+
+
+def _token_keys(session: dict[str, Any]) -> TokenKeys:
+    """A session's TokenKeys as to_dict wrote them; from a state journal written before they were
+    grouped, its two key files (a server recovering that journal serves its classes again)."""
+    old = {"secret_file": session.pop("jwt_secret_file", None), "public_key": session.pop("jwt_public_key", None)}
+    keys = session.pop("keys", None)
+    return TokenKeys(**keys) if keys is not None else TokenKeys(**old)
 
 
 SESSION_FUSE_OPTIONS = ("allow_other",)
@@ -220,12 +274,11 @@ PER_SESSION_SETTINGS = ("mountpoint", "pid_file", "log_file", "log_level", "log_
 
 def mount_settings(config: MountConfig) -> dict[str, object]:
     """Everything that shapes what a mount serves: sessions share a class only when all of it is
-    equal (the token's verification key is not: the reader is compared instead)."""
+    equal (how the token is verified is not: the reader is compared instead)."""
     settings = dataclasses.asdict(config)
     for name in PER_SESSION_SETTINGS:
         settings.pop(name)
-    for name in ("jwt_secret_file", "jwt_public_key"):
-        settings["session"].pop(name)
+    settings["session"].pop("keys")
     # who besides the session's owner may read it is the session's own (its directories' mode)
     settings["fuse_options"] = tuple(o for o in config.fuse_options if o not in SESSION_FUSE_OPTIONS)
     return settings

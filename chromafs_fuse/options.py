@@ -12,6 +12,8 @@ fast path.
 
 from __future__ import annotations
 
+import os
+
 from chromafs_fuse.names import CHUNK_INDEX_FIELD, PAGE_FIELD
 
 TYPE_CHECKING = False  # not `from typing import ...`: typing costs the mount client ~3 ms of start-up
@@ -70,7 +72,7 @@ class Option:
         store_as: str | None = None,
         minimum: float | None = None,
         positive: bool = False,
-        path: bool = False,
+        path: bool | str = False,
     ) -> None:
         assert kind in KINDS, kind
         self.name = name  # the flag, e.g. --cache-bytes
@@ -91,7 +93,7 @@ class Option:
         self.store_as = store_as
         self.minimum = minimum  # a smaller value is refused (checked_value)
         self.positive = positive  # 0 and less are refused (checked_value)
-        self.path = path  # a file or directory: relative to the caller's working directory
+        self.path = path  # a file or directory: relative to the caller's working directory; "url": or a URL
 
     @property
     def dest(self) -> str:
@@ -131,15 +133,9 @@ CHROMA_OPTIONS = (
     Option("--chunk-index-field", "chunk metadata field with its position", default=CHUNK_INDEX_FIELD),
 )
 
-# What any reader of a site needs (a mount, chromafs grep/search/mcp): SessionConfig.
-SESSION_OPTIONS = (
-    *CHROMA_OPTIONS,
-    Option(
-        "--token",
-        "session JWT (visible in ps: prefer --token-file or CHROMAFS_TOKEN)",
-        fstab=False,  # it would show in ps and fstab: mount.fuse.chromafs refuses it
-    ),
-    Option("--token-file", "file holding the session JWT (env CHROMAFS_TOKEN_FILE)", metavar="F", path=True),
+# How a session's token is verified (config.py's TokenKeys): by a mount, the mount server, the
+# session commands and chromafs-csi alike.
+KEY_OPTIONS = (
     Option(
         "--jwt-secret-file",
         "HS256 shared secret (env CHROMAFS_JWT_SECRET_FILE)",
@@ -154,6 +150,56 @@ SESSION_OPTIONS = (
         env="CHROMAFS_JWT_PUBLIC_KEY",
         path=True,
     ),
+    Option(
+        "--jwks-url",
+        "the identity provider's signing keys, a JWKS document: an http(s) URL, fetched, cached and "
+        "followed through key rotations, or a file (a path or file://) (env CHROMAFS_JWKS_URL)",
+        metavar="URL",
+        env="CHROMAFS_JWKS_URL",
+        path="url",
+    ),
+    Option(
+        "--jwt-issuer",
+        "refuse a token whose 'iss' claim is not this issuer (env CHROMAFS_JWT_ISSUER)",
+        metavar="ISS",
+        env="CHROMAFS_JWT_ISSUER",
+    ),
+    Option(
+        "--jwt-audience",
+        "refuse a token whose 'aud' claim does not hold this audience; the site is then the token's "
+        "'site' claim, or another 'aud' entry (env CHROMAFS_JWT_AUDIENCE)",
+        metavar="AUD",
+        env="CHROMAFS_JWT_AUDIENCE",
+    ),
+    Option(
+        "--jwks-cooldown",
+        "with --jwks-url: a token signed by a key the cached JWKS lacks fetches it again at most once "
+        "every S seconds (default: %(default)s)",
+        type=float,
+        default=10.0,
+        metavar="S",
+        minimum=0,
+    ),
+    Option(
+        "--jwks-refresh",
+        "with --jwks-url: the cached JWKS is fetched again after S seconds (default: %(default)s)",
+        type=float,
+        default=300.0,
+        metavar="S",
+        positive=True,
+    ),
+)
+
+# What any reader of a site needs (a mount, chromafs grep/search/mcp): SessionConfig.
+SESSION_OPTIONS = (
+    *CHROMA_OPTIONS,
+    Option(
+        "--token",
+        "session JWT (visible in ps: prefer --token-file or CHROMAFS_TOKEN)",
+        fstab=False,  # it would show in ps and fstab: mount.fuse.chromafs refuses it
+    ),
+    Option("--token-file", "file holding the session JWT (env CHROMAFS_TOKEN_FILE)", metavar="F", path=True),
+    *KEY_OPTIONS,
     Option("--chunk-joiner", "text put between chunks (default: newline)", default="\n"),
     Option(
         "--cache-bytes",
@@ -489,6 +535,13 @@ INGEST_DEFAULTS: dict[str, Any] = {option.name: option.default for option in ING
 # query to Chroma
 REFRESH_INTERVAL_WITH_REDIS_S = 1.0
 REFRESH_INTERVAL_S = 5.0
+
+
+def absolute(option: Option, value: str) -> str:
+    """A path option's value made absolute against this process's working directory (a URL kept)."""
+    if option.path == "url" and "://" in value:
+        return value
+    return os.path.abspath(value)
 
 
 def checked_value(option: Option, value: Any) -> Any:

@@ -16,7 +16,8 @@ TYPE_CHECKING = False  # not `from typing import ...`: typing costs the mount cl
 if TYPE_CHECKING:
     import argparse
 
-    from chromafs_fuse.tokens import VerificationKey
+    from chromafs_fuse.config import TokenKeys
+    from chromafs_fuse.tokens import KeyLookup, VerificationKey
 
 
 def read_token_file(path: str) -> str:
@@ -76,3 +77,20 @@ def _key_file(path: str, what: str) -> bytes:
             return f.read()
     except OSError as exc:
         raise TokenError(f"cannot read {what} {path}: {exc.strerror}") from exc
+
+
+def load_token_key(keys: TokenKeys, timeout_s: float) -> VerificationKey | KeyLookup | None:
+    """What verifies a token's signature: the key of --jwt-secret-file or --jwt-public-key, or the
+    keys of --jwks-url (found by the token's `kid`, fetched and cached: backends/jwks.py); None
+    without any. `timeout_s` bounds a JWKS fetch."""
+    from chromafs_fuse.tokens import TokenError
+
+    given = [flag for flag, value in (("--jwt-secret-file", keys.secret_file),
+             ("--jwt-public-key", keys.public_key), ("--jwks-url", keys.jwks_url)) if value]  # fmt: skip
+    if len(given) > 1:
+        raise TokenError(f"give one of --jwt-secret-file, --jwt-public-key and --jwks-url, not {' and '.join(given)}")
+    if keys.jwks_url:
+        from chromafs_fuse.backends.jwks import jwks_keys
+
+        return jwks_keys(keys.jwks_url, keys.jwks_cooldown_s, keys.jwks_refresh_s, timeout_s)
+    return load_verification_key(keys.secret_file, keys.public_key)

@@ -330,6 +330,89 @@ def reader_args(token: Path | None, secret_file: Path) -> list[str]:
     return [] if token is None else ["--token-file", str(token), "--jwt-secret-file", str(secret_file)]
 
 
+class IdentityProvider:
+    """An identity provider's stand-in on 127.0.0.1: it publishes its RSA signing keys as a JWKS
+    document (GET /jwks) and signs tokens with them (RS256, each with its `kid`). Keys are added and
+    withdrawn while it runs, as a provider rotates them; `fetches` counts the JWKS requests."""
+
+    ISSUER = "https://idp.test"
+    AUDIENCE = "chromafs"
+
+    def __init__(self) -> None:
+        import http.server
+        import threading
+
+        from cryptography.hazmat.primitives.asymmetric import rsa
+
+        self._rsa = rsa
+        self.keys: dict[str, object] = {}  # kid -> private key, the ones published
+        self.fetches = 0
+        self.status = 200
+        provider = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                provider.fetches += 1
+                body = json.dumps(provider.document()).encode() if provider.status == 200 else b"down"
+                self.send_response(provider.status if self.path == "/jwks" else 404)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self._server = http.server.ThreadingHTTPServer((HOST, 0), Handler)
+        self.url = f"http://{HOST}:{self._server.server_address[1]}/jwks"
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread.start()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join()
+
+    def add_key(self, kid: str) -> object:
+        """A new RSA key, published under `kid`; returns its private key."""
+        self.keys[kid] = self._rsa.generate_private_key(public_exponent=65537, key_size=2048)
+        return self.keys[kid]
+
+    def withdraw(self, kid: str) -> object:
+        return self.keys.pop(kid)
+
+    def document(self) -> dict[str, object]:
+        from jwt.algorithms import RSAAlgorithm
+
+        keys = []
+        for kid, private in self.keys.items():
+            jwk = RSAAlgorithm.to_jwk(private.public_key(), as_dict=True)  # type: ignore[attr-defined]
+            keys.append({**jwk, "kid": kid, "use": "sig", "alg": "RS256"})
+        return {"keys": keys}
+
+    def token(self, kid: str, private: object = None, **claims: object) -> str:
+        """A token signed by the key `kid` (or by `private`, under that kid): the sample site's
+        reader `tester`, of this issuer and audience, unless `claims` say otherwise."""
+        import jwt
+
+        payload: dict[str, object] = {
+            "sub": "tester",
+            "site": "acme",
+            "iss": self.ISSUER,
+            "aud": self.AUDIENCE,
+            "exp": int(time.time()) + 3600,
+        }
+        payload.update(claims)
+        key = private if private is not None else self.keys[kid]
+        return jwt.encode(payload, key, algorithm="RS256", headers={"kid": kid})  # type: ignore[arg-type]
+
+
 # Shared objects that `import chromadb` maps into a process. chromadb itself is pure Python, so
 # its own name alone would never show in the maps.
 CHROMADB_FOOTPRINT = ("chromadb", "/numpy/", "pydantic_core", "/grpc/")

@@ -253,6 +253,22 @@ class HttpCollection:
         self.server.close()
 
 
+def collection_names(
+    url: str, headers: Mapping[str, str] | None, tenant: str | None, database: str | None, timeout_s: float
+) -> list[str]:
+    """The names of the collections of a Chroma server's database (the first 1000). Raises
+    ChromaHttpError or ChromaUnreachable."""
+    server = ChromaServer(url, headers, timeout_s)
+    try:
+        base = _database_path(tenant or CHROMA_TENANT, database or CHROMA_DATABASE)
+        models = server.request("GET", f"{base}/collections?limit=1000")
+    finally:
+        server.close()
+    if not isinstance(models, list):
+        raise ChromaHttpError(200, "", f"the collections answered as {_snippet(models)}")
+    return sorted(str(m["name"]) for m in models if isinstance(m, dict) and isinstance(m.get("name"), str))
+
+
 def _segment(value: str) -> str:
     return quote(value, safe="")
 

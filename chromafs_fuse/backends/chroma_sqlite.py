@@ -50,6 +50,25 @@ def _batches(values: Sequence[Any]) -> list[Sequence[Any]]:
     return [values[i : i + MAX_PARAMETERS] for i in range(0, len(values), MAX_PARAMETERS)]
 
 
+def collection_names(directory: str, tenant: str, database: str, timeout_s: float) -> list[str] | None:
+    """The names of the collections in an embedded Chroma's database, or None when its file cannot
+    be read this way."""
+    path = os.path.join(directory, "chroma.sqlite3")
+    try:
+        connection = _connect(path, timeout_s)
+        try:
+            rows = connection.execute(
+                "SELECT c.name FROM collections c JOIN databases d ON d.id = c.database_id"
+                " WHERE d.name = ? AND d.tenant_id = ? ORDER BY c.name",
+                (database, tenant),
+            ).fetchall()
+        finally:
+            connection.close()
+    except sqlite3.Error:
+        return None
+    return [str(row[0]) for row in rows]
+
+
 class SqliteCollection:
     """The part of chromadb's Collection API a mount uses, answered from SQLite."""
 

@@ -8,6 +8,7 @@ Calls here are blocking; the filesystem runs them on worker threads.
 
 from __future__ import annotations
 
+import difflib
 import logging
 import os
 from collections.abc import Mapping, Sequence
@@ -40,6 +41,50 @@ class BackendError(Unavailable, RuntimeError):
 
 class SiteNotFound(NotFound, RuntimeError):
     """The collection or its tree record does not exist."""
+
+
+MAX_SITES_SHOWN = 20
+
+
+def site_not_found(location: ChromaLocation, names: list[str] | None) -> SiteNotFound:
+    """A collection that does not exist, named first, then the sites that do (`names`, the
+    collections there; None: unknown), and the nearest name when one is close: a typo of --site
+    is the usual cause."""
+    missing = location.collection
+    message = f"no site {missing!r} in Chroma at {location.server()}: no collection {missing!r}"
+    if names is None:
+        return SiteNotFound(message)
+    if not names:
+        return SiteNotFound(f"{message}, nor any other: ingest the site with chromafs-ingest")
+    shown = ", ".join(names[:MAX_SITES_SHOWN]) + (
+        f" and {len(names) - MAX_SITES_SHOWN} more" if len(names) > MAX_SITES_SHOWN else ""
+    )
+    close = difflib.get_close_matches(missing, names, n=1, cutoff=0.6)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    return SiteNotFound(f"{message}; the sites there: {shown}{hint}")
+
+
+def site_names(location: ChromaLocation, timeout_s: float) -> list[str] | None:
+    """The collections at `location`'s server or directory (the sites, unless --collection names
+    them otherwise), or None when they cannot be listed."""
+    try:
+        if location.url:
+            from chromafs_fuse.backends.chroma_http import collection_names
+
+            return collection_names(location.url, location.headers, location.tenant, location.database, timeout_s)
+        if location.path:
+            from chromafs_fuse.backends import chroma_sqlite
+
+            names = chroma_sqlite.collection_names(
+                location.path, location.tenant or "default_tenant", location.database or "default_database", timeout_s
+            )
+            if names is not None:
+                return names
+            client = connect_client(location, timeout_s)
+            return sorted(str(getattr(c, "name", c)) for c in client.list_collections())
+    except Exception as exc:  # only a hint of a message already failing: any failure leaves it out
+        log.debug("cannot list the collections at %s: %s", location.server(), exc)
+    return None
 
 
 def _settings() -> Any:
@@ -109,7 +154,7 @@ def _open_http_collection(location: ChromaLocation, timeout_s: float) -> Any:
             timeout_s=timeout_s,
         )
     except CollectionNotFound as exc:
-        raise SiteNotFound(f"no collection {location.collection!r} in Chroma at {location.describe()}") from exc
+        raise site_not_found(location, site_names(location, timeout_s)) from exc
     except Exception as exc:  # ChromaHttpError, ChromaUnreachable, a malformed answer
         raise BackendError(
             f"cannot open Chroma at {location.describe()}: {exc} (is the Chroma server up? check --chroma-url)"
@@ -134,7 +179,7 @@ def _open_chromadb_collection(location: ChromaLocation, timeout_s: float) -> Any
     except Exception as exc:  # chromadb's errors share no base class: every one becomes a BackendError
         message = str(exc)
         if "does not exist" in message or "not found" in message.lower():
-            raise SiteNotFound(f"no collection {location.collection!r} in Chroma at {location.describe()}") from exc
+            raise site_not_found(location, site_names(location, timeout_s)) from exc
         raise BackendError(f"cannot open collection {location.collection!r}: {exc}") from exc
 
 

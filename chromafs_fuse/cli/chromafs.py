@@ -18,12 +18,14 @@ TYPE_CHECKING = False  # `chromafs shell` starts a session: it imports nothing i
 
 if TYPE_CHECKING:
     import argparse
+    from typing import Any
 
 
 def build_parser() -> argparse.ArgumentParser:
     import argparse
 
-    from chromafs_fuse.cli.common import add_session_arguments
+    from chromafs_fuse.cli.common import add_options, add_session_arguments
+    from chromafs_fuse.options import find
 
     parser = argparse.ArgumentParser(prog="chromafs", description="Work with a chromafs site without mounting it.")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -47,6 +49,8 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     search.add_argument("--timings", action="store_true", help="say on stderr where the time went")
     add_session_arguments(search)
+    # the host's mount server answers warm when it is there (--mountd, the default socket)
+    add_options(search, [find("--mountd"), find("--no-mountd")])
     search.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
     mcp = commands.add_parser("mcp", help="an MCP server (stdio, or streamable HTTP) over the pages a token may read")
     mcp.add_argument(
@@ -131,29 +135,84 @@ def run_grep(args: argparse.Namespace) -> int:
 def run_search(args: argparse.Namespace) -> int:
     import json
 
-    from chromafs_fuse.config import SessionConfig
-    from chromafs_fuse.search import hit_line, hit_record
-    from chromafs_fuse.site.view import open_view
     from chromafs_fuse.token_source import resolve_token
 
     opened = time.perf_counter()
-    view = open_view(SessionConfig.from_args(args), resolve_token(args))
-    view_s = time.perf_counter() - opened
-    result = view.search_result(args.query, args.n, args.embedder, args.rank)
-    for note in result.notes:
+    token = resolve_token(args)
+    answer = search_through_mountd(args, token)  # no numpy, no model here: the server holds them
+    if answer is None:  # no mount server: the search runs here, cold
+        from chromafs_fuse.config import SessionConfig
+        from chromafs_fuse.search import hit_line, hit_record
+        from chromafs_fuse.site.view import open_view
+
+        view = open_view(SessionConfig.from_args(args), token)
+        stages = {"start-up": opened - STARTED, "open view": time.perf_counter() - opened}
+        result = view.search_result(args.query, args.n, args.embedder, args.rank)
+        stages.update(result.timings)
+        records = [hit_record(hit) for hit in result.hits]
+        lines = [hit_line(hit) for hit in result.hits]
+        notes, mode, embedder = result.notes, result.mode, result.embedder
+    else:
+        stages = {"start-up": opened - STARTED, "mount server": time.perf_counter() - opened}
+        records, lines, notes = answer["records"], answer["lines"], answer["notes"]
+        mode, embedder = answer["mode"], answer["embedder"]
+    for note in notes:
         print(f"chromafs search: note: {note}", file=sys.stderr)
-    for hit in result.hits:
-        if args.json:
-            print(json.dumps(hit_record(hit), ensure_ascii=False))
-        else:
-            print(hit_line(hit))
+    for record, line in zip(records, lines, strict=True):
+        print(json.dumps(record, ensure_ascii=False) if args.json else line)
     if args.timings:
-        stages = {"start-up": opened - STARTED, "open view": view_s, **result.timings}
         spent = ", ".join(f"{stage} {seconds * 1000:.0f} ms" for stage, seconds in stages.items())
         total = time.perf_counter() - STARTED
-        print(f"chromafs search: {result.mode} ({result.embedder or 'no vectors'}): {spent}; "
+        print(f"chromafs search: {mode} ({embedder or 'no vectors'}): {spent}; "
               f"total {total * 1000:.0f} ms", file=sys.stderr)  # fmt: skip
-    return 0 if result.hits else 1
+    return 0 if records else 1
+
+
+def search_through_mountd(args: argparse.Namespace, token: str | None) -> dict[str, Any] | None:
+    """The search answered by the mount server given (--mountd, CHROMAFS_MOUNTD_SOCKET) or the
+    host's, warm: its answer's fields (serving/protocol.py's Search); None when there is none to
+    ask (--no-mountd, or the host's does not answer: no socket, or not this user's to connect
+    to). Its refusal is raised as its kind."""
+    import os
+    import socket
+
+    from chromafs_fuse.cli.mount import given_options
+    from chromafs_fuse.cli.mount_request import (
+        FALL_BACK_ERRNOS,
+        answer_fields,
+        encode_search,
+        mount_server_socket,
+        request_options,
+    )
+    from chromafs_fuse.errors import Unavailable
+    from chromafs_fuse.options import SESSION_OPTIONS
+
+    socket_path, fall_back = mount_server_socket(args.mountd, args.no_mountd)
+    if not socket_path:
+        return None
+    options = request_options(given_options(args, SESSION_OPTIONS), os.environ)
+    request = encode_search(options, args.query, args.n, token, args.embedder, args.rank)
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+        conn.settimeout(5)
+        try:
+            conn.connect(socket_path)
+        except OSError as exc:
+            if fall_back and exc.errno in FALL_BACK_ERRNOS:
+                return None
+            raise Unavailable(f"cannot reach chromafs-mountd at {socket_path}: {exc.strerror or exc}") from None
+        conn.settimeout(args.backend_timeout * 3 + 60)  # a site's first search loads it
+        try:
+            conn.sendall(request)
+            conn.shutdown(socket.SHUT_WR)
+            answer = b""
+            while not answer.endswith(b"\n"):
+                chunk = conn.recv(65536)
+                if not chunk:
+                    break
+                answer += chunk
+        except OSError as exc:
+            raise Unavailable(f"chromafs-mountd at {socket_path} did not answer: {exc.strerror or exc}") from None
+    return answer_fields(answer)
 
 
 def run_mcp(args: argparse.Namespace) -> int:

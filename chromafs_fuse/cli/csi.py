@@ -6,9 +6,10 @@ import argparse
 import os
 import sys
 
+from chromafs_fuse.cli.common import add_options
 from chromafs_fuse.errors import UsageError
 from chromafs_fuse.logs import setup_logging
-from chromafs_fuse.options import LOG_LEVELS, MOUNTD_DEFAULTS
+from chromafs_fuse.options import KEY_OPTIONS, LOG_LEVELS, MOUNTD_DEFAULTS
 
 CSI_ENDPOINT = "unix:///csi/csi.sock"
 MOUNTD_SOCKET: str = MOUNTD_DEFAULTS["--socket"]  # the mount server's own default
@@ -22,9 +23,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--endpoint", default=os.environ.get("CSI_ENDPOINT", CSI_ENDPOINT), help="CSI socket")
     parser.add_argument("--mountd", default=MOUNTD_SOCKET, metavar="SOCKET", help="the node's chromafs-mountd socket")
     parser.add_argument("--node-id", required=True, metavar="NODE", help="this node's name (NodeGetInfo)")
-    keys = parser.add_mutually_exclusive_group()
-    keys.add_argument("--jwt-secret-file", metavar="F", help="HS256 secret that verifies tokens, as chromafs-mountd's")
-    keys.add_argument("--jwt-public-key", metavar="F", help="PEM public key that verifies tokens, as chromafs-mountd's")
+    add_options(parser, KEY_OPTIONS)  # how tokens are verified, as a session's own flags say
     parser.add_argument("--log-level", choices=LOG_LEVELS, default="info")
     parser.add_argument("--log-file", help="log here (default: stderr)")
     return parser
@@ -37,8 +36,8 @@ def main(argv: list[str] | None = None) -> int:
         from chromafs_fuse.csi.server import serve
         from chromafs_fuse.csi.volume import Keys, VolumeError, reader
 
-        keys = Keys(args.jwt_secret_file, args.jwt_public_key)
-        reader(None, "-", keys)  # the key is readable now, not at the first pod
+        keys = Keys.from_args(args)
+        reader(None, "-", keys, 0.0)  # the key is readable now, not at the first pod
         return serve(args.endpoint, args.mountd, args.node_id, keys)
     except (UsageError, VolumeError) as exc:
         print(f"chromafs-csi: {exc}", file=sys.stderr)

@@ -12,6 +12,7 @@ import argparse
 import contextlib
 import os
 import sys
+from collections.abc import Iterable
 
 from chromafs_fuse.cli.common import add_options
 from chromafs_fuse.cli.mount_request import (
@@ -25,7 +26,7 @@ from chromafs_fuse.cli.mount_request import (
     unmount_lazily,
 )
 from chromafs_fuse.errors import UsageError
-from chromafs_fuse.options import CLIENT_ONLY, MOUNT_OPTIONS, default_value
+from chromafs_fuse.options import CLIENT_ONLY, MOUNT_OPTIONS, Option, default_value
 from chromafs_fuse.serving.handshake import wait_for_ready
 from chromafs_fuse.token_source import resolve_token
 
@@ -39,11 +40,11 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def given_options(args: argparse.Namespace) -> dict[str, object]:
+def given_options(args: argparse.Namespace, options: Iterable[Option] = MOUNT_OPTIONS) -> dict[str, object]:
     """The options argparse read that differ from their defaults, by their current names, as a
     session request carries them (its environment defaults included: they are the caller's)."""
     given: dict[str, object] = {}
-    for option in MOUNT_OPTIONS:
+    for option in options:
         if option.hidden or option.name in CLIENT_ONLY:
             continue
         value = getattr(args, option.dest)

@@ -13,6 +13,7 @@ from chromafs_fuse.options import (
     CLIENT_ONLY,
     MOUNT_OPTIONS,
     MOUNTD_DEFAULTS,
+    absolute,
     by_name,
     deprecated_names,
     quick_path_names,
@@ -75,11 +76,11 @@ def request_options(given: Mapping[str, object], environ: Mapping[str, str]) -> 
     for name, value in given.items():
         if name in CLIENT_ONLY:
             continue
-        out[name] = os.path.abspath(value) if OPTIONS[name].path and isinstance(value, str) and value else value
+        out[name] = absolute(OPTIONS[name], value) if OPTIONS[name].path and isinstance(value, str) and value else value
     for option in MOUNT_OPTIONS:
         if option.env and option.name not in out and option.name not in CLIENT_ONLY and environ.get(option.env):
             value = environ[option.env]
-            out[option.name] = os.path.abspath(value) if option.path else value
+            out[option.name] = absolute(option, value) if option.path else value
     if "--chroma-path" not in out and "--chroma-url" not in out:  # config.chroma_location's variables
         if environ.get("CHROMAFS_CHROMA_URL"):
             out["--chroma-url"] = environ["CHROMAFS_CHROMA_URL"]
@@ -156,6 +157,34 @@ def encode_request(mountpoint: str, options: Mapping[str, object], token: str | 
         f'{{"op": "open_session", "mountpoint": {_json_string(os.path.abspath(mountpoint))}, '
         f'"options": {{{fields}}}, "token": {token_json}}}\n'
     ).encode()
+
+
+def encode_search(
+    options: Mapping[str, object], query: str, limit: int, token: str | None, embedder: str | None, rank: str
+) -> bytes:
+    """The Search line of serving/protocol.py (the same JSON its codec writes), without importing it."""
+    import json
+
+    request = {"op": "search", "options": dict(options), "query": query, "limit": limit, "token": token}
+    return json.dumps({**request, "embedder": embedder, "rank": rank}).encode() + b"\n"
+
+
+def answer_fields(line: bytes) -> dict[str, object]:
+    """An answer's fields when it says ok; else its error raised as its kind (protocol.answer_of's
+    reading, without importing it)."""
+    import json
+
+    from chromafs_fuse.errors import error_of
+
+    try:
+        answer = json.loads(line)
+    except ValueError:
+        raise error_of("unavailable", line.decode("utf-8", "replace").strip() or "no answer") from None
+    if not isinstance(answer, dict):
+        raise error_of("internal", "an answer that is not a JSON object")
+    if answer.get("ok"):
+        return answer
+    raise error_of(str(answer.get("kind") or "internal"), str(answer.get("error") or "no reason given"))
 
 
 def mount_server_socket(given: str | None, no_mountd: bool) -> tuple[str | None, bool]:

@@ -16,13 +16,13 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 
 from chromafs_fuse.access import Principal
-from chromafs_fuse.config import MountConfig, mount_settings
+from chromafs_fuse.config import MountConfig, TokenKeys, mount_settings
 from chromafs_fuse.errors import Refused, UsageError
 from chromafs_fuse.options import request_values
 from chromafs_fuse.serving.server.session_table import class_key
 from chromafs_fuse.serving.status import session_status_path
-from chromafs_fuse.token_source import load_verification_key
-from chromafs_fuse.tokens import TokenError, TokenNotForSite, principal_from_token
+from chromafs_fuse.token_source import load_token_key
+from chromafs_fuse.tokens import KeysUnavailable, TokenError, TokenNotForSite, TokenRules, principal_from_token
 
 KUBELET_PREFIX = "csi.storage.k8s.io/"
 # volumeAttributes a pod may set: the site and where its backends answer, and how a session reads
@@ -93,19 +93,7 @@ class Publish:
     backend_timeout_s: float
 
 
-@dataclass(frozen=True)
-class Keys:
-    """The plugin's token keys, the mount server's options for them."""
-
-    jwt_secret_file: str | None = None
-    jwt_public_key: str | None = None
-
-    def options(self) -> dict[str, object]:
-        if self.jwt_secret_file:
-            return {"--jwt-secret-file": os.path.abspath(self.jwt_secret_file)}
-        if self.jwt_public_key:
-            return {"--jwt-public-key": os.path.abspath(self.jwt_public_key)}
-        return {}
+Keys = TokenKeys  # the plugin's token keys; `options()`, the mount server's options for them
 
 
 def check_target(volume_id: str, target_path: str) -> None:
@@ -156,21 +144,24 @@ def mount_options(request: PublishRequest) -> dict[str, object]:
     return options
 
 
-def reader(token: str | None, site: str, keys: Keys) -> Principal:
+def reader(token: str | None, site: str, keys: Keys, timeout_s: float) -> Principal:
     """The token's reader, checked here as the mount server checks it, so that a refusal has its
     own code and nothing is asked of the server."""
     try:
-        key = load_verification_key(keys.jwt_secret_file, keys.jwt_public_key)
+        key = load_token_key(keys, timeout_s)
     except TokenError as exc:
         raise VolumeError("FAILED_PRECONDITION", f"chromafs-csi cannot read its token key: {exc}") from exc
     if token and key is None:
         raise VolumeError(
-            "FAILED_PRECONDITION", "a token was given but chromafs-csi has no --jwt-secret-file or --jwt-public-key"
+            "FAILED_PRECONDITION",
+            "a token was given but chromafs-csi has no --jwt-secret-file, --jwt-public-key or --jwks-url",
         )
     try:
-        return principal_from_token(token, key, site)
+        return principal_from_token(token, key, site, TokenRules(keys.issuer, keys.audience))
     except TokenNotForSite as exc:
         raise VolumeError("PERMISSION_DENIED", f"{exc} ({site}): use a token issued for this site") from exc
+    except KeysUnavailable as exc:  # the provider's keys cannot be had now: kubelet asks again
+        raise VolumeError("UNAVAILABLE", str(exc)) from exc
     except TokenError as exc:
         raise VolumeError("UNAUTHENTICATED", f"{exc}: put a valid token in the volume's Secret (key `token`)") from exc
 
@@ -186,7 +177,15 @@ def prepare(request: PublishRequest, keys: Keys) -> Publish:
         config = MountConfig.from_args(flags)
     except (UsageError, ValueError) as exc:
         raise VolumeError("INVALID_ARGUMENT", f"volumeAttributes: {exc}") from exc
-    principal = reader(token or None, config.site, keys)
+    try:
+        principal = reader(token or None, config.site, keys, config.session.backend_timeout_s)
+    except VolumeError as exc:
+        from chromafs_fuse.site.loader import missing_site  # the site's backends: only on this path
+
+        missing = missing_site(config.session) if exc.code == "PERMISSION_DENIED" else None
+        if missing is not None:  # a site that does not exist: that is the problem, not the token
+            raise VolumeError("NOT_FOUND", str(missing)) from exc
+        raise
     key = class_key(mount_settings(config), principal)
     return Publish(options, token or None, principal, key, config.session.backend_timeout_s)
 

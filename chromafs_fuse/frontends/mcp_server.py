@@ -14,8 +14,7 @@ from __future__ import annotations
 
 import logging
 import re
-import threading
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import Annotated, Any
 
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
@@ -27,16 +26,10 @@ from chromafs_fuse.config import SessionConfig
 from chromafs_fuse.errors import ChromafsError
 from chromafs_fuse.grep import GrepQuery
 from chromafs_fuse.search import hit_line
-from chromafs_fuse.site.follower import TreeFollower, follow_in_thread
-from chromafs_fuse.site.loader import LoadedSite, SiteLoader, verify_reader
-from chromafs_fuse.site.tables import PrunedTables, prune
+from chromafs_fuse.site.loader import verify_reader
 from chromafs_fuse.site.view import ReaderView, ViewError
+from chromafs_fuse.site.views import SiteViews
 from chromafs_fuse.tokens import TokenError
-from chromafs_fuse.tree import SiteTree
-
-if TYPE_CHECKING:
-    from chromafs_fuse.site.page_source import PageSource
-    from chromafs_fuse.site.searcher import Searcher
 
 log = logging.getLogger("chromafs.mcp")
 READ_ONLY = ToolAnnotations(read_only_hint=True, destructive_hint=False, idempotent_hint=True, open_world_hint=False)
@@ -52,23 +45,13 @@ Lines = Annotated[int, Field(ge=0, le=100)]
 Results = Annotated[int, Field(ge=1, le=100)]
 
 
-class Views:
-    """The reader's view for a request: the site's tree followed across re-ingests (checked every
-    `refresh_s`, at once when Redis announces one; 0: on every call), pruned once per reader
-    class, its pages read through one page source."""
+class Views(SiteViews):
+    """The reader's view for a request: its token (the one given at start, or the request's own
+    over HTTP) verified, then the site's view for that reader (site/views.py)."""
 
     def __init__(self, config: SessionConfig, token: str | None, per_request: bool, refresh_s: float = 5.0) -> None:
-        self.config = config
-        self.loader = SiteLoader(config)
+        super().__init__(config, refresh_s)
         self.per_request = per_request
-        self.refresh_s = refresh_s
-        self.tables = PrunedTables(prune)
-        self.follower: TreeFollower | None = None  # once the site is loaded
-        self._serving: tuple[SiteTree, PageSource] | None = None  # the tree followed now, the pages' source
-        self._loading = threading.Lock()
-        self._pages = threading.Lock()  # every view's page loads: they share the page source
-        self._searchers: dict[int, Searcher] = {}  # per reader class's table of the tree followed now
-        self._searchers_of: SiteTree | None = None
         self._fixed = None if per_request else verify_reader(token, config)
 
     def principal(self, ctx: Context | None) -> Principal:
@@ -86,54 +69,7 @@ class Views:
             principal = self.principal(ctx)
         except TokenError as exc:
             raise ToolError(f"token refused: {exc}") from None
-        if self._serving is None:
-            self._load(principal)
-        elif self.refresh_s == 0:
-            self._refresh()
-        assert self._serving is not None
-        tree, source = self._serving
-        table = self.tables.get(tree, principal)
-        with self._pages:
-            if self._searchers_of is not tree:  # a new tree: its searches start afresh
-                self._searchers_of, self._searchers = tree, {}
-            warm = self._searchers.get(id(table))
-        view = ReaderView(LoadedSite(tree, table, source), self.config, principal, page_lock=self._pages, warm=warm)
-        if warm is None:
-            searcher = view.searcher  # (takes the page lock itself)
-            with self._pages:
-                self._searchers[id(table)] = searcher  # kept warm for the class's next calls
-        return view
-
-    def _load(self, principal: Principal) -> None:
-        """The site, loaded by its first reader; from then on it follows re-ingests."""
-        with self._loading:
-            if self._serving is not None:
-                return
-            site = self.loader.load(principal)
-            self.follower = TreeFollower(self.loader, site.source.chroma, site.tree, self.refresh_s)
-            self.follower.subscribe(self._switch)
-            self.follower.subscribe(self.tables.keep_only)
-            self._serving = (site.tree, site.source)
-            if self.refresh_s > 0:
-                follow_in_thread(self.follower)
-
-    def _refresh(self) -> None:
-        assert self.follower is not None
-        try:
-            self.follower.refresh()
-        except Exception as exc:  # a backend failure of any kind: the follower logs it and keeps its tree
-            self.follower.failed(exc)
-
-    def _switch(self, tree: SiteTree) -> None:
-        """A new tree from the follower: the next call reads it."""
-        assert self._serving is not None
-        with self._pages:
-            source = self._serving[1]
-            if tree.version == source.tree_version:
-                return
-            source.switch(tree.version)
-            self._serving = (tree, source)
-        log.info("the site's tree is now %s: views follow it", tree.version)
+        return self.view_for(principal)
 
 
 def build_server(views: Views, embedder: str | None = None) -> MCPServer:

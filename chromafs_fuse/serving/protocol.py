@@ -1,6 +1,7 @@
 """The messages between chromafs's processes, and their one codec: a JSON object a line.
 
     mount client, CSI plugin -> mount server (its socket)      OpenSession
+    chromafs search -> mount server (its socket)              Search
     mount server -> serving process (its control socket)      AddView, RemoveView, OpenViewSession,
                                                               EndViewSession, Describe
     mount server -> its forker (a socketpair; descriptors     ServePoolProcess, ServeIsolated
@@ -55,7 +56,23 @@ class OpenSession(Request):
     token: str | None = None
 
 
-MOUNT_SERVER_REQUESTS: dict[str, type[Request]] = {OpenSession.op: OpenSession}
+@dataclass(frozen=True)
+class Search(Request):
+    """`chromafs search` answered warm: the `limit` pages of the site that best match `query` for
+    the holder of `token`, with the session options as its client resolved them (OpenSession's,
+    without a mountpoint). Answered `{"ok": true, "records": [...], "lines": [...], "mode",
+    "embedder", "notes"}`: each hit as `--json` and as the command print it."""
+
+    op: ClassVar[str] = "search"
+    options: dict[str, Any]
+    query: str
+    limit: int
+    token: str | None = None
+    embedder: str | None = None
+    rank: str = "hybrid"
+
+
+MOUNT_SERVER_REQUESTS: dict[str, type[Request]] = {OpenSession.op: OpenSession, Search.op: Search}
 
 
 # -- a serving process's control socket ------------------------------------------------------

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
 
 from chromafs_fuse.access import Principal
-from chromafs_fuse.backends.chroma_store import ChromaPages
+from chromafs_fuse.backends.chroma_store import ChromaPages, SiteNotFound, site_names, site_not_found
 from chromafs_fuse.backends.deadline import with_deadline
 from chromafs_fuse.config import SessionConfig
 from chromafs_fuse.errors import UsageError
@@ -26,8 +26,8 @@ from chromafs_fuse.page_cache import PageCache
 from chromafs_fuse.site.page_source import PageSource
 from chromafs_fuse.site.publisher import publish_tree
 from chromafs_fuse.site.tables import prune
-from chromafs_fuse.token_source import load_verification_key
-from chromafs_fuse.tokens import principal_from_token
+from chromafs_fuse.token_source import load_token_key
+from chromafs_fuse.tokens import TokenNotForSite, TokenRules, principal_from_token
 from chromafs_fuse.tree import SiteTree, TreeError, parse_tree
 
 if TYPE_CHECKING:
@@ -39,9 +39,27 @@ CHROMA_OPEN_GRACE_S = 20.0  # opening an embedded Chroma reads its whole SQLite 
 
 
 def verify_reader(token: str | None, config: SessionConfig) -> Principal:
-    """The reader a token names for this site; TokenError with a printable reason otherwise."""
-    key = load_verification_key(config.jwt_secret_file, config.jwt_public_key)
-    return principal_from_token(token, key, config.site)
+    """The reader a token names for this site; TokenError with a printable reason otherwise.
+    Blocking with --jwks-url (a fetch of the provider's keys, within --backend-timeout): a trio
+    loop calls it in a worker thread."""
+    keys = config.keys
+    key = load_token_key(keys, config.backend_timeout_s)  # a JWKS is fetched only for a token
+    try:
+        return principal_from_token(token, key, config.site, TokenRules(keys.issuer, keys.audience))
+    except TokenNotForSite:
+        missing = missing_site(config)
+        if missing is not None:  # `--site mcpp` with a token of `mcp`: the typo is the problem
+            raise missing from None
+        raise
+
+
+def missing_site(config: SessionConfig) -> SiteNotFound | None:
+    """Why the site does not exist (the sites that do, listed), or None when it does or its Chroma
+    cannot say. Blocking: one listing of the collections, within --backend-timeout."""
+    names = site_names(config.chroma, config.backend_timeout_s)
+    if names is None or config.chroma.collection in names:
+        return None
+    return site_not_found(config.chroma, names)
 
 
 def within(fn: Callable[[], T], seconds: float, what: str) -> T:

@@ -23,6 +23,7 @@ from infra import (
     SAMPLE_SITE,
     ChromaServer,
     CsiPlugin,
+    IdentityProvider,
     RedisServer,
     copy_subset,
     expected_visible,
@@ -162,6 +163,44 @@ def test_each_reader_gets_exactly_its_files(
         assert mounts_at(target) == 0 and not target.exists()
         unpublish(node, target)  # again: OK
         assert not target.exists()
+
+
+def test_a_plugin_verifies_with_an_identity_providers_keys(stack: Stack, tmp_path: Path) -> None:
+    """--jwks-url, --jwt-issuer and --jwt-audience on the plugin: it checks the token with them and
+    hands them to the mount server with the request, which checks it again the same way."""
+    with contextlib.ExitStack() as parts:
+        idp = parts.enter_context(IdentityProvider())
+        idp.add_key("k1")
+        keys = [
+            "--jwks-url",
+            idp.url,
+            "--jwt-issuer",
+            idp.ISSUER,
+            "--jwt-audience",
+            idp.AUDIENCE,
+            "--jwks-cooldown",
+            "0",
+        ]
+        plugin = parts.enter_context(CsiPlugin(tmp_path / "plugin", stack.mountd.socket, *keys))
+        with channel(plugin) as (_identity, node):
+            target = stack.target()
+            node.NodePublishVolume(publish_request(target, stack.attributes(), idp.token("k1", groups=["billing"])),
+                                   timeout=60)  # fmt: skip
+            try:
+                page = SAMPLE_SITE / "api-reference" / "payments.mdx"  # billing's
+                assert (target / "api-reference" / "payments.mdx").read_bytes() == page.read_bytes()
+            finally:
+                unpublish(node, target)
+            other = publish_request(stack.target(), stack.attributes(), idp.token("k1", aud="another-service"))
+            code, details = refused(lambda: node.NodePublishVolume(other, timeout=60))
+            assert (code, "'aud' claim is 'another-service'" in details) == (grpc.StatusCode.UNAUTHENTICATED, True)
+            idp.status = 503  # the provider down, a key not kept: refused, for kubelet to ask again
+            unknown = publish_request(stack.target(), stack.attributes(), idp.token("k2", idp.keys["k1"]))
+            code, details = refused(lambda: node.NodePublishVolume(unknown, timeout=60))
+            assert (code, details) == (
+                grpc.StatusCode.UNAVAILABLE,
+                f"cannot fetch the JWKS at {idp.url}: HTTP 503 Service Unavailable",
+            )
 
 
 def test_another_reader_on_a_published_target_is_refused(stack: Stack, make_token: Callable[..., str]) -> None:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from infra import BIN, SAMPLE_SITE, Backend, ingest, try_mount
+from infra import BIN, SAMPLE_SITE, Backend, ChromaServer, MountServer, ingest, try_mount
 
 SECRET = "error-messages-secret-0123456789abcdef"
 CLASS_NAME = re.compile(r"\b[A-Z][a-zA-Z]+(Error|Exception)\b|Traceback|\bDecodeError\b")
@@ -287,3 +287,51 @@ def test_ingest_and_readers_say_which_backend_is_down(tmp_path: Path) -> None:
         assert "Traceback" not in done.stderr, f"{what}: {done.stderr}"
         readable(last)
     assert not (tmp_path / "third").exists(), "an ingest that read nothing created its Chroma directory"
+
+
+@pytest.mark.expect_log(r"WARNING .*session on .* refused: no site 'acmee'")
+@pytest.mark.parametrize("through", ["alone", "mount server", "chroma server"])
+def test_a_mistyped_site_is_named_first_with_the_sites_that_exist(
+    through: str,
+    sample_backend: Callable[..., Backend],
+    chroma_server: ChromaServer,
+    start_mount_server: Callable[..., MountServer],
+    token_file: Callable[..., Path],
+    secret_file: Path,
+    mnt: Path,
+    tmp_path: Path,
+) -> None:
+    """`--site acmee` with a valid token of site `acme`: the site that does not exist is the problem
+    (not the token), and the sites that do are listed with the nearest one."""
+    token = ["--token-file", str(token_file(["billing"])), "--jwt-secret-file", str(secret_file)]
+    if through == "chroma server":
+        chroma = ["--chroma-url", chroma_server.url]
+        ingest(SAMPLE_SITE, "--site", "acme-http", *chroma, "--quiet")
+        done = try_mount(mnt, "--site", "acme-http-docs", *chroma, "--no-mountd")
+        assert done.returncode == 1
+        assert done.stderr.startswith(
+            f"chromafs-mount: no site 'acme-http-docs' in Chroma at {chroma_server.url}: no collection "
+            "'acme-http-docs'; the sites there: "
+        ), done.stderr
+        assert "acme-http" in done.stderr.split("the sites there: ")[1]
+        assert done.stderr.rstrip().endswith("(did you mean 'acme-http'?)"), done.stderr
+        readable(done.stderr)
+        return
+    backend = sample_backend()
+    args = ["--site", "acmee", "--chroma-path", str(backend.chroma_path), *token]
+    if through == "mount server":
+        args += ["--mountd", str(start_mount_server().socket)]
+    else:
+        args += ["--no-mountd"]
+    done = try_mount(mnt, *args)
+    assert (done.returncode, done.stderr) == (
+        1,
+        f"chromafs-mount: no site 'acmee' in Chroma at embedded:{backend.chroma_path}: no collection 'acmee'; "
+        "the sites there: acme (did you mean 'acme'?)\n",
+    )
+    # the site exists: the token's site is the problem, as before
+    other = try_mount(mnt, *backend.args, "--token-file", str(token_file(site="mcp")), "--jwt-secret-file",
+                      str(secret_file), "--no-mountd")  # fmt: skip
+    assert other.stderr == (
+        "chromafs-mount: token is for site 'mcp', not 'acme': check --site, or use a token of site 'acme'\n"
+    )

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -14,7 +15,7 @@ import pytest
 
 from chromafs_fuse.names import LEXICON_RECORD_ID
 from chromafs_fuse.search import SearchError, embedder_name, rank_pages
-from infra import BIN, SAMPLE_SITE, ChromaServer, expected_visible, ingest, reader_args
+from infra import BIN, SAMPLE_SITE, ChromaServer, MountServer, expected_visible, ingest, reader_args
 
 
 def search(chroma: Path | str, query: str, *args: str, site: str = "acme") -> list[dict]:
@@ -242,3 +243,45 @@ def test_new_sites_store_a_vector_per_page_and_old_embedders_keep_working(tmp_pa
     done = search_cli(chroma, "rotate API keys", "--timings", "-n", "3", site="old")
     assert "hybrid (wordllama)" in done.stderr and "page_embed" not in done.stderr
     assert done.stdout.startswith("auth/api-keys.mdx:")
+
+
+def test_a_search_through_the_mount_server_is_answered_warm_with_the_same_hits(
+    sample_chroma: Callable[[str], Path],
+    start_mount_server: Callable[..., MountServer],
+    token_file: Callable[..., Path],
+    secret_file: Path,
+) -> None:
+    """`chromafs search` asks the host's mount server when it answers (here --mountd): the same
+    hits as a search of its own, each reader's own, in tens of milliseconds once the site is warm."""
+    chroma = sample_chroma("public")
+    server = start_mount_server()
+    via = ["--mountd", str(server.socket)]
+    admin = reader_args(token_file(["admin"]), secret_file)
+    for query, reader in (("SAML single sign-on", admin), ("audit log", []), ("rotate API keys", admin)):
+        alone = search(chroma, query, "-n", "5", *reader, "--no-mountd")
+        assert alone and search(chroma, query, "-n", "5", *reader, *via) == alone, query
+    # the reader's view, not the server's: an anonymous reader never gets the admin's page
+    assert "admin/sso/saml.mdx" not in {h["path"] for h in search(chroma, "SAML single sign-on", *via)}
+    # refusals keep their words: a token of another site, a site that does not exist
+    other = search_cli(chroma, "audit", *via, "--token-file", str(token_file(site="mcp")), "--jwt-secret-file",
+                       str(secret_file))  # fmt: skip
+    assert (other.returncode, other.stderr) == (
+        2,
+        "chromafs search: token is for site 'mcp', not 'acme': check --site, or use a token of site 'acme'\n",
+    )
+    typo = search_cli(chroma, "audit", *via, site="acmee")
+    assert typo.returncode == 2 and "no site 'acmee'" in typo.stderr and "did you mean 'acme'" in typo.stderr
+    # warm: the time from the command line, as a user runs it
+    spent = []
+    for _ in range(10):
+        started = time.perf_counter()
+        done = search_cli(chroma, "rotate API keys", "-n", "3", *via)
+        spent.append(time.perf_counter() - started)
+        assert done.returncode == 0 and done.stdout.startswith("auth/api-keys.mdx:"), done.stderr
+    cold = time.perf_counter()
+    assert search_cli(chroma, "rotate API keys", "-n", "3", "--no-mountd").returncode == 0
+    cold_s = time.perf_counter() - cold
+    p90 = sorted(spent)[8]
+    print(f"chromafs search through the mount server: p50 {sorted(spent)[4] * 1000:.0f} ms, "
+          f"p90 {p90 * 1000:.0f} ms; alone {cold_s * 1000:.0f} ms")  # fmt: skip
+    assert p90 < cold_s / 2, (spent, cold_s)

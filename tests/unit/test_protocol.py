@@ -141,3 +141,18 @@ def test_wrong_options_are_refused_naming_the_flag(given: dict[str, object], say
 def test_a_request_never_carries_the_clients_own_options(flag: str) -> None:
     with pytest.raises(ValueError, match="not an option of a session request"):
         request_values({"--site": "a", flag: "x"})
+
+
+def test_chromafs_searchs_light_encoder_writes_the_codecs_search() -> None:
+    """`chromafs search` writes its request and reads the answer without this module (its start-up
+    is a query's latency): the server reads the same request, the client the same answer."""
+    from chromafs_fuse.cli.mount_request import answer_fields, encode_search
+    from chromafs_fuse.serving.protocol import MOUNT_SERVER_REQUESTS, Search, decode, encode, error_line, ok_line
+
+    options = {"--site": "acme", "--chroma-url": "http://c:8000", "--jwks-url": "https://idp/jwks"}
+    line = encode_search(options, "rotate keys ✓", 3, "a.b.c", None, "lexical")
+    search = Search(options, "rotate keys ✓", 3, "a.b.c", None, "lexical")
+    assert decode(line, MOUNT_SERVER_REQUESTS) == search and decode(encode(search), MOUNT_SERVER_REQUESTS) == search
+    assert answer_fields(ok_line(lines=["a.md:1-2: x"]))["lines"] == ["a.md:1-2: x"]
+    with pytest.raises(NotFound, match="no site 'acmee'"):
+        answer_fields(error_line(NotFound("no site 'acmee'")))

@@ -149,8 +149,8 @@ class ServingPool:
 
     def start(self, key: str, config: MountConfig, reader: Principal, host: HostSnapshot) -> ClassMount:
         served = dataclasses.replace(
-            config, warm_kernel=True, warm_wait_s=self.warm_wait_s
-        )  # read into the kernel once
+            config.without_keys(), warm_kernel=True, warm_wait_s=self.warm_wait_s
+        )  # read into the kernel once; tokens are verified here, never there
         process = self._place(served)
         device = process.ensure_running(host)
         process.sites.add(site_dir_name(site_key(served)))  # a restarted process serves nothing yet

@@ -50,6 +50,7 @@ from chromafs_fuse.serving.protocol import (
     MOUNT_SERVER_REQUESTS,
     BadRequest,
     OpenSession,
+    Search,
     ServeIsolated,
     ServePoolProcess,
     decode,
@@ -60,6 +61,7 @@ from chromafs_fuse.serving.server.forker import Forker, ForkerGone
 
 if TYPE_CHECKING:
     from chromafs_fuse.access import Principal
+    from chromafs_fuse.serving.server.searches import Searches
     from chromafs_fuse.serving.server.session_keeper import SessionKeeper
 
 log = logging.getLogger("chromafs.mountd")
@@ -181,6 +183,7 @@ class MountServer:
         self._short_logged = -60.0  # when running short of descriptors was last said
         self._status = 0
         self._requests = trio.CapacityLimiter(MAX_CONCURRENT_REQUESTS)
+        self._searches: Searches | None = None  # once a search is asked
 
     # -- the loop -------------------------------------------------------------------------------
 
@@ -314,6 +317,31 @@ class MountServer:
                 self._short_of("starting a request's thread")
                 error = Unavailable("the mount server is short of threads: try again")
             await _answer(stream, error)
+        elif isinstance(request, Search):
+            try:
+                line = await trio.to_thread.run_sync(
+                    self._search, request, limiter=self._requests, abandon_on_cancel=True
+                )
+            except RuntimeError:
+                self._short_of("starting a request's thread")
+                line = error_line(Unavailable("the mount server is short of threads: try again"))
+            with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+                await stream.send_all(line)
+
+    def _search(self, request: Search) -> bytes:
+        """In a worker thread: `chromafs search`'s answer, warm (serving/server/searches.py)."""
+        if self._searches is None:
+            from chromafs_fuse.serving.server.searches import Searches
+
+            self._searches = Searches()
+        try:
+            return ok_line(**self._searches.answer(request))
+        except ChromafsError as exc:
+            log.info("search refused: %s", exc.message)  # the caller is told; nothing wrong here
+            return error_line(exc)
+        except Exception as exc:  # a bug in one search: logged with its traceback; the server goes on
+            log.exception("a search failed")
+            return error_line(exc)
 
     def _open_session(self, uid: int, gid: int, request: OpenSession) -> ChromafsError | Exception | None:
         """In a worker thread: the session opened (None) or why not."""
