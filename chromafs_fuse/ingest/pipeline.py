@@ -53,11 +53,20 @@ from chromafs_fuse.ingest.retention import (
     plan_retention,
 )
 from chromafs_fuse.ingest.scan import Problem, ScanOptions, SiteScan, SourceFile, one_per_file
-from chromafs_fuse.lexical import LexiconPage, decode_lexicon, encode_lexicon, encode_vector, page_terms, title_terms
+from chromafs_fuse.lexical import (
+    LexiconPage,
+    decode_lexicon,
+    encode_lexicon,
+    encode_vector,
+    lexicon_text,
+    page_terms,
+    title_terms,
+)
 from chromafs_fuse.names import (
     EMBEDDER_FIELD,
     FORMAT_FIELD,
     FORMAT_VERSION,
+    LEXICON_DATA_FIELD,
     LEXICON_RECORD_ID,
     LEXICON_RECORD_KIND,
     PAGE_SHA_FIELD,
@@ -367,7 +376,8 @@ def ingest(options: IngestOptions, show_progress: bool = False) -> IngestSummary
     old_pages = {key: entry for key, entry in old_tree.items() if entry.blob is None}
     writer = ChunkWriter(collection, embed, batch_size, options.page_field, summary)
     writer.dimensions = dimensions
-    blobs = BlobWriter(collection, batch_size, zero_vector)
+    stored_blobs = _stored_blobs(old_tree)
+    blobs = BlobWriter(collection, batch_size, zero_vector, stored_blobs)
 
     tree: dict[str, dict[str, Any]] = {}
     old_lexicon = _existing_lexicon(collection)
@@ -438,8 +448,14 @@ def ingest(options: IngestOptions, show_progress: bool = False) -> IngestSummary
         collection.upsert(
             "upsert of the lexicon",
             ids=[LEXICON_RECORD_ID],
-            documents=[encode_lexicon(lexicon)],
-            metadatas=[{RECORD_KIND_FIELD: LEXICON_RECORD_KIND, FORMAT_FIELD: FORMAT_VERSION}],
+            documents=[LEXICON_RECORD_KIND],
+            metadatas=[
+                {
+                    RECORD_KIND_FIELD: LEXICON_RECORD_KIND,
+                    FORMAT_FIELD: FORMAT_VERSION,
+                    LEXICON_DATA_FIELD: encode_lexicon(lexicon),
+                }
+            ],
             embeddings=[zero_vector],
         )
     summary.tree_document = encode_tree_document(tree)
@@ -480,7 +496,7 @@ def _retire_old_versions(
     # A page of a tree written by another tool has no sha256: its chunks are retired as "".
     replaced = {k: old.sha256 or "" for k, old in old_tree.items() if old.blob is None and live.get(k) != old.sha256}
     live_blobs = {sha: sha for sha in _chroma_blobs(tree.values())}
-    old_blobs = {e.blob.sha256 for e in old_tree.values() if e.blob and e.blob.sha256 and is_chroma_url(e.blob.url)}
+    old_blobs = _stored_blobs(old_tree)
     replaced_blobs = {sha: sha for sha in old_blobs if sha not in live_blobs}
     record, now, grace = _read_retired(collection), time.time(), options.grace_period_s
     plan = plan_retention(record.pages, replaced, live, now, grace)
@@ -501,6 +517,11 @@ def _retire_old_versions(
 def _chroma_blobs(entries: Iterable[dict[str, Any]]) -> set[str]:
     """The sha256s of the binary files kept in Chroma among these tree entries."""
     return {e["blob"]["sha256"] for e in entries if "blob" in e and is_chroma_url(e["blob"]["url"])}
+
+
+def _stored_blobs(tree: dict[str, PathEntry]) -> set[str]:
+    """The sha256s of the binary files kept in Chroma that a stored tree points at."""
+    return {e.blob.sha256 for e in tree.values() if e.blob and e.blob.sha256 and is_chroma_url(e.blob.url)}
 
 
 def _read_retired(collection: RetryingCollection) -> RetiredRecord:
@@ -529,12 +550,12 @@ def _write_retired(
 
 def _existing_lexicon(collection: RetryingCollection) -> dict[str, LexiconPage]:
     """The lexicon the last ingest wrote (nothing if none, or one that cannot be read)."""
-    found = collection.get("read of the lexicon", ids=[LEXICON_RECORD_ID], include=["documents"])
-    documents = found.get("documents") or []
-    if not documents or not isinstance(documents[0], str):
+    found = collection.get("read of the lexicon", ids=[LEXICON_RECORD_ID], include=["documents", "metadatas"])
+    document = lexicon_text(found)
+    if document is None:
         return {}
     try:
-        return dict(decode_lexicon(documents[0]))
+        return dict(decode_lexicon(document))
     except ValueError:
         return {}
 
