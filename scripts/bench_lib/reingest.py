@@ -2,17 +2,18 @@
 (binary files kept in Chroma) while another site's readers and searches run on the same server,
 for two versions of the code side by side in one run.
 
-The site: a folder of real docs (`--reingest-docs`, default the mintlify corpus) plus
-`--reingest-mib` MiB of generated images (random bytes, 50-700 KB each, seeded). Per version, on
-a Chroma server and a Redis of its own: the neighbour (the sample site) is ingested; its reader
-(a page's chunks by `get`, as a mount's Chroma tier asks on a miss) and searcher (a nearest-chunk
-`query`) run in a loop, each call with a 10 s deadline, a busy answer asked again within it (the
-reader's own client, chromafs_fuse/backends/chroma_http.py); the big site is ingested (its peak
-RSS: the ingest process alone), mounted with `--refresh-interval 1`, two of its pages edited and
-the site re-ingested: the re-ingest's time, and when the open mount shows both edits. The
-neighbour's calls are counted per phase (the first ingest, the re-ingest): errors, p50, p99.
-The version before is `--baseline REF`, default BEFORE (the commit before issue 47's re-ingest
-work); each version's code is every child's PYTHONPATH (ingests, mounts).
+The site: a folder of real docs (`--reingest-docs`, default the mintlify corpus beside the
+checkout; the sample site without it) plus `--reingest-mib` MiB of generated images (random
+bytes, 50-700 KB each, seeded). Per version, on a Chroma server and a Redis of its own: the
+neighbour (the sample site) is ingested; its reader (a page's chunks by `get`, as a mount's
+Chroma tier asks on a miss) and searcher (a nearest-chunk `query`) run in a loop, each call with
+a 10 s deadline, a busy answer asked again within it (the reader's own client,
+chromafs_fuse/backends/chroma_http.py); the big site is ingested (its peak RSS: the ingest
+process alone), mounted with `--refresh-interval 1`, two of its pages edited and the site
+re-ingested: the re-ingest's time, and when the open mount shows both edits. The neighbour's
+calls are counted per phase (the first ingest, the re-ingest): errors, p50, p99. The version
+before is `--baseline REF`, default BEFORE (the commit before issue 47's re-ingest work); each
+version's code is every child's PYTHONPATH (ingests, mounts).
 """
 
 from __future__ import annotations
@@ -28,11 +29,11 @@ from pathlib import Path
 from typing import Any
 
 from bench_lib.measure import percentile
-from harness.processes import INGEST, SAMPLE_SITE, mounted
+from harness.processes import INGEST, REPO, SAMPLE_SITE, mounted
 from harness.servers import ChromaServer, RedisServer
 
 BEFORE = "07765ec"  # the commit before issue 47's re-ingest work
-DEFAULT_DOCS = Path("/work/shared/corpora/mintlify-docs")
+DEFAULT_DOCS = REPO.parent / "shared" / "corpora" / "mintlify-docs"  # real docs beside the checkout
 SITE, NEIGHBOUR = "big", "neighbour"
 DEADLINE_S = 10.0
 PACE_S = 0.1  # between one neighbour's calls
