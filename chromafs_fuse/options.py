@@ -234,14 +234,14 @@ MOUNT_OPTIONS = (
     ),
     Option(
         "--warm-kernel",
-        "after mounting, list every directory and hand every preloaded page to the kernel's page cache "
-        "(the mount server's class mounts do this)",
+        "after mounting, list every directory and read every page through the mount into the kernel's "
+        "page cache (the mount server's classes are warmed so)",
         kind="toggle",
         default=False,
     ),
     Option(
         "--warm-max-bytes",
-        "with --warm-kernel: warm sites of up to N visible bytes, streamed through to the kernel's page "
+        "with --warm-kernel: warm sites of up to N visible bytes, read through to the kernel's page "
         "cache (default 0: a sixteenth of the machine's memory)",
         type=int,
         default=0,

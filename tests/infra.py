@@ -26,6 +26,7 @@ import shutil
 import subprocess
 import sys
 import time
+import traceback
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Self, TypeVar
@@ -424,3 +425,30 @@ def expand(spec: str | list[str], everything: set[str], errors: set[str]) -> set
         return everything - errors
     assert spec.startswith("all but "), spec
     return everything - set(spec.removeprefix("all but ").split(", "))
+
+
+def in_child_as(uid: int, gid: int, cwd: Path, job: Callable[[], tuple[int, bytes]]) -> tuple[int, bytes]:
+    """`job` run in a forked child as `uid` and group `gid` (no supplementary groups), in `cwd`:
+    its exit status and the bytes it handed back (a traceback's text when it raised)."""
+    reader, writer = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: never back into pytest
+        code, out = 99, b""
+        try:
+            os.close(reader)
+            os.chdir(cwd)
+            os.setgroups([])
+            os.setgid(gid)
+            os.setuid(uid)
+            code, out = job()
+        except BaseException:
+            out += traceback.format_exc().encode()
+        finally:
+            with contextlib.suppress(BaseException):
+                os.write(writer, out)
+            os._exit(code)
+    os.close(writer)
+    with os.fdopen(reader, "rb") as answer:
+        out = answer.read()
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status), out

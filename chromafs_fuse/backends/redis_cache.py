@@ -125,7 +125,14 @@ class RedisCache:
         return True
 
     def listen_for_trees(self, site: str, collection: str) -> TreeAnnouncements:
-        return TreeAnnouncements(lambda: self.client, self.tree_channel(site, collection), self.clustered)
+        return TreeAnnouncements(self.announcements_client, self.tree_channel(site, collection), self.clustered)
+
+    def announcements_client(self) -> Any:
+        """A new client for one subscription to tree announcements, never the cache's: a
+        subscription closed by one thread while another waits on it must not hand its connection
+        to the cache's reads (seen as a read answered with another command's reply, or EBADF),
+        and one made again after a failover asks the cluster where the slots are now."""
+        return open_client(self.target, self.timeout_s, self.ca_file)
 
     def page_key(self, site: str, content_version: str, page: str) -> str:
         """A page's bytes, under its sha256 (a tree's pages without one: the tree version)."""
@@ -238,14 +245,16 @@ class TreeAnnouncements:
     the channel is sharded (SSUBSCRIBE to the nodes of the site's slot)."""
 
     def __init__(self, client_of: Callable[[], Any], channel: str, sharded: bool = False) -> None:
-        self.client_of = client_of
+        self.client_of = client_of  # a new client per subscription, closed with it
         self.channel = channel
         self.sharded = sharded
+        self._client: Any = None
         self._pubsub: Any = None
 
     def _subscribed(self) -> Any:
         if self._pubsub is None:
-            pubsub = self.client_of().pubsub(ignore_subscribe_messages=True)
+            self._client = self.client_of()
+            pubsub = self._client.pubsub(ignore_subscribe_messages=True)
             if self.sharded:
                 try:
                     pubsub.ssubscribe(self.channel)
@@ -286,9 +295,8 @@ class TreeAnnouncements:
 
     def close(self) -> None:
         pubsub, self._pubsub = self._pubsub, None
-        if pubsub is not None:
-            with contextlib.suppress(*REDIS_ERRORS):
-                pubsub.close()
+        client, self._client = self._client, None
+        _close(pubsub, client)
 
 
 class ManyTreeAnnouncements:
@@ -300,7 +308,8 @@ class ManyTreeAnnouncements:
     announcements are sharded per slot (the caller polls there)."""
 
     def __init__(self, client_of: Callable[[], Any]) -> None:
-        self.client_of = client_of
+        self.client_of = client_of  # a new client per subscription, closed with it
+        self._client: Any = None
         self._wanted: set[str] = set()
         self._subscribed: set[str] = set()
         self._lock = threading.Lock()
@@ -316,7 +325,8 @@ class ManyTreeAnnouncements:
         if self._pubsub is None:
             if not wanted:
                 return None
-            self._pubsub = self.client_of().pubsub(ignore_subscribe_messages=True)
+            self._client = self.client_of()
+            self._pubsub = self._client.pubsub(ignore_subscribe_messages=True)
             self._subscribed = set()
         if wanted - self._subscribed:
             self._pubsub.subscribe(*sorted(wanted - self._subscribed))
@@ -350,10 +360,16 @@ class ManyTreeAnnouncements:
 
     def close(self) -> None:
         pubsub, self._pubsub = self._pubsub, None
+        client, self._client = self._client, None
         self._subscribed = set()
-        if pubsub is not None:
+        _close(pubsub, client)
+
+
+def _close(pubsub: Any, client: Any) -> None:
+    for part in (pubsub, client):
+        if part is not None:
             with contextlib.suppress(*REDIS_ERRORS):
-                pubsub.close()
+                part.close()
 
 
 def _unknown_command(exc: Exception) -> bool:

@@ -5,6 +5,7 @@ library only: the mount client imports it on its fast path (json only for an err
 
 from __future__ import annotations
 
+import contextlib
 import os
 import select
 import time
@@ -15,6 +16,14 @@ if TYPE_CHECKING:
 
 READY = b"READY\n"
 OK_LINE = b'{"ok": true}\n'
+
+
+def tell_ready(ready_fd: int | None) -> None:
+    """READY to whoever waits on `ready_fd` (None: nobody), once; it may have gone."""
+    if ready_fd is not None:
+        with contextlib.suppress(OSError):
+            os.write(ready_fd, READY)
+            os.close(ready_fd)
 
 
 def wait_for_answer(fd: int, wait_s: float) -> tuple[bool, str, str]:

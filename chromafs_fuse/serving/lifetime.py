@@ -1,12 +1,18 @@
-"""What ends a serving mount besides `fusermount -u`: a signal, its token's expiry, or (a class
-mount with --idle-exit) no session binding it any more. Each is a task of the mount's loop."""
+"""A FUSE mount's life in its process, for a standalone mount and a serving process alike:
+`fuse_mounted` (mounted, its watchdog, unmounted), and what ends it besides `fusermount -u`: a
+signal, its token's expiry, or (with --idle-exit) no session binding it any more, each a task of
+the mount's loop."""
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import logging
 import signal
+import subprocess
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any
 
 import pyfuse3
 import trio
@@ -14,9 +20,32 @@ import trio
 from chromafs_fuse.serving.binds import binds_of
 from chromafs_fuse.serving.process import sd_notify
 from chromafs_fuse.serving.status import utc_text
+from chromafs_fuse.serving.watchdog import start_watchdog, stop_watchdog
 
 log = logging.getLogger("chromafs.mount")
 IDLE_CHECK_S = 5.0  # how often a mount with --idle-exit looks for binds of it
+
+
+@contextlib.contextmanager
+def fuse_mounted(
+    adapter: Any, mountpoint: str, options: set[str], without_watchdog: str | None
+) -> Iterator[subprocess.Popen[bytes] | None]:
+    """Mount `adapter` at `mountpoint` (pyfuse3.init raises RuntimeError if it cannot), with a
+    watchdog unless `without_watchdog` is None (else it says what the mount does without one,
+    should it fail to start); the body serves (trio.run of pyfuse3.main). Unmounted at its end."""
+    pyfuse3.init(adapter, mountpoint, options)
+    watchdog = start_watchdog(mountpoint, without_watchdog) if without_watchdog is not None else None
+    # Everything built so far (imported modules, the trees, the inode tables) lives as long as the
+    # mount: out of the collector's sight, so that collections triggered by per-request garbage
+    # do not walk the whole heap on the request path.
+    gc.collect()
+    gc.freeze()
+    try:
+        yield watchdog
+    finally:
+        stop_watchdog(watchdog)
+        pyfuse3.close(unmount=True)
+        log.info("unmounted %s; requests served: %s", mountpoint, dict(adapter.requests))
 
 
 def unmount_now() -> None:

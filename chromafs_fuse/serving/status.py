@@ -10,14 +10,19 @@ import logging
 import os
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from chromafs_fuse.serving.mounttable import mounts
 from chromafs_fuse.serving.process import process_start
 
+if TYPE_CHECKING:
+    from chromafs_fuse.access import Principal
+    from chromafs_fuse.inodes import InodeTable
+
 log = logging.getLogger("chromafs.status")
 
 
+STATUS_EVERY_S = 2.0  # how often a mount's or a serving process's status file is written
 RUNTIME_ENV = "CHROMAFS_RUNTIME_DIR"  # instead of /run/chromafs: a test run, a second server's world
 
 
@@ -99,6 +104,16 @@ class StatusFile:
                 os.unlink(self.path)
 
 
+async def keep_written(status: StatusFile) -> None:
+    """Until cancelled, every STATUS_EVERY_S: the status described on the loop (one moment) and
+    encoded and written off it (with a thousand views that is tens of milliseconds)."""
+    import trio
+
+    while True:
+        await trio.sleep(STATUS_EVERY_S)
+        await trio.to_thread.run_sync(status.write_described, status.described())
+
+
 def read_statuses() -> list[dict[str, Any]]:
     """Status of every live chromafs mount of this machine that this user can see."""
     mounted = {entry.target: entry.source for entry in mounts() if entry.fstype == "fuse.chromafs"}
@@ -128,6 +143,27 @@ def read_statuses() -> list[dict[str, Any]]:
         if mountpoint not in seen:
             statuses.append({"mountpoint": mountpoint, "site": source.partition(":")[2], "pid": None})
     return statuses
+
+
+def view_status(
+    site: str,
+    reader: Principal,
+    table: InodeTable,
+    tree_version: str,
+    requests: dict[str, int],
+    refresh: dict[str, Any],
+) -> dict[str, Any]:
+    """One view's status, in one shape: a standalone mount's (its whole status, with its process's
+    figures) and each view's of a serving process (under "views", by its path). `refresh`:
+    `TreeSwitches.describe`."""
+    return {
+        "site": site,
+        "reader": reader.describe(),
+        "visible_files": table.file_count,
+        "tree_version": tree_version,
+        "requests": requests,
+        **refresh,
+    }
 
 
 def uptime_since(started: float) -> float:

@@ -1,12 +1,19 @@
-"""Warming a mount before its first reader: list its directories, then stream its pages through
-to the kernel's page cache, so that a cold `grep -r` reads like one on a local disk.
+"""Warming a mount's pages into the kernel's page cache (`--warm-kernel`; a mount server's classes
+always), so that a first `grep -r` finds them there instead of paying a request per file: one
+warmer for a standalone mount and for each view of a serving process.
 
-What is filled is the kernel's page cache, not the process's: pages are loaded a batch at a
-time, handed to the kernel, and dropped from memory once it holds them, so a site much larger
-than `--cache-bytes` is warmed with one batch in memory. Sites up to `--warm-max-bytes` are
-warmed (default: a sixteenth of the machine's memory); the kernel evicts what it needs.
-
-After a re-ingest only the pages that changed (or appeared) are warmed again.
+A view (a standalone mount's root, or `<site>/<view>` of a serving process's mount) is read
+through the mount once, in the background, by a thread reading as a user would: every directory
+listed, every file read in name order (the order the read-ahead batches, so its pages come from
+the stores a batch at a time). The kernel keeps what was read (no-open mode, or keep_cache), and a
+page that several views of a site show is one inode, so a page read once through any view is held
+for every view of its site: a site's second class reads only the pages the first one did not
+show, and after a re-ingest a view reads only its new and changed pages (new inodes). No page is
+pushed (a read, unlike a kernel store, needs no patched pyfuse3); reading its own mount, a process
+needs its watchdog (serving/watchdog.py): killed while such a read waits in the kernel, it
+could never close its FUSE descriptor. Views are warmed a few at a time; views of up to
+`--warm-max-bytes` visible bytes (default: a sixteenth of the machine's memory); the kernel evicts
+what it needs. A view removed or switched to a new tree meanwhile stops its warm-up.
 """
 
 from __future__ import annotations
@@ -14,23 +21,20 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Iterator, Sequence
-from functools import partial
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import trio
 
 from chromafs_fuse.config import MountConfig
 from chromafs_fuse.inodes import InodeTable
-from chromafs_fuse.serving.fuse_adapter import Filesystem, FuseAdapter
-from chromafs_fuse.serving.kernel_push import walk_directories
-from chromafs_fuse.site.page_source import PageSource
-from chromafs_fuse.tree import PathEntry
 
-log = logging.getLogger("chromafs.mount")
-PUSH_POLL_S = 0.005
-BATCH_PAGES = 200
+log = logging.getLogger("chromafs.serving")
 UNKNOWN_SIZE_ESTIMATE = 16 * 1024  # bytes assumed for a file whose tree gives no size
 MEMORY_SHARE = 16  # default budget: this fraction of the machine's memory
+READ_BYTES = 1 << 20
+QUEUE_VIEWS = 100_000  # views waiting for their warm-up (a few hundred bytes each)
+WARMERS = 4  # views warmed at once, each by a thread reading through the mount
 
 
 def visible_bytes(table: InodeTable) -> int:
@@ -43,9 +47,9 @@ def warm_budget(config: MountConfig) -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // MEMORY_SHARE
 
 
-def should_warm_kernel(config: MountConfig, pushing: bool, table: InodeTable) -> bool:
-    """--warm-kernel, pages can be pushed (a watchdog runs), and the site fits the budget."""
-    if not (config.warm_kernel and pushing):
+def should_warm_kernel(config: MountConfig, table: InodeTable) -> bool:
+    """--warm-kernel, and the view fits the budget."""
+    if not config.warm_kernel:
         return False
     total, budget = visible_bytes(table), warm_budget(config)
     if total > budget:
@@ -54,74 +58,95 @@ def should_warm_kernel(config: MountConfig, pushing: bool, table: InodeTable) ->
     return True
 
 
-def all_files(table: InodeTable) -> list[int]:
-    return [table.file_order[order] for order in range(len(table.file_order))]
+@dataclass(frozen=True)
+class WarmJob:
+    path: str  # the view's directory: a standalone mount's mountpoint, or a view's in a serving mount
+    warmed: set[int]  # inode numbers of the site read already (one set per site, shared by its views)
+    current: Callable[[], bool]  # False once the view is removed or switched to another tree
+    done: trio.Event = field(default_factory=trio.Event)  # set once warmed, stopped or failed
 
 
-def changed_files(old: InodeTable, new: InodeTable) -> list[int]:
-    """Files of `new` whose bytes the kernel cannot hold yet: new paths and new versions."""
-    return [
-        index
-        for index in all_files(new)
-        if (entry := new.entries.get(new.key_at(index))) is not None and old.entries.get(entry.key) != entry
-    ]
+@dataclass
+class WarmResult:
+    directories: int = 0
+    files_read: int = 0
+    bytes_read: int = 0
+    stopped: str = ""  # why it stopped early ("" when it walked everything)
 
 
-def batches(table: InodeTable, files: Sequence[int], max_bytes: int) -> Iterator[list[int]]:
-    """`files` in runs of at most BATCH_PAGES pages and `max_bytes` (one page may be more)."""
-    batch: list[int] = []
-    size = 0
-    for index in files:
-        page_size = table.size_at(index) or UNKNOWN_SIZE_ESTIMATE
-        if batch and (len(batch) >= BATCH_PAGES or size + page_size > max_bytes):
-            yield batch
-            batch, size = [], 0
-        batch.append(index)
-        size += page_size
-    if batch:
-        yield batch
+def warm_view(job: WarmJob) -> WarmResult:
+    """In a worker thread: list every directory of the view and read every file not read yet
+    through another view of its site, in name order (the order the read-ahead batches)."""
+    result = WarmResult()
+    # Relative to each directory's descriptor: a path from a serving process's mount's root would ask the
+    # top directories (never cached: views come and go) again for every file.
+    for directory, dirs, files, dir_fd in os.fwalk(job.path):
+        dirs.sort()
+        result.directories += 1
+        for name in sorted(files):
+            if not job.current():
+                result.stopped = "the view was removed or switched to another tree"
+                return result
+            try:
+                inode = os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_ino
+                if inode in job.warmed:
+                    continue
+                fd = os.open(name, os.O_RDONLY, dir_fd=dir_fd)
+                try:
+                    while chunk := os.read(fd, READ_BYTES):
+                        result.bytes_read += len(chunk)
+                finally:
+                    os.close(fd)
+            except OSError as exc:  # a page whose backend fails now: its reader sees the error
+                log.debug("warming %s: %s", os.path.join(directory, name), exc)
+                continue
+            job.warmed.add(inode)
+            result.files_read += 1
+    return result
 
 
-async def warm_kernel(
-    mountpoint: str, ops: FuseAdapter[Filesystem], source: PageSource, files: Sequence[int], batch_bytes: int
-) -> int:
-    """List every directory and hand every page of `files` to the kernel; returns how many
-    pages were loaded. Stops early when the mount switches to another tree."""
-    started = time.monotonic()
-    fs = ops.fs
-    table, scheduler = fs.table, fs.scheduler
-    pages = [index for index in files if not table.is_blob_at(index)]  # blobs: read by range, when read
-    runs = batches(table, pages, batch_bytes)
-    first = next(runs, [])
-    walked: list[int] = []
+class ViewWarmer:
+    """Warms the views it is given, one after another, on its own worker thread."""
 
-    def entries(batch: list[int]) -> list[PathEntry]:
-        return [entry for index in batch if (entry := table.node(index).entry) is not None]
+    def __init__(self) -> None:
+        self._send, self._receive = trio.open_memory_channel[WarmJob](QUEUE_VIEWS)
+        self.warmed_views = 0
 
-    async def drained() -> None:
-        while scheduler.pushes_pending():
-            await trio.sleep(PUSH_POLL_S)
+    def offer(self, job: WarmJob) -> bool:
+        """On the loop: warm this view once the ones before it are warm (dropped when too many
+        wait). True when it is the only view warming: no other view's warm-up is ahead of it or
+        shares the machine with it (in a burst of new classes, none is worth waiting for)."""
+        alone = self._send.statistics().tasks_waiting_receive == WARMERS
+        try:
+            self._send.send_nowait(job)
+        except trio.WouldBlock:
+            log.warning("not warming %s: %d views wait for their warm-up", job.path, QUEUE_VIEWS)
+            return False
+        return alone
 
-    # the first batch loads while the directories are listed; stores wait for the listing
-    walk = partial(trio.to_thread.run_sync, abandon_on_cancel=True)
-    async with trio.open_nursery() as nursery:
-        # every directory: the kernel then holds each listing, and accepts a store for any file
-        nursery.start_soon(walk, walk_directories, mountpoint, table, walked.append)
-        loaded = await source.preload(entries(first))
-    for index in walked:
-        scheduler.holds_directory(index)
-    await drained()
-    for batch in runs:
-        if ops.fs is not fs:
-            log.info("warm-up stopped: the mount switched to another tree")
-            break
-        loaded += await source.preload(entries(batch))
-        scheduler.offer_loaded(batch)
-        await drained()
-    log.info(
-        "warm in %.2fs: %d directories listed, %d pages loaded and handed to the kernel's page cache",
-        time.monotonic() - started,
-        len(walked),
-        loaded,
-    )
-    return loaded
+    async def run(self) -> None:
+        """WARMERS views at a time (a burst of new classes must not queue behind one view)."""
+        async with trio.open_nursery() as nursery:
+            for _ in range(WARMERS):
+                nursery.start_soon(self._warm_each)
+
+    async def _warm_each(self) -> None:
+        async for job in self._receive:
+            started = time.monotonic()
+            try:
+                result = await trio.to_thread.run_sync(warm_view, job, abandon_on_cancel=True)
+            except Exception:  # a warm-up is an optimisation: whatever stops it, the view serves
+                log.exception("warming %s failed", job.path)
+                continue
+            finally:
+                job.done.set()
+            self.warmed_views += 1
+            log.info(
+                "warm %s in %.2fs: %d directories listed, %d files (%d bytes) read%s",
+                job.path,
+                time.monotonic() - started,
+                result.directories,
+                result.files_read,
+                result.bytes_read,
+                f"; stopped: {result.stopped}" if result.stopped else "",
+            )

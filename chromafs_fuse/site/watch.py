@@ -1,6 +1,7 @@
-"""Following the re-ingests of many sites from one process (the serving mount, issue 30), at a
+"""Following the re-ingests of many sites from one process (a serving process, issue 30; a standalone
+mount watches its one site the same way, serving/tree_switch.py), at a
 cost that does not grow with them per second: per Redis ONE subscription to every site's channel
-and ONE batched read of every site's version key per interval, where a `follow_on_trio` per site
+and ONE batched read of every site's version key per interval, where a follower per site on a thread of its own
 would hold a thread, a connection and a version read each.
 
 Each site is still a `TreeFollower` with its subscribers; the watch only decides when each one
@@ -91,7 +92,7 @@ class SiteWatch:
             if listening is None:
                 from chromafs_fuse.backends.redis_cache import ManyTreeAnnouncements
 
-                listening = self._announcements[id(redis)] = (redis, ManyTreeAnnouncements(lambda: redis.client))
+                listening = self._announcements[id(redis)] = (redis, ManyTreeAnnouncements(redis.announcements_client))
                 if self._nursery is not None:
                     self._nursery.start_soon(self._listen, listening[1])
             self._want(redis)

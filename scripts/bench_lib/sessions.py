@@ -294,14 +294,18 @@ def measure_sessions(
         expected = _visible_sets(chroma_dir, corpus.site)
         groups = {"anonymous": None, "signed-in": [], "admin": ["admin"], "billing": ["billing"]}
         leaks = 0
+        new_classes = []  # a session of a class not served yet, of a site served already
         for name, wanted in expected.items():
-            mountpoint, _ = sessions.open(groups[name])
+            mountpoint, took = sessions.open(groups[name])
+            if name != "anonymous":
+                new_classes.append(took)
             shown = run_timed(["find", str(mountpoint), "-type", "f"]).stdout.decode().split("\n")
             got = {line[len(str(mountpoint)) + 1 :] for line in shown if line}
             leaks += len(got - wanted)
             if got != wanted:
                 run.problems.append(f"sessions: {name} shows {len(got)} files, expected {len(wanted)}")
         out["leaks"] = leaks
+        out["new_class_session_s"] = new_classes
         pool = describe_pool(sessions.server.class_root)
         out["serving_processes_running"] = len(pool)
         out["class_views"] = sum(len(p.get("views") or {}) for p in pool)
@@ -327,6 +331,7 @@ def measure_sessions(
         "later_session_grep_le_1.5x_tmpfs": out.get("second_session_grep_ratio", 1e9) <= 1.5,
         "class_first_grep_le_3x_tmpfs": out.get("class_first_grep_ratio", 1e9) <= 3,
         "no_leaks": out.get("leaks", 1) == 0,
+        "new_class_session_le_0.5s": max(out.get("new_class_session_s") or [1e9]) <= 0.5,
         "expiry_le_5s": out.get("expiry_stop_after_exp_s", 1e9) <= EXPIRY_BOUND_S,
     }
     return out
@@ -357,6 +362,8 @@ def text_lines(result: dict[str, Any]) -> list[str]:
         f"{result['class_first_grep_s'] * 1000:.0f} ms = {result['class_first_grep_ratio']:.2f}x tmpfs; "
         f"a later session's first {result['second_session_first_grep_s'] * 1000:.0f} ms = "
         f"{result['second_session_grep_ratio']:.2f}x tmpfs",
+        "  a new class's first session (its site served): "
+        + ", ".join(f"{took * 1000:.0f} ms" for took in result.get("new_class_session_s", [])),
         f"  leaks: {result['leaks']}; expired session gone {result['expiry_stop_after_exp_s']:.2f} s after exp; "
         f"others fine after expiry/unmount: {result['others_after_expiry_ok']}/{result['others_after_unmount_ok']}",
         "  bars: " + ", ".join(f"{k}={'PASS' if v else 'FAIL'}" for k, v in result["bars"].items()),

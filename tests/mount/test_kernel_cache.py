@@ -70,3 +70,21 @@ def test_second_pass_of_every_tool_never_reaches_the_daemon(sample_chroma: Calla
             source = SAMPLE_SITE / relative
             if source.is_file():
                 assert (mnt / relative).read_bytes() == source.read_bytes(), relative
+
+
+def test_a_warm_kernel_mount_reads_no_page_through_the_daemon(sample_chroma: Callable[[str], Path], mnt: Path) -> None:
+    """--warm-kernel: once the mount answers ready (its --warm-wait), every page is in the kernel,
+    so reading every page for the first time reaches the daemon with no read at all (the
+    images are blobs, read by range when read)."""
+    port = free_port()
+    chroma = sample_chroma("public")
+    args = ["--site", "acme", "--chroma-path", str(chroma), "--metrics-addr", f"127.0.0.1:{port}"]
+    with mounted(mnt, *args, "--warm-kernel", "--warm-wait", "60"):
+        assert kernel_open_mode(mnt) == "skipped"
+        before = _requests(port)
+        files = sorted(path for path in mnt.rglob("*") if path.is_file() and path.suffix != ".png")
+        assert files
+        for path in files:
+            assert path.read_bytes() == (SAMPLE_SITE / path.relative_to(mnt)).read_bytes(), path
+        after = _requests(port)
+        assert after.get("read", 0) == before.get("read", 0), "a page was not in the kernel"

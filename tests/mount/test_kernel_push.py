@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from chromafs_fuse.serving.daemon.watchdog import connection_of
 from chromafs_fuse.serving.kernel_push import KernelPusher
+from chromafs_fuse.serving.watchdog import connection_of
 from infra import (
     SAMPLE_SITE,
     Backend,

@@ -151,6 +151,7 @@ def test_status_and_metrics(
         assert "chromafs_read_seconds_bucket" in metrics
         assert 'chromafs_request_seconds_bucket{le="+Inf",op="open"}' in metrics
         assert 'chromafs_cache_lookups_total{result="hit",tier="memory"}' in metrics
+        assert "process_resident_memory_bytes" in metrics  # the process's own figures, as prometheus_client names them
         assert token not in metrics
     gone = subprocess.run([str(BIN / "chromafs"), "status", "--json"], capture_output=True, text=True, timeout=60)
     assert str(mnt) not in gone.stdout

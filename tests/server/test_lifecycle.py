@@ -93,7 +93,7 @@ def test_killed_daemon_leaves_stale_mount_that_the_next_mount_cleans(
 
 def test_an_aborted_connection_is_cleaned_by_the_next_mount(sample_backend: Callable[..., Backend], mnt: Path) -> None:
     """What a watchdog leaves behind: a mount whose connection was aborted through fusectl."""
-    from chromafs_fuse.serving.daemon.watchdog import FUSECTL, connection_of
+    from chromafs_fuse.serving.watchdog import FUSECTL, connection_of
 
     backend = sample_backend().args
     with mounted(mnt, *backend, "--no-push-pages"):

@@ -11,7 +11,6 @@ import signal
 import socket
 import subprocess
 import time
-import traceback
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -26,6 +25,7 @@ from infra import (
     RedisServer,
     copy_subset,
     expected_visible,
+    in_child_as,
     ingest,
     is_mounted,
     reader_args,
@@ -193,33 +193,6 @@ def request_line(argv: list[str]) -> bytes:
     assert parsed is not None
     given, mountpoint = parsed
     return encode_request(mountpoint, request_options(given, {}), None)
-
-
-def in_child_as(uid: int, gid: int, cwd: Path, job: Callable[[], tuple[int, bytes]]) -> tuple[int, bytes]:
-    """`job` run in a forked child as `uid` and group `gid` (no supplementary groups), in `cwd`:
-    its exit status and the bytes it handed back (a traceback's text when it raised)."""
-    reader, writer = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: never back into pytest
-        code, out = 99, b""
-        try:
-            os.close(reader)
-            os.chdir(cwd)
-            os.setgroups([])
-            os.setgid(gid)
-            os.setuid(uid)
-            code, out = job()
-        except BaseException:
-            out += traceback.format_exc().encode()
-        finally:
-            with contextlib.suppress(BaseException):
-                os.write(writer, out)
-            os._exit(code)
-    os.close(writer)
-    with os.fdopen(reader, "rb") as answer:
-        out = answer.read()
-    _, status = os.waitpid(pid, 0)
-    return os.waitstatus_to_exitcode(status), out
 
 
 def request_as(uid: int, socket_path: Path, argv: list[str], gid: int | None = None) -> tuple[int, str]:

@@ -5,7 +5,6 @@ depends on the other classes or sites."""
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import errno
 import json
@@ -33,6 +32,7 @@ from infra import (
     free_port,
     fresh_status,
     hold_for,
+    in_child_as,
     ingest,
     mounts_under,
     run,
@@ -514,40 +514,25 @@ def control_as(uid: int, server: SharedServer, request: dict) -> tuple[bytes, st
     group `uid`, no others), which reaches the socket through the class root as its working
     directory: (every byte it was answered, how the connection ended: "closed" when the
     process closed it, "timeout" when it stayed open)."""
-    reader, writer = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: never back into pytest
-        outcome = b"error"
-        try:
-            os.close(reader)
-            os.chdir(server.class_root)
-            os.setgroups([])
-            os.setgid(uid)
-            os.setuid(uid)
-            answer = b""
-            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-                sock.settimeout(10)
-                sock.connect("serving.sock")
-                try:
-                    sock.sendall(json.dumps(request).encode() + b"\n")
-                    while chunk := sock.recv(65536):
-                        answer += chunk
-                    ended = b"closed"
-                except (BrokenPipeError, ConnectionResetError):  # closed with our request unread
-                    ended = b"closed"
-                except TimeoutError:
-                    ended = b"timeout"
-            outcome = ended + b" " + answer
-        except BaseException as exc:
-            outcome = f"error {exc!r}".encode()
-        finally:
-            with contextlib.suppress(BaseException):
-                os.write(writer, outcome)
-            os._exit(0)
-    os.close(writer)
-    with os.fdopen(reader, "rb") as pipe:
-        outcome = pipe.read()
-    os.waitpid(pid, 0)
+
+    def job() -> tuple[int, bytes]:
+        answer = b""
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.settimeout(10)
+            sock.connect("serving.sock")
+            try:
+                sock.sendall(json.dumps(request).encode() + b"\n")
+                while chunk := sock.recv(65536):
+                    answer += chunk
+                ended = b"closed"
+            except (BrokenPipeError, ConnectionResetError):  # closed with our request unread
+                ended = b"closed"
+            except TimeoutError:
+                ended = b"timeout"
+        return 0, ended + b" " + answer
+
+    code, outcome = in_child_as(uid, uid, server.class_root, job)
+    assert code == 0, outcome.decode(errors="replace")
     ended, _, answer = outcome.partition(b" ")
     return answer, ended.decode()
 

@@ -3,18 +3,19 @@
 from __future__ import annotations
 
 import base64
+import contextlib
 import gzip
 import json
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from chromafs_fuse.access import Principal, may_read, visible_entries
 from chromafs_fuse.blob_pieces import PIECE_BYTES
 from chromafs_fuse.inodes import ROOT_INODE, InodeTable
 from chromafs_fuse.pathrules import InvalidPath, normalize_key
-from chromafs_fuse.tree import TreeError, encode_tree_document, parse_tree
+from chromafs_fuse.tree import TreeError, _parse_entry, _plain_entry, encode_tree_document, parse_tree
 
 
 def doc(obj: object) -> str:
@@ -236,3 +237,94 @@ def test_a_binary_file_kept_in_chroma_points_at_its_pieces() -> None:
     for key in ("no-pieces.bin", "short-pieces.bin"):
         assert reasons[repr(key)] == "'blob.pieces' does not list the sha256 of each of its 2 pieces"
     assert reasons["'bad-pieces.bin'"] == "'blob.pieces' holds something that is not a 64-digit hex string"
+
+
+_ODD_KEY_PARTS = [".hidden", ".", "..", "", "x" * 300, "caf\u00e9", "t\tab", "\x7f"]
+_KEY_PARTS = st.one_of(st.sampled_from(["a", "docs", "b.md"]), st.sampled_from(_ODD_KEY_PARTS))
+_ODD = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-5, 2**54),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=3),
+    st.sampled_from(["A" * 64, "g" * 64, "0" * 63, "1e400"]),
+    st.lists(st.sampled_from(["staff", 3, None]), max_size=2),
+    st.just({"url": "s3://b/k", "size": 3}),
+)
+_PLAIN_FIELDS = {
+    "isPublic": st.booleans(),
+    "groups": st.lists(st.sampled_from(["staff", "admin"]), max_size=2),
+    "size": st.integers(0, 10**6),
+    "sha256": st.sampled_from(["a" * 64, "0123456789abcdef" * 4]),
+    "mtime": st.one_of(st.floats(-1e9, 1e9), st.integers(-(10**9), 10**9)),
+    "chunks": st.one_of(st.integers(-1, 5), st.booleans()),
+}
+
+
+@st.composite
+def _entries(draw: st.DrawFn) -> dict:
+    """Mostly plain entries, each field at times missing or odd."""
+    raw = {}
+    for name, plain in _PLAIN_FIELDS.items():
+        choice = draw(st.integers(0, 19))
+        if choice < 16:
+            raw[name] = draw(plain)
+        elif choice < 19:
+            raw[name] = draw(_ODD)
+    if draw(st.integers(0, 9)) == 0:
+        raw["blob"] = draw(_ODD)
+    return raw
+
+
+@settings(deadline=None, max_examples=1000)  # no deadline: a loaded CI machine is not a failure
+@given(st.lists(_KEY_PARTS, min_size=1, max_size=4).map("/".join), st.booleans(), _entries(), st.booleans())
+def test_property_the_plain_entry_shortcut_agrees_with_the_full_check(
+    key: str, leading_slash: bool, raw: dict, seen_groups: bool
+) -> None:
+    """Every entry the shortcut takes is the entry the full check makes of it; anything the full
+    check refuses, the shortcut leaves to it."""
+    source_key = "/" + key if leading_slash else key
+    groups: dict[tuple[str, ...], frozenset[str]] = {}
+    if seen_groups and isinstance(raw.get("groups"), list):
+        with contextlib.suppress(InvalidPath):
+            _parse_entry("seen.md", {"groups": raw["groups"]}, groups)
+    shortcut = _plain_entry(source_key, raw, dict(groups))
+    try:
+        full = _parse_entry(source_key, raw, dict(groups))
+    except InvalidPath:
+        assert shortcut is None
+        return
+    assert shortcut is None or shortcut == full
+
+
+_PLAIN = {"isPublic": True, "groups": ["staff"], "size": 3, "sha256": "a" * 64, "mtime": 1.5, "chunks": 2}
+_ODD_FIELD_VALUES = [None, True, False, 0, -1, 2**53, 3.5, float("nan"), float("inf"), 2.0**41, -(2.0**41)]
+_ODD_FIELD_VALUES += [
+    "",
+    "A" * 64,
+    "a" * 63,
+    "g" * 64,
+    [],
+    ["staff", 3],
+    [None],
+    "staff",
+    {"url": "s3://b/k", "size": 3},
+]
+
+
+@pytest.mark.parametrize("field", [*_PLAIN, "blob"])
+@pytest.mark.parametrize("value", _ODD_FIELD_VALUES, ids=repr)
+def test_the_plain_entry_shortcut_with_one_odd_field(field: str, value: object) -> None:
+    """A plain entry with one field odd, under plain and odd keys: the shortcut takes it only as
+    the full check does."""
+    for key in ["docs/a.md", "/docs/a.md", "docs/.a.md", "caf\u00e9.md", "docs//a.md", "x" * 256]:
+        raw = {**_PLAIN, field: value}
+        seen = {("staff",): frozenset({"staff"})}
+        shortcut = _plain_entry(key, raw, dict(seen))
+        try:
+            full = _parse_entry(key, raw, dict(seen))
+        except InvalidPath:
+            assert shortcut is None, (key, raw)
+            continue
+        assert shortcut is None or shortcut == full, (key, raw)
+    assert _plain_entry("docs/a.md", _PLAIN, {("staff",): frozenset({"staff"})}) is not None  # it is taken at all

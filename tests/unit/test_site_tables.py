@@ -4,11 +4,15 @@ same key a shared class mount goes by, bounded, and dropped whole for a tree of 
 from __future__ import annotations
 
 import json
+import random
 
-from chromafs_fuse.access import Principal
-from chromafs_fuse.inodes import InodeTable
+import pytest
+
+from chromafs_fuse import inodes
+from chromafs_fuse.access import Principal, visible_entries
+from chromafs_fuse.inodes import InodeScope, InodeTable
 from chromafs_fuse.serving.server.session_table import class_key
-from chromafs_fuse.site.tables import PrunedTables, prune
+from chromafs_fuse.site.tables import PrunedTables, prune, whole_table
 from chromafs_fuse.tree import SiteTree, parse_tree
 
 SITE = {
@@ -84,3 +88,85 @@ def test_a_tree_of_a_new_version_drops_every_table_of_the_old_one() -> None:
     tables.keep_only(old)  # another version, even an earlier one: all dropped at once
     assert len(tables) == 0 and tables.version == old.version
     assert [version for version, _ in built] == [old.version, old.version, new.version, new.version]
+
+
+def random_site(seed: int) -> dict:
+    """Pages in nested folders, some folders holding only hidden pages, keys spelled with a
+    leading "/", files without size or sha256, blobs: what a view's table must carry."""
+    rng = random.Random(seed)
+    folders = [""] + [f"f{i}/" for i in range(6)] + [f"f{i}/g{j}/" for i in range(6) for j in range(3)]
+    entries: dict = {}
+    for n in range(rng.randint(1, 400)):
+        key = f"{rng.choice(folders)}p{n}.md"
+        raw: dict = {"isPublic": rng.random() < 0.5}
+        if not raw["isPublic"] and rng.random() < 0.7:
+            raw["groups"] = rng.sample(["a", "b", "c"], rng.randint(1, 2))
+        if rng.random() < 0.8:
+            raw["size"] = rng.randint(0, 5000)
+        if rng.random() < 0.8:
+            raw["sha256"] = f"{rng.getrandbits(256):064x}"
+        if rng.random() < 0.2:
+            raw["mtime"] = rng.random() * 1e9
+        if rng.random() < 0.1:
+            raw["chunks"] = rng.randint(1, 9)
+        if rng.random() < 0.05:
+            raw["blob"] = {"url": f"s3://bucket/{n}", "size": rng.randint(1, 99)}
+        entries[("/" if rng.random() < 0.1 else "") + key] = raw
+    return entries
+
+
+def same_table(got: InodeTable, wanted: InodeTable) -> None:
+    assert len(got) == len(wanted)
+    assert [got.node(i) for i in range(len(got))] == [wanted.node(i) for i in range(len(wanted))]
+    assert (got.file_count, got.total_bytes, got.unknown_sizes) == (
+        wanted.file_count,
+        wanted.total_bytes,
+        wanted.unknown_sizes,
+    )
+    assert list(got.file_order) == list(wanted.file_order)
+    for index in range(len(wanted)):
+        inode = wanted.inode_at(index)
+        assert got.index_of(inode) == index
+        assert got.children(inode) == wanted.children(inode)
+        if index:
+            assert got.lookup_index(wanted.inode_at(wanted.parent_at(index)), wanted.name_at(index)) == index
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_a_view_pruned_from_the_whole_table_is_the_table_built_for_it(seed: int) -> None:
+    """Views of a big tree are filtered from one table of the whole tree: the same nodes, numbers,
+    order and lookups as the table built for the view alone, for every reader class."""
+    site = tree(random_site(seed))
+    whole = whole_table(site, "site.1234")
+    for reader in [*READERS.values(), Principal.of(["a", "c"])]:
+        scope = InodeScope(site="site.1234", view=f"site.1234\0{sorted(reader.groups)}")
+        wanted = InodeTable(visible_entries(site.entries, reader), scope)
+        same_table(prune(site, reader, scope, whole), wanted)
+        same_table(prune(site, reader, scope), wanted)
+
+
+def test_a_view_is_built_when_the_whole_table_rehashed_a_number() -> None:
+    """A collision in the whole table rehashed a file's number there: the view is built, not
+    filtered, so that its numbers stay those a build gives (a collision in one need not be one in
+    the other)."""
+    site = tree(random_site(1))
+    whole = whole_table(site, "s")
+    file_index = next(i for i in range(1, len(whole)) if not whole.is_dir_at(i))
+    whole._inode[file_index] = 12345  # as if rehashed for a collision
+    whole.salted = True
+    scope = InodeScope(site="s", view="v")
+    reader = Principal.of(["a", "b", "c"])
+    same_table(prune(site, reader, scope, whole), InodeTable(visible_entries(site.entries, reader), scope))
+
+
+def test_numbers_that_collide_are_rehashed_the_same_way_in_a_view(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With a hash of 6 bits every table rehashes: the whole table says so, and every view is
+    the table built for it."""
+    real = inodes._inode_for
+    monkeypatch.setattr(inodes, "_inode_for", lambda identity, salt: 2 + real(identity, salt) % 64 + 64 * salt)
+    site = tree(random_site(3))
+    whole = whole_table(site, "s")
+    assert whole.salted
+    for reader in READERS.values():
+        scope = InodeScope(site="s", view=f"v{sorted(reader.groups)}")
+        same_table(prune(site, reader, scope, whole), InodeTable(visible_entries(site.entries, reader), scope))

@@ -9,7 +9,7 @@ from pathlib import Path
 import trio
 import trio.testing
 
-from chromafs_fuse.serving.serving_process.warm import WARMERS, ViewWarmer, WarmJob
+from chromafs_fuse.serving.warm_up import WARMERS, ViewWarmer, WarmJob
 
 
 def _tree(root: Path, files: int) -> Path:

@@ -3,7 +3,8 @@
 Built complete from a MountConfig and the verified reader: the site loaded and pruned for
 the reader (tree, inode table, page source), the filesystem over it (read scheduler,
 attributes, the --search-dir directory), the pyfuse3 adapter that forwards to it, and the
-re-ingest refresher. `run()` mounts and serves until unmounted, with the kernel pusher (and
+site's follower of re-ingests (serving/tree_switch.py, as each site of a serving process).
+`run()` mounts and serves until unmounted, with the kernel pusher (and
 the watchdog it needs), the warm-up, the status file and the metrics endpoint;
 `switch_to(tree)` serves a re-ingested tree; `describe()` is what `chromafs status` and the
 metrics read.
@@ -13,12 +14,10 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import gc
 import logging
 import os
 import subprocess
 import time
-from collections.abc import Sequence
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit, urlunsplit
 
@@ -32,30 +31,30 @@ from chromafs_fuse.filesystem import DocsFilesystem
 from chromafs_fuse.inodes import InodeTable
 from chromafs_fuse.readahead import ReadScheduler
 from chromafs_fuse.search_dir import SEARCH_INODE, SearchDir
-from chromafs_fuse.serving.daemon.metrics import start_metrics_server
-from chromafs_fuse.serving.daemon.refresh import TreeRefresher
-from chromafs_fuse.serving.daemon.watchdog import start_watchdog, stop_watchdog
 from chromafs_fuse.serving.fuse_adapter import (
     Filesystem,
     FuseAdapter,
     attribute_maker,
     pyfuse3_passes_inode,
 )
-from chromafs_fuse.serving.handshake import READY
+from chromafs_fuse.serving.handshake import tell_ready
 from chromafs_fuse.serving.kernel_push import KernelPusher, forget_attributes, tell_kernel
-from chromafs_fuse.serving.lifetime import end_at_expiry, end_when_unused, watch_signals
+from chromafs_fuse.serving.lifetime import end_at_expiry, end_when_unused, fuse_mounted, watch_signals
 from chromafs_fuse.serving.process import sd_notify
-from chromafs_fuse.serving.status import StatusFile, uptime_since
-from chromafs_fuse.serving.warm_up import all_files, changed_files, should_warm_kernel, visible_bytes, warm_kernel
+from chromafs_fuse.serving.status import STATUS_EVERY_S, StatusFile, keep_written, uptime_since, view_status
+from chromafs_fuse.serving.tree_switch import TreeSwitches, follow_site, next_filesystem
+from chromafs_fuse.serving.warm_up import ViewWarmer, WarmJob, should_warm_kernel, visible_bytes
+from chromafs_fuse.site.follower import TreeFollower
 from chromafs_fuse.site.loader import LoadedSite, SiteLoader
+from chromafs_fuse.site.watch import SiteWatch
 from chromafs_fuse.tree import PathEntry, SiteTree
-from chromafs_fuse.tree_diff import TreeChange, diff_tables
+from chromafs_fuse.tree_diff import TreeChange
 
 if TYPE_CHECKING:
+    from chromafs_fuse.serving.metrics import MetricsEndpoint
     from chromafs_fuse.site.searcher import Searcher
 
 log = logging.getLogger("chromafs.mount")
-STATUS_EVERY_S = 2.0
 SEARCH_DIR_RESULTS = 20  # pages a file of the search directory lists
 
 
@@ -96,21 +95,23 @@ class Mount:
         self.adapter = FuseAdapter(self._filesystem(site.table, {}))
         # Pushing pages needs the kernel to keep them across opens (no-open mode only), the
         # batched store of chromafs's pyfuse3 build (scripts/build_pyfuse3.py), and a watchdog
-        # (started once mounted: only pushed pages can leave a thread waiting in the kernel on a
-        # killed daemon).
+        # (started once mounted: pushed pages, and the warm-up's reads of this mount, can leave a
+        # thread waiting in the kernel on a killed daemon).
         self.may_push = config.push_pages and self.no_open and hasattr(pyfuse3, "store_pages")
-        self.refresher: TreeRefresher | None = None
+        self.follower: TreeFollower | None = None  # with --refresh-interval
         if config.refresh_interval_s > 0:
-            self.refresher = TreeRefresher(
-                self.loader, self.pages, self.tree, config.refresh_interval_s, self.switch_to
-            )
+            self.follower = TreeFollower(self.loader, self.pages.chroma, self.tree, config.refresh_interval_s)
+        self.switches = TreeSwitches()
         self.started = time.time()
         self.status = StatusFile(self.describe)
         # while run() runs:
         self.watchdog: subprocess.Popen[bytes] | None = None
         self.pusher: KernelPusher | None = None
-        self.warms_kernel = False  # --warm-kernel, pages pushed, and the site within its budget
+        self.warms_kernel = False  # --warm-kernel, a watchdog, and the site within its budget
+        self.warmer = ViewWarmer()  # the serving processes' warmer, with one view: the mount's root
+        self.warmed: set[int] = set()  # inodes read into the kernel already (a re-ingest's new ones are not)
         self._nursery: trio.Nursery | None = None
+        self.metrics: MetricsEndpoint | None = None
 
     @property
     def fs(self) -> Filesystem:
@@ -145,14 +146,11 @@ class Mount:
     async def switch_to(self, tree: SiteTree) -> TreeChange:
         """Serve `tree` from now on: pruned for the reader, on a new filesystem (old versions
         that readers hold stay readable), the kernel told what to forget, and with --warm-kernel
-        the pages that changed handed to it. The switch itself is one step on the loop, so a
+        the pages that changed read into it. The switch itself is one step on the loop, so a
         request sees one tree or the other; the blocking parts run in worker threads."""
-        table = await trio.to_thread.run_sync(SiteLoader.prune, tree, self.principal)
-        old = self.fs
-        change = await trio.to_thread.run_sync(diff_tables, old.table, table)
-        replaced, dropped = old.carry_replaced(change.replaced, table)
-        change.stale_inodes += dropped
-        new = self._filesystem(table, replaced)
+        started = time.perf_counter()
+        previous, old = self.tree.version, self.fs
+        new, change = await next_filesystem(old, tree, self.principal, self._filesystem)
         self.adapter.switch(new)
         self.pages.switch(tree.version)
         self.tree = tree
@@ -160,15 +158,27 @@ class Mount:
         # never on the loop: the kernel may make a notification wait for a request the loop answers
         await trio.to_thread.run_sync(tell_kernel, old_pusher, change)
         self._start_pushing()
-        if self.warms_kernel and self._nursery is not None:
-            self._nursery.start_soon(self._warm, changed_files(old.table, table), trio.Event())
+        self.warmed.difference_update(change.stale_inodes)
+        if self.warms_kernel:
+            self._warm()  # the new and changed pages: new inodes
+        log.info(
+            "tree %s -> %s in %.3fs: %d files changed, %d added, %d removed; %d inodes and %d names invalidated",
+            previous,
+            tree.version,
+            time.perf_counter() - started,
+            change.changed,
+            change.added,
+            change.removed,
+            len(change.stale_inodes),
+            len(change.stale_names),
+        )
         return change
 
     # -- pushing pages into the kernel's cache ----------------------------------------------
 
     def _start_pushing(self) -> None:
         """On the loop, for the tree served now: its scheduler hands loaded pages to the kernel."""
-        if self.watchdog is None:
+        if self.watchdog is None or not self.may_push:
             return
         scheduler = self.fs.scheduler
         token = trio.lowlevel.current_trio_token()
@@ -187,15 +197,13 @@ class Mount:
             return {}
         return {"stored": pusher.stored, "refused": pusher.refused, "skipped": pusher.skipped}
 
-    async def _warm(self, files: Sequence[int], done: trio.Event) -> None:
-        try:
-            await warm_kernel(
-                self.config.mountpoint, self.adapter, self.pages, files, self.config.session.cache_bytes // 4
-            )
-        except Exception:  # a warm-up is an optimisation: whatever stops it, the mount serves
-            log.exception("warm-up stopped")
-        finally:
-            done.set()
+    def _warm(self) -> WarmJob:
+        """On the loop: the pages of the tree served now that the kernel does not hold yet read
+        through the mount, in the background (stopped by a switch to another tree)."""
+        fs = self.fs
+        job = WarmJob(self.config.mountpoint, self.warmed, lambda: self.fs is fs)
+        self.warmer.offer(job)
+        return job
 
     async def _preload(self) -> None:
         """After mounting (without --warm-kernel): load every visible page into memory."""
@@ -210,30 +218,31 @@ class Mount:
         (when given) once the mount answers; pyfuse3.init raises RuntimeError if mounting fails."""
         config, mountpoint = self.config, self.config.mountpoint
         if config.metrics_addr:
-            start_metrics_server(config.metrics_addr, self.describe)
+            from chromafs_fuse.serving.metrics import mount_endpoint  # prometheus_client: 0.1 s to import
+
+            self.metrics = mount_endpoint(config.metrics_addr, self.describe)
         options = set(pyfuse3.default_options)
         options |= {f"fsname=chromafs:{config.site}", "subtype=chromafs", "ro", "noatime", *config.fuse_options}
         options.discard("rw")  # read-only, whatever the options say
-        pyfuse3.init(self.adapter, mountpoint, options)
-        # Everything built so far (imported modules, the tree, the inode table) lives as long as the
-        # mount: take it out of the collector's sight, so that collections triggered by per-request
-        # garbage do not walk the whole heap on the request path.
-        gc.collect()
-        gc.freeze()
-        self.watchdog = start_watchdog(mountpoint, "pages are not pushed to the kernel") if self.may_push else None
-        self.warms_kernel = should_warm_kernel(config, self.watchdog is not None, self.fs.table)
-        if config.pid_file:
-            with open(config.pid_file, "w") as f:
-                f.write(f"{os.getpid()}\n")
+        # the warm-up reads this mount from this process: it needs the watchdog as pushing does
+        watched = self.may_push or config.warm_kernel
         try:
-            trio.run(self._serve, ready_fd)
+            with fuse_mounted(
+                self.adapter, mountpoint, options, "pages are neither pushed nor warmed" if watched else None
+            ) as self.watchdog:
+                self.warms_kernel = self.watchdog is not None and should_warm_kernel(config, self.fs.table)
+                if config.pid_file:
+                    with open(config.pid_file, "w") as f:
+                        f.write(f"{os.getpid()}\n")
+                try:
+                    trio.run(self._serve, ready_fd)
+                finally:
+                    if self.pusher is not None:
+                        self.pusher.stop()  # before the FUSE session is closed
         finally:
-            stop_watchdog(self.watchdog)
-            if self.pusher is not None:
-                self.pusher.stop()
-            pyfuse3.close(unmount=True)
+            if self.metrics is not None:
+                self.metrics.close()
             self.status.remove()
-            log.info("unmounted %s; requests served: %s", mountpoint, dict(self.adapter.requests))
             if config.pid_file:
                 with contextlib.suppress(OSError):
                     os.unlink(config.pid_file)
@@ -242,15 +251,33 @@ class Mount:
         async with self.pages.running(), trio.open_nursery() as nursery:
             self._nursery = nursery
             self._start_pushing()
-            if self.refresher is not None:
-                nursery.start_soon(self.refresher.run)
+            if self.follower is not None:
+                watch = SiteWatch()  # one site: the serving process's watch of many, with one
+                nursery.start_soon(watch.run)
+                nursery.start_soon(
+                    follow_site,
+                    watch,
+                    self.config.site,
+                    self.follower,
+                    self.loader.redis,
+                    self.pages.timeout_s,
+                    lambda: self.tree.version,
+                    self.switch_to,
+                    self.switches,
+                )
             nursery.start_soon(watch_signals)
+            if self.warms_kernel:
+                nursery.start_soon(self.warmer.run)
+            if self.metrics is not None:
+                from chromafs_fuse.serving.metrics import serve_metrics
+
+                nursery.start_soon(serve_metrics, self.metrics, STATUS_EVERY_S)
             if self.principal.expires_at is not None:
                 nursery.start_soon(end_at_expiry, self.principal.expires_at, self._refuse)
             nursery.start_soon(self._announce_ready, ready_fd)
             if self.config.idle_exit_s > 0:
                 nursery.start_soon(end_when_unused, self.config.mountpoint, self.config.idle_exit_s)
-            nursery.start_soon(self._keep_status_written)
+            nursery.start_soon(keep_written, self.status)
             await pyfuse3.main()
             nursery.cancel_scope.cancel()
         self._nursery = None
@@ -273,44 +300,38 @@ class Mount:
         await trio.to_thread.run_sync(os.listdir, config.mountpoint)
         assert self._nursery is not None
         if self.warms_kernel:
-            warmed = trio.Event()
-            self._nursery.start_soon(self._warm, all_files(self.fs.table), warmed)
+            job = self._warm()
             if config.warm_wait_s > 0:
                 with trio.move_on_after(config.warm_wait_s):
-                    await warmed.wait()
+                    await job.done.wait()
         elif should_preload(config, self.fs.table):
             self._nursery.start_soon(self._preload)
         log.info("mounted on %s", config.mountpoint)
         self.status.write()
-        if ready_fd is not None:
-            with contextlib.suppress(OSError):
-                os.write(ready_fd, READY)
-                os.close(ready_fd)
+        tell_ready(ready_fd)
         sd_notify(f"READY=1\nSTATUS=serving {config.site} on {config.mountpoint}")
-
-    async def _keep_status_written(self) -> None:
-        while True:
-            await trio.sleep(STATUS_EVERY_S)
-            self.status.write()
 
     def describe(self) -> dict:
         """The mount's status (the status file, `chromafs status`, the metrics endpoint)."""
         config, adapter, pages = self.config, self.adapter, self.pages
         shared = pages.shared
         return {
+            **view_status(
+                config.site,
+                self.principal,
+                self.fs.table,
+                pages.tree_version,
+                dict(adapter.requests),
+                self.switches.describe(self.follower),
+            ),
             "pid": os.getpid(),
-            "site": config.site,
             "mountpoint": config.mountpoint,
-            "reader": self.principal.describe(),
             "expires_at": self.principal.expires_at,
             "backend": public_backend(config),
             "redis": bool(shared),
             "started": self.started,
             "uptime_s": uptime_since(self.started),
-            "visible_files": self.fs.table.file_count,
             "kernel_open": "skipped" if self.no_open else "per open",
-            "tree_version": pages.tree_version,
-            "requests": dict(adapter.requests),
             "caches": {
                 "memory": [pages.cache.hits, pages.cache.misses],
                 "redis": [shared.hits, shared.misses] if shared else [0, 0],
@@ -323,5 +344,4 @@ class Mount:
             "read_latency": adapter.read_latency.cumulative(),
             "latency": {op: [h.cumulative(), h.total_s] for op, h in sorted(adapter.latency.items())},
             "read_latency_sum_s": adapter.read_latency.total_s,
-            **(self.refresher.describe() if self.refresher else {"refresh_interval_s": 0}),
         }

@@ -194,7 +194,9 @@ class ServingPool:
             return  # that process is gone, and its sessions with it
         try:
             process.control.ask(EndViewSession(os.path.relpath(source, process.mountpoint)))
-        except (FileNotFoundError, ConnectionRefusedError):
+        except (FileNotFoundError, ConnectionError):
+            # refused, or closed without an answer: the process is stopping (it closes a control
+            # connection unanswered only then), and its sessions end with it
             log.debug("ending the session %s: its serving process is gone", source)
         except (OSError, ChromafsError) as exc:  # it serves on: the session lives there until its expiry
             log.warning("ending the session %s: %s", source, exc)

@@ -44,6 +44,7 @@ from chromafs_fuse.config import MountConfig, ServerConfig
 from chromafs_fuse.errors import AccessDenied, ChromafsError, Unavailable, UsageError, error_of
 from chromafs_fuse.options import request_values
 from chromafs_fuse.serving.failures import failure_text
+from chromafs_fuse.serving.metrics import MetricsEndpoint, SessionCollector, serve_metrics
 from chromafs_fuse.serving.protocol import (
     MAX_LINE_BYTES,
     MOUNT_SERVER_REQUESTS,
@@ -56,7 +57,6 @@ from chromafs_fuse.serving.protocol import (
     ok_line,
 )
 from chromafs_fuse.serving.server.forker import Forker, ForkerGone
-from chromafs_fuse.serving.server.metrics import MetricsEndpoint
 
 if TYPE_CHECKING:
     from chromafs_fuse.access import Principal
@@ -212,7 +212,7 @@ class MountServer:
             if self.keeper is not None:
                 nursery.start_soon(self._keep_house)
             if self.metrics is not None:
-                nursery.start_soon(self._answer_metrics, self.metrics)
+                nursery.start_soon(serve_metrics, self.metrics, HOUSEKEEPING_S)
             with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
                 async for _ in signals:
                     break
@@ -273,15 +273,6 @@ class MountServer:
             if next_expiry is not None:
                 wait_s = min(wait_s, max(0.01, next_expiry - time.time()))
             await trio.sleep(wait_s)
-
-    async def _answer_metrics(self, metrics: MetricsEndpoint) -> None:
-        while True:
-            await trio.lowlevel.wait_readable(metrics.listener)
-            try:
-                await trio.to_thread.run_sync(metrics.answer)
-            except Exception:  # a bug in one scrape: logged; the endpoint goes on
-                log.exception("the metrics endpoint failed")
-                await trio.sleep(HOUSEKEEPING_S)
 
     # -- a request ------------------------------------------------------------------------------
 
@@ -442,7 +433,7 @@ def serve_forever(config: ServerConfig, class_views: bool) -> int:
         keeper = SessionKeeper(config.class_root, config.class_idle_s, pool)
     metrics = None
     if config.metrics_addr:
-        metrics = MetricsEndpoint(config.metrics_addr, lambda: keeper.snapshot() if keeper else None)
+        metrics = MetricsEndpoint(config.metrics_addr, SessionCollector(lambda: keeper.snapshot() if keeper else None))
     forker_of.append(Forker.start(JOBS, [listener, *([metrics] if metrics else [])]))  # before any thread starts
     forker = forker_of[0]
     server = MountServer(config.socket, forker, keeper, listener, metrics)

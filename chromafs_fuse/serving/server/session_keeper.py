@@ -23,6 +23,7 @@ drives it on a simulated host).
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
 import threading
@@ -455,7 +456,11 @@ class SessionKeeper:
                     bound += 1
                     self._write_status(session)
                 except (OSError, SessionError) as exc:
-                    log.error("session on %s cannot be bound again: %s; ending it", session.mountpoint, exc)
+                    if isinstance(exc, OSError) and exc.errno == errno.ENOENT:
+                        # unmounted by its user between the look above and the bind
+                        log.info("session on %s ended: unmounted", session.mountpoint)
+                    else:
+                        log.error("session on %s cannot be bound again: %s; ending it", session.mountpoint, exc)
                     if self.kernel.device_at(session.mountpoint) == mount.device:
                         self.kernel.detach(session.mountpoint)  # the dead class's bind: nothing to read there
                     self._end(session, self.clock(), served)

@@ -13,13 +13,12 @@ server does.
 It outlives the mount server that started it (a restarted one reconnects through the socket) and
 ends by itself once no session's bind of it has stood for its idle time. No page is pushed into
 the kernel here: the kernel keeps what it read once (no-open mode, or keep_cache with a stock
-pyfuse3) for every view of the site, and a new view is warmed by reading it (serving/serving_process/warm.py).
+pyfuse3) for every view of the site, and a new view is warmed by reading it (serving/warm_up.py).
 """
 
 from __future__ import annotations
 
 import contextlib
-import gc
 import json
 import logging
 import os
@@ -36,11 +35,10 @@ from chromafs_fuse.config import MountConfig
 from chromafs_fuse.errors import ChromafsError, unexpected
 from chromafs_fuse.logs import setup_logging
 from chromafs_fuse.page_cache import PageCache
-from chromafs_fuse.serving.daemon.watchdog import start_watchdog, stop_watchdog
 from chromafs_fuse.serving.failures import report_failure
 from chromafs_fuse.serving.fuse_adapter import FuseAdapter, entry_attributes, pyfuse3_passes_inode
-from chromafs_fuse.serving.handshake import READY
-from chromafs_fuse.serving.lifetime import end_when_unused, watch_signals
+from chromafs_fuse.serving.handshake import tell_ready
+from chromafs_fuse.serving.lifetime import end_when_unused, fuse_mounted, watch_signals
 from chromafs_fuse.serving.process import limit_malloc_arenas
 from chromafs_fuse.serving.protocol import (
     CONTROL_REQUESTS,
@@ -54,14 +52,13 @@ from chromafs_fuse.serving.protocol import (
     error_answer,
 )
 from chromafs_fuse.serving.serving_process.sites import ServedSites
-from chromafs_fuse.serving.status import StatusFile, uptime_since
+from chromafs_fuse.serving.status import StatusFile, keep_written, uptime_since
 from chromafs_fuse.serving_filesystem import ServingFilesystem
 
 log = logging.getLogger("chromafs.serving")
 MOUNT_NAME = "serving"
 SOCKET_NAME = "serving.sock"
 MAX_LINE_BYTES = 256 * 1024
-STATUS_EVERY_S = 2.0
 MOUNT_OPTIONS = {"fsname=chromafs:serving", "subtype=chromafs", "ro", "noatime", "allow_other"}
 
 
@@ -90,21 +87,18 @@ class ServingProcess:
     def run(self, ready_fd: int | None) -> None:
         """Mount, serve until unmounted, signalled or unused, unmount."""
         os.makedirs(self.mountpoint, mode=0o755, exist_ok=True)
-        pyfuse3.init(self.adapter, self.mountpoint, set(pyfuse3.default_options) | MOUNT_OPTIONS)
         # this process reads its own mount (warm-ups, sessions listed ahead): killed while such a
         # read waits in the kernel, it could never close its FUSE descriptor without the watchdog
-        watchdog = start_watchdog(self.mountpoint, "a kill while it reads its own mount can hang it")
-        gc.collect()
-        gc.freeze()
+        options = set(pyfuse3.default_options) | MOUNT_OPTIONS
         try:
-            trio.run(self._serve, ready_fd)
+            with fuse_mounted(
+                self.adapter, self.mountpoint, options, "a kill while it reads its own mount can hang it"
+            ):
+                trio.run(self._serve, ready_fd)
         finally:
-            stop_watchdog(watchdog)
-            pyfuse3.close(unmount=True)
             self.status.remove()
             with contextlib.suppress(OSError):
                 os.unlink(self.socket_path)
-            log.info("unmounted %s; requests served: %s", self.mountpoint, dict(self.adapter.requests))
 
     async def _serve(self, ready_fd: int | None) -> None:
         listener = await self._listen()
@@ -133,15 +127,9 @@ class ServingProcess:
     async def _announce_ready(self, ready_fd: int | None) -> None:
         await trio.to_thread.run_sync(os.listdir, self.mountpoint)
         log.info("mounted on %s, told on %s", self.mountpoint, self.socket_path)
-        if ready_fd is not None:
-            with contextlib.suppress(OSError):
-                os.write(ready_fd, READY)
-                os.close(ready_fd)
-        while True:
-            # described on the loop (one moment), encoded and written off it: with a thousand
-            # views that is tens of milliseconds every time
-            await trio.to_thread.run_sync(self.status.write_described, self.status.described())
-            await trio.sleep(STATUS_EVERY_S)
+        tell_ready(ready_fd)
+        await trio.to_thread.run_sync(self.status.write_described, self.status.described())
+        await keep_written(self.status)
 
     # -- the control socket ----------------------------------------------------------------
 

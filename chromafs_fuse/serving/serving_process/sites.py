@@ -22,26 +22,27 @@ from typing import Any
 
 import trio
 
-from chromafs_fuse.access import Principal, visible_entries
+from chromafs_fuse.access import Principal
 from chromafs_fuse.attributes import AttributeMaker
 from chromafs_fuse.config import MountConfig, RedisSettings, mount_settings
 from chromafs_fuse.errors import Refused
 from chromafs_fuse.filesystem import DocsFilesystem
-from chromafs_fuse.inodes import InodeScope, InodeTable
+from chromafs_fuse.inodes import InodeTable
 from chromafs_fuse.page_cache import PageCache
 from chromafs_fuse.readahead import ReadScheduler
 from chromafs_fuse.serving.kernel_push import forget_attributes, tell_kernel, walk_directories
-from chromafs_fuse.serving.serving_process.warm import ViewWarmer, WarmJob
-from chromafs_fuse.serving.warm_up import should_warm_kernel
+from chromafs_fuse.serving.status import view_status
+from chromafs_fuse.serving.tree_switch import TreeSwitches, follow_site, next_filesystem
+from chromafs_fuse.serving.warm_up import ViewWarmer, WarmJob, should_warm_kernel
 from chromafs_fuse.serving_filesystem import ServingFilesystem
 from chromafs_fuse.serving_views import scope_for, site_dir_name, view_name
 from chromafs_fuse.sessions import ServedSession
-from chromafs_fuse.site.follower import TreeFollower, new_trees
+from chromafs_fuse.site.follower import TreeFollower
 from chromafs_fuse.site.loader import CHROMA_OPEN_GRACE_S, SiteLoader
 from chromafs_fuse.site.page_source import PageSource
+from chromafs_fuse.site.tables import WHOLE_TABLE_FILES, prune, whole_table
 from chromafs_fuse.site.watch import SiteWatch
 from chromafs_fuse.tree import SiteTree
-from chromafs_fuse.tree_diff import diff_tables
 
 log = logging.getLogger("chromafs.serving")
 # a spare session's class: (site key, view name, uid, gid, allow_other)
@@ -69,10 +70,6 @@ def reader_key(reader: Principal) -> str:
     return json.dumps([reader.authenticated, sorted(reader.groups) if reader.authenticated else []])
 
 
-def pruned(tree: SiteTree, reader: Principal, scope: InodeScope) -> InodeTable:
-    return InodeTable(visible_entries(tree.entries, reader), scope)
-
-
 @dataclass
 class ServedView:
     name: str
@@ -96,9 +93,28 @@ class ServedSite:
         self.no_open = False  # set by ServedSites: the serving process's mount's open mode
         self.follower = TreeFollower(loader, pages.chroma, tree, config.refresh_interval_s)
         self.views: dict[str, ServedView] = {}
-        self.warmed: set[int] = set()  # inodes read through a view already (serving/serving_process/warm.py)
+        self.warmed: set[int] = set()  # inodes read through a view already (serving/warm_up.py)
         self.cancel = trio.CancelScope()  # ends the site's tasks once its last view goes
-        self.switches = 0
+        self.switches = TreeSwitches()
+        self._whole: tuple[SiteTree, InodeTable] | None = None  # a big tree's whole table
+
+    def whole(self, tree: SiteTree) -> InodeTable | None:
+        """`tree`'s whole table (site/tables.whole_table), if made."""
+        return self._whole[1] if self._whole is not None and self._whole[0] is tree else None
+
+    async def make_whole(self, tree: SiteTree) -> InodeTable | None:
+        """`tree`'s whole table, made (in a worker thread) if the tree is big enough to need one."""
+        if len(tree.entries) < WHOLE_TABLE_FILES:
+            return None
+        whole = self.whole(tree)
+        if whole is None:
+            started = time.perf_counter()
+            whole = await trio.to_thread.run_sync(whole_table, tree, self.key)
+            if self.tree is tree:
+                self._whole = (tree, whole)
+            log.info("site %s: the whole tree's table, %d files, in %.3fs", self.key, whole.file_count,
+                     time.perf_counter() - started)  # fmt: skip
+        return whole
 
     def filesystem(self, table: InodeTable, replaced: dict | None = None) -> DocsFilesystem[Any]:
         assert self.attributes is not None
@@ -253,7 +269,10 @@ class ServedSites:
         name = view_name(site.key, reader_key(reader))
         while name not in site.views:
             tree = site.tree
-            table = await trio.to_thread.run_sync(pruned, tree, reader, scope_for(site.key, name))
+            whole = site.whole(tree)
+            started = time.perf_counter()
+            table = await trio.to_thread.run_sync(prune, tree, reader, scope_for(site.key, name), whole)
+            took = time.perf_counter() - started
             if self.sites.get(site.key) is not site:
                 site = await self._site(config)  # its last view went meanwhile: opened again
                 continue
@@ -262,7 +281,17 @@ class ServedSites:
             fs = site.filesystem(table)
             self.fs.add(site.key, name, fs)
             site.views[name] = ServedView(name, reader, fs)
-            log.info("view %s/%s: %s, %d files", site.directory, name, reader.describe(), table.file_count)
+            log.info(
+                "view %s/%s: %s, %d files (table %s in %.3fs)",
+                site.directory,
+                name,
+                reader.describe(),
+                table.file_count,
+                "built" if whole is None else "filtered from the whole tree's",
+                took,
+            )
+            if whole is None and len(tree.entries) >= WHOLE_TABLE_FILES and self._nursery is not None:
+                self._nursery.start_soon(site.make_whole, tree)  # the site's next classes: half the work
             job, alone = self._warm(site, name)
             site.views[name].lists_ahead = job is not None
             if job is not None and self._nursery is not None:  # the likely owner: the server's user
@@ -281,7 +310,7 @@ class ServedSites:
         the job (None: the view is not warmed), and whether it is the only view warming."""
         view = site.views[name]
         fs = view.fs
-        if not should_warm_kernel(site.config, True, fs.table):  # reads need no watchdog: "pushing" holds
+        if not should_warm_kernel(site.config, fs.table):
             return None, False
 
         def current() -> bool:
@@ -372,17 +401,16 @@ class ServedSites:
             async with site.pages.running():
                 if site.follower.interval_s <= 0:
                     await trio.sleep_forever()
-                with new_trees(site.follower) as trees:
-                    self.watch.add(site.key, site.follower, site.loader.redis, site.config.session.backend_timeout_s)
-                    try:
-                        async for tree in trees:
-                            try:
-                                await self._switch(site, tree)
-                            except Exception:  # the site keeps its tree; the follower hands the new one out again
-                                log.exception("site %s: switching to tree %s failed", site.key, tree.version)
-                                site.follower.hand_out_again()
-                    finally:
-                        self.watch.remove(site.key)
+                await follow_site(
+                    self.watch,
+                    site.key,
+                    site.follower,
+                    site.loader.redis,
+                    site.pages.timeout_s,
+                    lambda: site.tree.version,
+                    lambda tree: self._switch(site, tree),
+                    site.switches,
+                )
 
     async def _switch(self, site: ServedSite, tree: SiteTree) -> None:
         """Every view of the site to `tree`: pruned, on a new filesystem carrying the old versions
@@ -391,29 +419,28 @@ class ServedSites:
             return
         started = time.perf_counter()
         site.tree = tree
+        whole = await site.make_whole(tree) if len(site.views) > 1 else None  # one view: built as fast
         for name, view in list(site.views.items()):
-            old = view.fs
-            table = await trio.to_thread.run_sync(pruned, tree, view.reader, old.table.scope)
-            change = await trio.to_thread.run_sync(diff_tables, old.table, table)
+            new, change = await next_filesystem(view.fs, tree, view.reader, site.filesystem, whole)
             if site.views.get(name) is not view:
                 continue  # removed meanwhile
-            replaced, dropped = old.carry_replaced(change.replaced, table)
-            change.stale_inodes += dropped
-            view.fs = site.filesystem(table, replaced)
-            self.fs.add(site.key, name, view.fs, extra_inodes=replaced)
+            view.fs = new
+            self.fs.add(site.key, name, new, extra_inodes=new.replaced)
             await trio.to_thread.run_sync(tell_kernel, None, change)
             await trio.to_thread.run_sync(tell_kernel, None, self.fs.session_change(site.key, name, change))
         site.pages.switch(tree.version)
-        site.switches += 1
         site.warmed = set()  # the kernel forgot the changed pages: read the views again
+        if whole is None and len(tree.entries) >= WHOLE_TABLE_FILES and self._nursery is not None:
+            self._nursery.start_soon(site.make_whole, tree)
         for name in site.views:
             self._warm(site, name)
         log.info(
-            "site %s: tree %s for %d views in %.3fs",
+            "site %s: tree %s for %d views in %.3fs (tables %s)",
             site.key,
             tree.version,
             len(site.views),
             time.perf_counter() - started,
+            "built" if whole is None else "filtered from the whole tree's",
         )
 
     # -- status --------------------------------------------------------------------------------
@@ -424,12 +451,12 @@ class ServedSites:
         views: dict[str, dict[str, object]] = {}
         for site in self.sites.values():
             for name, view in site.views.items():
-                views[f"{mountpoint}/{site.directory}/{name}"] = {
-                    "site": site.config.site,
-                    "reader": view.reader.describe(),
-                    "visible_files": view.fs.table.file_count,
-                    "tree_version": site.tree.version,
-                    "requests": {"all": requests.get((site.directory, name), 0)},
-                    "tree_switches": site.switches,
-                }
+                views[f"{mountpoint}/{site.directory}/{name}"] = view_status(
+                    site.config.site,
+                    view.reader,
+                    view.fs.table,
+                    site.tree.version,
+                    {"all": requests.get((site.directory, name), 0)},
+                    site.switches.describe(site.follower),
+                )
         return views

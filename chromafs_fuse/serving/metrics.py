@@ -1,7 +1,9 @@
-"""The mount server's Prometheus endpoint: its classes and sessions, and what each class
-served, answered on a thread of its own from a copy of the session table taken under its lock
-(a scrape never holds a session up). What a class served comes from the status file its serving
-process rewrites every two seconds.
+"""The Prometheus endpoints: a standalone mount's (`MountCollector`: its status, `describe()`, read
+at each scrape) and the mount server's (`SessionCollector`: its classes and sessions from a copy of
+the session table taken under its lock, so a scrape never holds a session up, and what each class
+served from the status file its serving process rewrites every two seconds). One endpoint
+(`MetricsEndpoint`, `serve_metrics`): each scrape is answered on a worker thread of the loop. No
+token or page content ever goes into them.
 """
 
 from __future__ import annotations
@@ -15,13 +17,14 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import trio
 from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
 from chromafs_fuse.serving.server.session_table import SessionTable
 from chromafs_fuse.serving.status import runtime_dir
 
-log = logging.getLogger("chromafs.mountd")
+log = logging.getLogger("chromafs.metrics")
 SCRAPE_TIMEOUT_S = 0.2  # a scraper that dawdles must not hold up mount requests
 MAX_REQUEST_BYTES = 8192
 
@@ -47,6 +50,79 @@ def class_status(pid: int, path: str | None = None, read: dict[int, Any] | None 
         view = views.get(path)
         return view if isinstance(view, dict) else {}
     return status
+
+
+class MountCollector:
+    """A standalone mount's metrics: its status (`Mount.describe`), read at scrape time."""
+
+    def __init__(self, status: Callable[[], dict[str, Any]]) -> None:
+        self.status = status  # not `describe`: a registry asks a collector's describe() for its metric names
+
+    def collect(self) -> Iterator[Any]:
+        data = self.status()
+        requests = CounterMetricFamily("chromafs_requests", "FUSE requests served", labels=["op"])
+        for op, count in sorted(data["requests"].items()):
+            requests.add_metric([op], count)
+        yield requests
+        cache = CounterMetricFamily("chromafs_cache_lookups", "Cache lookups", labels=["tier", "result"])
+        for tier, (hits, misses) in data["caches"].items():
+            cache.add_metric([tier, "hit"], hits)
+            cache.add_metric([tier, "miss"], misses)
+        yield cache
+        errors = CounterMetricFamily("chromafs_backend_errors", "Failed backend calls", labels=["backend"])
+        for backend, count in data["backend_errors"].items():
+            errors.add_metric([backend], count)
+        yield errors
+        latency = CounterMetricFamily("chromafs_backend_seconds", "Time spent in backend calls", labels=["backend"])
+        for backend, seconds in data["backend_seconds"].items():
+            latency.add_metric([backend], seconds)
+        yield latency
+        per_op = HistogramMetricFamily(
+            "chromafs_request_seconds", "Time the daemon spent on each FUSE request", labels=["op"]
+        )
+        for op, (buckets, total) in data.get("latency", {}).items():
+            per_op.add_metric([op], buckets, total)
+        yield per_op
+        yield HistogramMetricFamily(
+            "chromafs_read_seconds",
+            "Latency of FUSE read requests that reach the daemon",
+            buckets=data["read_latency"],
+            sum_value=data["read_latency_sum_s"],
+        )
+        pushed = CounterMetricFamily(
+            "chromafs_pages_pushed",
+            "Pages offered to the kernel's page cache ahead of a read, by outcome",
+            labels=["outcome"],
+        )
+        for outcome, count in data.get("pages_pushed", {}).items():
+            pushed.add_metric([outcome], count)
+        yield pushed
+        yield _single(
+            GaugeMetricFamily, "chromafs_cached_bytes", "Bytes in the in-process page cache", data["cached_bytes"]
+        )
+        yield _single(GaugeMetricFamily, "chromafs_visible_files", "Files visible on this mount", data["visible_files"])
+        tree = GaugeMetricFamily("chromafs_tree_info", "The tree version served", labels=["version"])
+        tree.add_metric([str(data.get("tree_version", ""))], 1)
+        yield tree
+        if "tree_applied_at" in data:
+            yield _single(
+                GaugeMetricFamily,
+                "chromafs_tree_applied_timestamp_seconds",
+                "When the tree was applied",
+                data["tree_applied_at"],
+            )
+            yield _single(
+                CounterMetricFamily,
+                "chromafs_tree_switches",
+                "Switches to a re-ingested tree",
+                data["tree_switches"],
+            )
+            yield _single(
+                GaugeMetricFamily,
+                "chromafs_tree_last_switch_seconds",
+                "How long the last switch took",
+                data["last_switch_s"],
+            )
 
 
 class SessionCollector:
@@ -118,12 +194,12 @@ class MetricsEndpoint:
     """A listening socket for `GET /metrics`; the server's loop calls `answer()` when it is
     readable."""
 
-    def __init__(self, address: str, table_of: Callable[[], SessionTable | None]) -> None:
+    def __init__(self, address: str, collector: Any) -> None:
         host, _, port = address.rpartition(":")
         self.listener = socket.create_server((host or "127.0.0.1", int(port)))
         self.listener.setblocking(False)
         self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(SessionCollector(table_of))
+        self.registry.register(collector)
         log.info("metrics on http://%s:%s/metrics", host or "127.0.0.1", self.listener.getsockname()[1])
 
     def fileno(self) -> int:
@@ -160,3 +236,26 @@ class MetricsEndpoint:
     def close(self) -> None:
         with contextlib.suppress(OSError):
             self.listener.close()
+
+
+def mount_endpoint(address: str, describe: Callable[[], dict[str, Any]]) -> MetricsEndpoint:
+    """A standalone mount's endpoint: its status, and the process's own figures (CPU, memory,
+    descriptors, the collector's) under prometheus_client's usual names."""
+    from prometheus_client import GCCollector, PlatformCollector, ProcessCollector
+
+    endpoint = MetricsEndpoint(address, MountCollector(describe))
+    for own in (ProcessCollector, PlatformCollector, GCCollector):
+        own(registry=endpoint.registry)
+    return endpoint
+
+
+async def serve_metrics(endpoint: MetricsEndpoint, pause_s: float) -> None:
+    """Answer scrapes until cancelled, each on a worker thread (a scraper that dawdles holds the
+    thread, never the loop); a failing scrape is logged and the endpoint pauses `pause_s`."""
+    while True:
+        await trio.lowlevel.wait_readable(endpoint.listener)
+        try:
+            await trio.to_thread.run_sync(endpoint.answer)
+        except Exception:  # a bug in one scrape: logged; the endpoint goes on
+            log.exception("the metrics endpoint failed")
+            await trio.sleep(pause_s)
