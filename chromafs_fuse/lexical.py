@@ -26,6 +26,9 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from chromafs_fuse.names import LEXICON_DATA_FIELD
+from chromafs_fuse.packed import pack, unpack
+
 LEXICON_FORMATS = (1, 2, 3)
 TITLE_BOOST = 3  # a page's title and path words count this many extra times: they name the page
 K1 = 1.2
@@ -115,7 +118,7 @@ def page_terms(text: str, title: str, path: str) -> Counter[str]:
 
 
 # -- the record ------------------------------------------------------------------------------
-# {"format": 1, "pages": {path: [sha256, {term: count}]}} as compact JSON, gzip, base64; format 2
+# {"format": 1, "pages": {path: [sha256, {term: count}]}} as compact JSON, gzip, hex (packed.py); format 2
 # (a site whose embedder gives pages a vector, embedding.py's `page_embedder`) adds each page's
 # vector: [sha256, {term: count}, vector], the vector as `encode_vector`'s string; format 3 adds
 # the terms of its title, headings and path (`title_terms`): [sha256, {term: count}, vector or
@@ -142,7 +145,7 @@ def encode_lexicon(pages: Mapping[str, LexiconPage]) -> str:
         rows[path] = row
     body = {"format": 3 if with_titles else 2 if with_vectors else 1, "pages": rows}
     data = json.dumps(body, separators=(",", ":"), sort_keys=True, ensure_ascii=False).encode("utf-8")
-    return base64.b64encode(gzip.compress(data, compresslevel=6, mtime=0)).decode("ascii")
+    return pack(data, level=1)  # rewritten by every re-ingest: speed over size
 
 
 def encode_vector(vector: np.ndarray) -> str:
@@ -162,11 +165,22 @@ def decode_vectors(encoded: list[str]) -> np.ndarray:
     return matrix / np.where(norms == 0.0, 1.0, norms)
 
 
+def lexicon_text(found: Mapping[str, Any]) -> str | None:
+    """The lexicon in a get of its record (`include` documents and metadatas): the metadata
+    field where it is kept, else (written before it was) the document; None when there is none."""
+    metadatas = found.get("metadatas") or []
+    data = (metadatas[0] or {}).get(LEXICON_DATA_FIELD) if metadatas else None
+    if isinstance(data, str):
+        return data
+    documents = found.get("documents") or []
+    return documents[0] if documents and isinstance(documents[0], str) else None
+
+
 def decode_lexicon(document: str) -> dict[str, LexiconPage]:
     """The pages of a lexicon record; ValueError for anything that is not one."""
     try:
-        body = json.loads(gzip.decompress(base64.b64decode(document)))
-    except (ValueError, TypeError, OSError, EOFError) as exc:  # base64 (binascii.Error), gzip, JSON
+        body = json.loads(gzip.decompress(unpack(document)))
+    except (ValueError, TypeError, OSError, EOFError) as exc:  # hex, base64, gzip, JSON
         raise ValueError(f"the lexicon record cannot be read: {exc}") from exc
     known = isinstance(body, dict) and body.get("format") in LEXICON_FORMATS
     if not known or not isinstance(body.get("pages"), dict):

@@ -8,6 +8,9 @@ RETIRED_RECORD_ID = "__chromafs_retired__"  # page versions kept for mounts on a
 RETIRED_RECORD_KIND = "retired_versions"
 LEXICON_RECORD_ID = "__chromafs_lexicon__"  # every page's term counts, for search's BM25 (lexical.py)
 LEXICON_RECORD_KIND = "lexicon"
+# on the lexicon record: the lexicon itself, kept out of the document (which Chroma indexes for
+# full-text search, costly to rewrite: packed.py); a record written before it has it as document
+LEXICON_DATA_FIELD = "chromafs_lexicon"
 TREE_VERSION_FIELD = "chromafs_tree_version"  # on the tree record: what a mount polls for a new tree
 FORMAT_FIELD = "chromafs_format"
 FORMAT_VERSION = 1

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import base64
-import binascii
 import gzip
 import hashlib
 import json
@@ -16,6 +14,7 @@ from typing import Any
 
 from chromafs_fuse.blob_pieces import check_pointer, is_chroma_url
 from chromafs_fuse.errors import Corrupt
+from chromafs_fuse.packed import pack, unpack
 from chromafs_fuse.pathrules import MAX_NAME_BYTES, InvalidPath, normalize_key
 
 _loads: Callable[[str | bytes], Any]
@@ -67,7 +66,7 @@ class SiteTree:
 
 
 def decode_tree_document(document: str | bytes) -> object:
-    """Decode a tree record's document: plain JSON, or base64 of (gzipped) JSON."""
+    """Decode a tree record's document: plain JSON, or hex or base64 of (gzipped) JSON."""
     raw = document.encode("utf-8") if isinstance(document, str) else document
     text = raw.strip()
     if not text:
@@ -76,8 +75,8 @@ def decode_tree_document(document: str | bytes) -> object:
         payload = text
     else:
         try:
-            payload = base64.b64decode(text, validate=True)
-        except (binascii.Error, ValueError) as exc:
+            payload = unpack(text)
+        except (UnicodeDecodeError, ValueError) as exc:
             raise TreeError("path tree is neither JSON nor base64") from exc
         if payload[:2] == b"\x1f\x8b":
             try:
@@ -95,10 +94,10 @@ def decode_tree_document(document: str | bytes) -> object:
 
 
 def encode_tree_document(tree: Mapping[str, Mapping[str, object]]) -> str:
-    """gzip + base64 of compact JSON, the layout the reference design uses."""
+    """gzip of compact JSON, as the reference design keeps it, but written as hex, not base64:
+    Chroma's full-text index makes an upsert of base64 costly (packed.py)."""
     data = json.dumps(tree, separators=(",", ":"), sort_keys=True, ensure_ascii=False)
-    compressed = gzip.compress(data.encode("utf-8"), compresslevel=9, mtime=0)
-    return base64.b64encode(compressed).decode("ascii")
+    return pack(data.encode("utf-8"))
 
 
 MAX_FILE_SIZE = 1 << 53  # far beyond any page; keeps st_size and block counts in range

@@ -1,4 +1,5 @@
-"""A Chroma server's REST API (v2), read side only, with the standard library.
+"""A Chroma server's REST API (v2) with the standard library: reads, and an existing
+collection's upserts and deletes for a re-ingest (importing chromadb costs a re-ingest ~1.2 s).
 
 The mount daemon needs one call, a collection's `get`; importing the chromadb
 package for it costs ~0.7 s and ~100 MB. This adapter sends the requests
@@ -14,9 +15,10 @@ ignores the answer, so ingest and mount always agree on where a site is).
 Calls are blocking and thread-safe: each thread keeps one keep-alive
 connection, and a kept-alive connection the server has closed (an idle
 timeout, a restart) is reopened once. Every request has the timeout on
-connect and on each read. Every request here only reads, so a busy answer
-(429, 502, 503, 504: a server under an ingest, a proxy in front of one) is
-asked again, backing off, until the timeout has passed since the first try.
+connect and on each read. Every request here only reads or writes records under
+given ids (the same answer when asked twice), so a busy answer (429, 502, 503,
+504: a server under an ingest, a proxy in front of one) is asked again, backing
+off, until the timeout has passed since the first try.
 """
 
 from __future__ import annotations
@@ -248,6 +250,33 @@ class HttpCollection:
             "metadatas": result.get("metadatas"),
             "included": included,
         }
+
+    def upsert(
+        self,
+        ids: Sequence[str],
+        embeddings: Sequence[Sequence[float]],
+        metadatas: Sequence[Mapping[str, Any] | None] | None = None,
+        documents: Sequence[str | None] | None = None,
+    ) -> None:
+        """Records written under `ids` (replaced where they exist), as chromadb's upsert."""
+        body = {
+            "ids": list(ids),
+            "embeddings": [[float(x) for x in vector] for vector in embeddings],
+            "metadatas": None if metadatas is None else [None if m is None else dict(m) for m in metadatas],
+            "documents": None if documents is None else list(documents),
+            "uris": None,
+        }
+        self.server.request("POST", self._get_path.removesuffix("/get") + "/upsert", body)
+
+    def delete(self, ids: Sequence[str] | None = None, where: Mapping[str, Any] | None = None) -> None:
+        body = {"ids": None if ids is None else list(ids), "where": where, "where_document": None}
+        self.server.request("POST", self._get_path.removesuffix("/get") + "/delete", body)
+
+    def max_batch_size(self) -> int:
+        """The most records the server takes in one write (its pre-flight checks); -1 if it says none."""
+        checks = self.server.request("GET", "/pre-flight-checks")
+        size = checks.get("max_batch_size") if isinstance(checks, dict) else None
+        return size if isinstance(size, int) else -1
 
     def close(self) -> None:
         self.server.close()

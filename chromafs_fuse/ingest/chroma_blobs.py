@@ -12,7 +12,7 @@ deleted once retired longer than the grace period, as replaced chunks are (reten
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from chromafs_fuse.blob_pieces import PIECE_BYTES, piece_count, piece_metadata
 from chromafs_fuse.ingest.chroma_writes import RetryingCollection
@@ -63,14 +63,18 @@ def _has_line_over(data: bytes, limit: int) -> bool:
 class BlobWriter:
     """Binary files written to Chroma as they come, a bounded batch at a time (at most
     `batch_size` pieces and PIECE_UPSERT_BYTES bytes): the pieces not stored yet. It holds one
-    batch, never the site's files."""
+    batch, never the site's files. A file the site's current tree already keeps in Chroma
+    (`stored`, by sha256) costs nothing: a tree is only written once its pieces are, and they
+    are deleted only once no tree has kept them for the grace period."""
 
-    def __init__(self, collection: RetryingCollection, batch_size: int, zero_vector: list[float]) -> None:
+    def __init__(
+        self, collection: RetryingCollection, batch_size: int, zero_vector: list[float], stored: Iterable[str] = ()
+    ) -> None:
         self.collection = collection
         self.batch_size = batch_size
         self.zero_vector = zero_vector
         self.written = 0  # pieces written
-        self._seen: set[str] = set()  # sha256s of the files taken already
+        self._seen: set[str] = set(stored)  # sha256s of the files taken already, or stored
         self._batch: list[tuple[str, str, int, bytes]] = []  # (a key, sha256, index, the piece)
         self._bytes = 0
 

@@ -15,6 +15,7 @@ from typing import Any
 import httpx
 from tenacity import RetryCallState, Retrying, retry_if_exception, stop_after_attempt, wait_exponential
 
+from chromafs_fuse.backends.chroma_http import BUSY, ChromaHttpError, ChromaUnreachable
 from chromafs_fuse.errors import Unavailable
 from chromafs_fuse.options import INGEST_DEFAULTS
 
@@ -31,7 +32,9 @@ def is_transient(exc: BaseException) -> bool:
     """A failure that another try may not meet: a timeout, a refused or dropped connection."""
     cause: BaseException | None = exc
     while cause is not None:
-        if isinstance(cause, _TRANSIENT):
+        if isinstance(cause, (*_TRANSIENT, ChromaUnreachable)):
+            return True
+        if isinstance(cause, ChromaHttpError) and cause.status in BUSY:  # still busy after its own retries
             return True
         cause = cause.__cause__ or cause.__context__
     return False

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from chromafs_fuse.backends.blobstore import BlobStore
+from chromafs_fuse.backends.chroma_http import CollectionNotFound, HttpCollection
 from chromafs_fuse.backends.chroma_store import ChromaLocation, connect_client
 from chromafs_fuse.blob_pieces import blob_fields, is_chroma_url
 from chromafs_fuse.chunks import split_page
@@ -35,7 +36,7 @@ from chromafs_fuse.ingest.chroma_blobs import (
     chroma_blob_plan,
     delete_blob_pieces,
 )
-from chromafs_fuse.ingest.chroma_writes import RetryingCollection, retried
+from chromafs_fuse.ingest.chroma_writes import RetryingCollection, WriteFailed, retried
 from chromafs_fuse.ingest.embedding import (
     NEW_SITE_EMBEDDER,
     PageEmbedder,
@@ -53,11 +54,20 @@ from chromafs_fuse.ingest.retention import (
     plan_retention,
 )
 from chromafs_fuse.ingest.scan import Problem, ScanOptions, SiteScan, SourceFile, one_per_file
-from chromafs_fuse.lexical import LexiconPage, decode_lexicon, encode_lexicon, encode_vector, page_terms, title_terms
+from chromafs_fuse.lexical import (
+    LexiconPage,
+    decode_lexicon,
+    encode_lexicon,
+    encode_vector,
+    lexicon_text,
+    page_terms,
+    title_terms,
+)
 from chromafs_fuse.names import (
     EMBEDDER_FIELD,
     FORMAT_FIELD,
     FORMAT_VERSION,
+    LEXICON_DATA_FIELD,
     LEXICON_RECORD_ID,
     LEXICON_RECORD_KIND,
     PAGE_SHA_FIELD,
@@ -315,23 +325,39 @@ class PageVectors:
 def _open_collection(options: IngestOptions) -> tuple[RetryingCollection, int, str]:
     """The site's collection (made if new), the number of records one upsert may carry, and
     the embedder its chunks are embedded with: the one it records (an existing site keeps it;
-    one written before the field existed used `hashing`), else --embedder or the default."""
-    client = retried(
-        "connect to Chroma", connect_client, options.retries, location=options.location, timeout_s=options.timeout_s
-    )
-    created = retried(
-        "open of the collection",
-        client.get_or_create_collection,
-        options.retries,
-        name=options.location.collection,
-        embedding_function=None,
-        metadata={
-            "hnsw:space": "l2",
-            FORMAT_FIELD: FORMAT_VERSION,
-            EMBEDDER_FIELD: options.embedder or NEW_SITE_EMBEDDER,
-        },
-    )
-    metadata = created.metadata or {}
+    one written before the field existed used `hashing`), else --embedder or the default.
+    An existing collection on a server is written through the standard-library REST client
+    (a re-ingest need not import chromadb, ~1.2 s); a new one is made by chromadb, with the
+    configuration chromadb gives it."""
+    existing = _existing_on_server(options)
+    if existing is not None:
+        collection: Any = existing
+        metadata = existing.metadata or {}
+        server_bound = retried("read of the batch bound", existing.max_batch_size, options.retries)
+    else:
+        client = retried(
+            "connect to Chroma",
+            connect_client,
+            options.retries,
+            location=options.location,
+            timeout_s=options.timeout_s,
+        )
+        collection = retried(
+            "open of the collection",
+            client.get_or_create_collection,
+            options.retries,
+            name=options.location.collection,
+            embedding_function=None,
+            metadata={
+                "hnsw:space": "l2",
+                FORMAT_FIELD: FORMAT_VERSION,
+                EMBEDDER_FIELD: options.embedder or NEW_SITE_EMBEDDER,
+            },
+        )
+        metadata = collection.metadata or {}
+        server_bound = retried(
+            "read of the batch bound", getattr(client, "get_max_batch_size", lambda: UPSERT_BATCH), options.retries
+        )
     recorded = metadata.get(EMBEDDER_FIELD) or ("hashing" if FORMAT_FIELD in metadata else None)
     embedder = str(recorded or options.embedder or NEW_SITE_EMBEDDER)
     if options.embedder and options.embedder != embedder:
@@ -339,10 +365,31 @@ def _open_collection(options: IngestOptions) -> tuple[RetryingCollection, int, s
             f"site {options.site!r} was embedded with {embedder!r}, not {options.embedder!r}: "
             f"leave out --embedder, or ingest into a new collection to change it"
         )
-    server_bound = retried(
-        "read of the batch bound", getattr(client, "get_max_batch_size", lambda: UPSERT_BATCH), options.retries
-    )
-    return RetryingCollection(created, options.retries), max(1, min(UPSERT_BATCH, int(server_bound))), embedder
+    bound = int(server_bound) if int(server_bound) > 0 else UPSERT_BATCH
+    return RetryingCollection(collection, options.retries), max(1, min(UPSERT_BATCH, bound)), embedder
+
+
+def _existing_on_server(options: IngestOptions) -> HttpCollection | None:
+    """The site's collection on a Chroma server through the REST client, if it exists."""
+    location = options.location
+    if not location.url:
+        return None
+    try:
+        return retried(
+            "open of the collection",
+            HttpCollection.open,
+            options.retries,
+            url=location.url,
+            name=location.collection,
+            headers=location.headers,
+            tenant=location.tenant,
+            database=location.database,
+            timeout_s=options.timeout_s,
+        )
+    except WriteFailed as exc:
+        if isinstance(exc.__cause__, CollectionNotFound):
+            return None
+        raise
 
 
 def ingest(options: IngestOptions, show_progress: bool = False) -> IngestSummary:
@@ -367,7 +414,8 @@ def ingest(options: IngestOptions, show_progress: bool = False) -> IngestSummary
     old_pages = {key: entry for key, entry in old_tree.items() if entry.blob is None}
     writer = ChunkWriter(collection, embed, batch_size, options.page_field, summary)
     writer.dimensions = dimensions
-    blobs = BlobWriter(collection, batch_size, zero_vector)
+    stored_blobs = _stored_blobs(old_tree)
+    blobs = BlobWriter(collection, batch_size, zero_vector, stored_blobs)
 
     tree: dict[str, dict[str, Any]] = {}
     old_lexicon = _existing_lexicon(collection)
@@ -438,8 +486,14 @@ def ingest(options: IngestOptions, show_progress: bool = False) -> IngestSummary
         collection.upsert(
             "upsert of the lexicon",
             ids=[LEXICON_RECORD_ID],
-            documents=[encode_lexicon(lexicon)],
-            metadatas=[{RECORD_KIND_FIELD: LEXICON_RECORD_KIND, FORMAT_FIELD: FORMAT_VERSION}],
+            documents=[LEXICON_RECORD_KIND],
+            metadatas=[
+                {
+                    RECORD_KIND_FIELD: LEXICON_RECORD_KIND,
+                    FORMAT_FIELD: FORMAT_VERSION,
+                    LEXICON_DATA_FIELD: encode_lexicon(lexicon),
+                }
+            ],
             embeddings=[zero_vector],
         )
     summary.tree_document = encode_tree_document(tree)
@@ -480,7 +534,7 @@ def _retire_old_versions(
     # A page of a tree written by another tool has no sha256: its chunks are retired as "".
     replaced = {k: old.sha256 or "" for k, old in old_tree.items() if old.blob is None and live.get(k) != old.sha256}
     live_blobs = {sha: sha for sha in _chroma_blobs(tree.values())}
-    old_blobs = {e.blob.sha256 for e in old_tree.values() if e.blob and e.blob.sha256 and is_chroma_url(e.blob.url)}
+    old_blobs = _stored_blobs(old_tree)
     replaced_blobs = {sha: sha for sha in old_blobs if sha not in live_blobs}
     record, now, grace = _read_retired(collection), time.time(), options.grace_period_s
     plan = plan_retention(record.pages, replaced, live, now, grace)
@@ -501,6 +555,11 @@ def _retire_old_versions(
 def _chroma_blobs(entries: Iterable[dict[str, Any]]) -> set[str]:
     """The sha256s of the binary files kept in Chroma among these tree entries."""
     return {e["blob"]["sha256"] for e in entries if "blob" in e and is_chroma_url(e["blob"]["url"])}
+
+
+def _stored_blobs(tree: dict[str, PathEntry]) -> set[str]:
+    """The sha256s of the binary files kept in Chroma that a stored tree points at."""
+    return {e.blob.sha256 for e in tree.values() if e.blob and e.blob.sha256 and is_chroma_url(e.blob.url)}
 
 
 def _read_retired(collection: RetryingCollection) -> RetiredRecord:
@@ -529,12 +588,12 @@ def _write_retired(
 
 def _existing_lexicon(collection: RetryingCollection) -> dict[str, LexiconPage]:
     """The lexicon the last ingest wrote (nothing if none, or one that cannot be read)."""
-    found = collection.get("read of the lexicon", ids=[LEXICON_RECORD_ID], include=["documents"])
-    documents = found.get("documents") or []
-    if not documents or not isinstance(documents[0], str):
+    found = collection.get("read of the lexicon", ids=[LEXICON_RECORD_ID], include=["documents", "metadatas"])
+    document = lexicon_text(found)
+    if document is None:
         return {}
     try:
-        return dict(decode_lexicon(documents[0]))
+        return dict(decode_lexicon(document))
     except ValueError:
         return {}
 

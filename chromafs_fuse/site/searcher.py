@@ -17,7 +17,7 @@ import threading
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
-from chromafs_fuse.lexical import LexicalIndex, LexiconPage, decode_lexicon, decode_vectors, ranked
+from chromafs_fuse.lexical import LexicalIndex, LexiconPage, decode_lexicon, decode_vectors, lexicon_text, ranked
 from chromafs_fuse.names import LEXICON_RECORD_ID
 from chromafs_fuse.search import PageVectorIndex, SearchError, VectorIndex, embedder_name, view_filter
 
@@ -172,11 +172,10 @@ class Searcher:
             if cached is not None:
                 return cached.decode("ascii")
         try:
-            found = self._chroma().collection.get(ids=[LEXICON_RECORD_ID], include=["documents"])
+            found = self._chroma().collection.get(ids=[LEXICON_RECORD_ID], include=["documents", "metadatas"])
         except Exception as exc:  # chromadb's errors share no base class
             raise SearchError(f"reading the lexicon failed: {exc}") from exc
-        documents = found.get("documents") or []
-        document = documents[0] if documents and isinstance(documents[0], str) else None
+        document = lexicon_text(found)
         if document is not None and shared is not None and key is not None:
             ttl = self.view.config.redis.tree_ttl_s if self.view.config.redis else shared.tree_ttl_s
             shared.set(key, document.encode("ascii"), ttl)

@@ -15,14 +15,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench_lib import csi_publish, multitenant, report, search_quality
+from bench_lib import csi_publish, multitenant, reingest, report, search_quality
 from bench_lib.corpus import REPO
 from bench_lib.procs import become_subreaper
 from bench_lib.runner import Run, run_corpus
 
 ALL_SYSTEMS = ["tmpfs", "sandbox", "chromafs-embedded", "chromafs-server-redis", "chromafs-mountd"]
-ALL_FIGURES = ["boot", "tools", "memory", "ingest", "sessions", "density", "mountd", "csi", "search"]
-ALONE = ("mountd", "csi", "search")  # figures with data or servers of their own: no corpus prepared for them
+ALL_FIGURES = ["boot", "tools", "memory", "ingest", "sessions", "density", "mountd", "csi", "search", "reingest"]
+# figures with data or servers of their own: no corpus prepared for them
+ALONE = ("mountd", "csi", "search", "reingest")
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -42,8 +43,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help="comma list of boot, tools, memory, ingest, sessions, density, mountd, csi, search (ingest alone: no "
         "mounts, no systems; mountd, chromafs-mountd as a multi-tenant host, runs once over copies of the sample "
         "site: alone, no corpus is prepared; csi, chromafs-csi's NodePublishVolume p50/p90, alone too; search, "
-        "recall@5 and MRR@10 of vector, BM25 and hybrid ranking on real docs trees' descriptions: alone too)",
+        "recall@5 and MRR@10 of vector, BM25 and hybrid ranking on real docs trees' descriptions: alone too; "
+        "reingest, a big site with no blob store ingested and re-ingested after 2 changed pages while another "
+        "site's readers and searches run, the version before (--baseline, default "
+        f"{reingest.BEFORE}) side by side: alone too)",
     )
+    p.add_argument("--reingest-docs", metavar="DIR", help=f"the reingest figure's docs ({reingest.DEFAULT_DOCS})")
+    p.add_argument("--reingest-mib", type=int, default=200, help="the reingest figure's MiB of generated images")
     p.add_argument(
         "--density-sites",
         default="1,10,100,500",
@@ -157,6 +163,8 @@ def main(argv: list[str]) -> int:
             results["csi"] = csi_publish.measure(run)
         if "search" in args.figures:
             results["search"] = search_quality.measure(run)
+        if "reingest" in args.figures:
+            results["reingest"] = reingest.measure(run)
     except BaseException as exc:
         print(f"bench: FAILED: {exc.__class__.__name__}: {exc} (cleaning up)", file=sys.stderr, flush=True)
         raise

@@ -1,10 +1,13 @@
 """A reverse proxy on loopback that counts the requests a server answers: `chroma run` logs none,
 and a rehearsal needs Chroma's load per session. HTTP/1.1 with keep-alive, one thread per client
-connection, one upstream connection per client connection; bodies are forwarded whole."""
+connection, one upstream connection per client connection; bodies are forwarded whole. Each
+request's kind and the record ids it named are kept too (`take_requests`): what an ingest read
+and wrote."""
 
 from __future__ import annotations
 
 import http.client
+import json
 import threading
 from collections import Counter
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -18,6 +21,7 @@ class CountingProxy:
         parts = urlsplit(upstream)
         self.upstream = (parts.hostname or host, parts.port or 80)
         self.counts: Counter[str] = Counter()
+        self.requests: list[tuple[str, list[str]]] = []  # (kind, ids named)
         self._lock = threading.Lock()
         proxy = self
 
@@ -46,7 +50,7 @@ class CountingProxy:
                         if attempt == 2:
                             self.send_error(502)
                             return
-                proxy.count(self.command, self.path)
+                proxy.count(self.command, self.path, body if response.status == 200 else None)
                 self.send_response(response.status, response.reason)
                 for key, value in response.getheaders():
                     if key.lower() not in HOP_BY_HOP and key.lower() != "content-length":
@@ -62,10 +66,18 @@ class CountingProxy:
         self.url = f"http://{host}:{self.server.server_address[1]}"
         self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
 
-    def count(self, method: str, path: str) -> None:
+    def count(self, method: str, path: str, body: bytes | None = None) -> None:
         kind = path.rstrip("/").rsplit("/", 1)[-1] if method == "POST" else method
+        named = json.loads(body).get("ids") if body and kind in ("upsert", "add", "get", "delete") else None
         with self._lock:
             self.counts[kind] += 1
+            self.requests.append((kind, list(named or [])))
+
+    def take_requests(self) -> list[tuple[str, list[str]]]:
+        """Each request since the last call: its kind (upsert, get, ...) and the ids it named."""
+        with self._lock:
+            requests, self.requests = self.requests, []
+        return requests
 
     def snapshot(self) -> Counter[str]:
         with self._lock:

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench_lib import csi_publish, density, ingest_speed, multitenant, search_quality
+from bench_lib import csi_publish, density, ingest_speed, multitenant, reingest, search_quality
 from bench_lib.measure import TOOLS
 
 SYSTEMS = [
@@ -134,6 +134,10 @@ def text_report(results: dict[str, Any]) -> str:
         out.append("")
         out.append("search: the page whose description is the query, found in the top 5 (recall@5) and MRR@10:")
         out += search_quality.text_lines(results["search"])
+    if "reingest" in results:
+        out.append("")
+        out.append("reingest: a big site into chroma run (no blob store) while another site is read and searched:")
+        out += reingest.text_lines(results["reingest"])
     out.append("")
     out.append("cold: first run on a fresh mount (sandbox: materialise wall time + first run); warm: best of 3")
     out.append("tmpfs/sandbox memory rows: the size of one copy in /dev/shm (what each extra reader costs)")

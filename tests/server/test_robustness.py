@@ -19,6 +19,7 @@ from chromadb.config import Settings
 
 from chromafs_fuse.access import Principal, visible_entries
 from chromafs_fuse.inodes import InodeTable
+from chromafs_fuse.packed import unpack
 from chromafs_fuse.tree import encode_tree_document, parse_tree
 from infra import (
     INGEST,
@@ -222,6 +223,6 @@ def test_tree_of_200000_paths_loads_in_seconds() -> None:
     assert len(parsed.entries) == 200_000
     assert table.file_count == sum(1 for e in tree.values() if e["isPublic"])
     assert elapsed < 20, f"200,000-path tree took {elapsed:.1f}s"
-    assert len(gzip.decompress(__import__("base64").b64decode(document))) == len(
+    assert len(gzip.decompress(unpack(document))) == len(
         json.dumps(tree, separators=(",", ":"), sort_keys=True, ensure_ascii=False).encode()
     )

@@ -13,7 +13,7 @@ from pathlib import Path
 import chromadb
 import pytest
 
-from chromafs_fuse.names import LEXICON_RECORD_ID
+from chromafs_fuse.names import LEXICON_DATA_FIELD, LEXICON_RECORD_ID
 from chromafs_fuse.search import SearchError, embedder_name, rank_pages
 from infra import BIN, SAMPLE_SITE, ChromaServer, MountServer, expected_visible, ingest, reader_args
 
@@ -191,10 +191,11 @@ def test_a_model_that_is_not_here_falls_back_to_words_with_a_note(tmp_path: Path
 
 
 def lexicon_pages(chroma: Path, site: str) -> dict:
-    from chromafs_fuse.lexical import decode_lexicon
+    from chromafs_fuse.lexical import decode_lexicon, lexicon_text
 
-    found = chromadb.PersistentClient(path=str(chroma)).get_collection(site).get(ids=[LEXICON_RECORD_ID])
-    return decode_lexicon(found["documents"][0])
+    collection = chromadb.PersistentClient(path=str(chroma)).get_collection(site)
+    found = collection.get(ids=[LEXICON_RECORD_ID], include=["documents", "metadatas"])
+    return decode_lexicon(lexicon_text(found))
 
 
 def test_a_site_ingested_before_title_terms_is_searched_and_a_re_ingest_adds_them(tmp_path: Path) -> None:
@@ -208,8 +209,12 @@ def test_a_site_ingested_before_title_terms_is_searched_and_a_re_ingest_adds_the
     older = {path: page._replace(titles=None) for path, page in pages.items()}
     client = chromadb.PersistentClient(path=str(chroma))
     collection = client.get_collection("acme")
-    vector = collection.get(ids=[LEXICON_RECORD_ID], include=["embeddings"])["embeddings"][0]
-    collection.update(ids=[LEXICON_RECORD_ID], documents=[encode_lexicon(older)], embeddings=[vector])
+    found = collection.get(ids=[LEXICON_RECORD_ID], include=["embeddings", "metadatas"])
+    vector, metadata = found["embeddings"][0], found["metadatas"][0]
+    del metadata[LEXICON_DATA_FIELD]  # as written then: the lexicon its document
+    collection.delete(ids=[LEXICON_RECORD_ID])
+    older_record = {"documents": [encode_lexicon(older)], "metadatas": [metadata], "embeddings": [vector]}
+    collection.add(ids=[LEXICON_RECORD_ID], **older_record)
     del client
     assert lexicon_pages(chroma, "acme") == older
     done = search_cli(chroma, "rotate API keys", "--timings", "-n", "3")
