@@ -27,6 +27,7 @@ from chromafs_fuse.ingest.pipeline import (
 )
 from chromafs_fuse.logs import setup_logging
 from chromafs_fuse.options import INGEST_OPTIONS
+from chromafs_fuse.serving.process import fixed_mmap_threshold
 from chromafs_fuse.site.publisher import INGEST_PATIENCE_S, publish_tree
 from chromafs_fuse.tree import tree_version
 
@@ -47,6 +48,7 @@ COLLECTION_NAME = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._-]{1,510})[A-Za-z0-9]")
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     setup_logging(args.log_level, None)
+    fixed_mmap_threshold()
     try:
         source = Path(args.source)
         if not source.is_dir():

@@ -7,7 +7,8 @@ import contextlib
 import os
 import socket
 
-M_ARENA_MAX = -8  # mallopt parameter, glibc's malloc.h
+M_ARENA_MAX = -8  # mallopt parameters, glibc's malloc.h
+M_MMAP_THRESHOLD = -3
 
 
 def limit_malloc_arenas(arenas: int = 1) -> None:
@@ -18,6 +19,17 @@ def limit_malloc_arenas(arenas: int = 1) -> None:
 
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL("libc.so.6").mallopt(M_ARENA_MAX, arenas)
+
+
+def fixed_mmap_threshold(threshold: int = 1 << 20) -> None:
+    """Blocks of `threshold` bytes and more are always mapped on their own and unmapped when
+    freed. glibc otherwise raises the threshold each time such a block is freed (up to 32 MiB),
+    after which the ingest's megabytes of piece and request buffers come from the heap, which
+    fragments: its peak grew with the site's binary bytes (+63 MiB for 144 MiB more)."""
+    import ctypes
+
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").mallopt(M_MMAP_THRESHOLD, threshold)
 
 
 def sd_notify(message: str) -> None:
