@@ -16,17 +16,18 @@ from __future__ import annotations
 
 import base64
 import gzip
+import hashlib
 import json
 import math
 import re
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import numpy as np
 
-from chromafs_fuse.names import LEXICON_DATA_FIELD
+from chromafs_fuse.names import LEXICON_DATA_FIELD, LEXICON_RECORD_ID
 from chromafs_fuse.packed import pack, unpack
 
 LEXICON_FORMATS = (1, 2, 3)
@@ -165,15 +166,68 @@ def decode_vectors(encoded: list[str]) -> np.ndarray:
     return matrix / np.where(norms == 0.0, 1.0, norms)
 
 
-def lexicon_text(found: Mapping[str, Any]) -> str | None:
-    """The lexicon in a get of its record (`include` documents and metadatas): the metadata
-    field where it is kept, else (written before it was) the document; None when there is none."""
+LEXICON_PARTS_FIELD = "chromafs_lexicon_parts"  # the head's: how many records the lexicon takes
+LEXICON_DIGEST_FIELD = "chromafs_lexicon_sha256"  # the head's: the whole text's sha256, naming the parts
+LEXICON_PART_CHARS = 8 << 20  # per record: each upsert far below a Chroma server's 40 MiB request bound
+
+
+class LexiconRecord(NamedTuple):
+    id: str
+    metadata: dict[str, Any]  # RECORD_KIND_FIELD and FORMAT_FIELD are the writer's to add
+
+
+def lexicon_records(text: str) -> list[LexiconRecord]:
+    """The records that hold the lexicon `text`: the head (`LEXICON_RECORD_ID`) with its first
+    part, then, for a big site, the others, named by the text's digest so that writing them
+    never touches the parts the head a reader holds names. Write the others first, the head last."""
+    parts = [text[i : i + LEXICON_PART_CHARS] for i in range(0, len(text), LEXICON_PART_CHARS)] or [""]
+    head: dict[str, Any] = {LEXICON_DATA_FIELD: parts[0]}
+    if len(parts) == 1:
+        return [LexiconRecord(LEXICON_RECORD_ID, head)]
+    digest = hashlib.sha256(text.encode("ascii")).hexdigest()
+    head.update({LEXICON_PARTS_FIELD: len(parts), LEXICON_DIGEST_FIELD: digest})
+    others = [LexiconRecord(_part_id(digest, n), {LEXICON_DATA_FIELD: part}) for n, part in enumerate(parts) if n]
+    return [*others, LexiconRecord(LEXICON_RECORD_ID, head)]
+
+
+def _part_id(digest: str, n: int) -> str:
+    return f"{LEXICON_RECORD_ID}.{digest[:16]}.{n}"
+
+
+def lexicon_part_ids(head: Mapping[str, Any] | None) -> list[str]:
+    """The ids of the parts after the first that the head record's metadata names."""
+    head = head or {}
+    count, digest = head.get(LEXICON_PARTS_FIELD), head.get(LEXICON_DIGEST_FIELD)
+    if not isinstance(count, int) or count < 2 or not isinstance(digest, str):
+        return []
+    return [_part_id(digest, n) for n in range(1, count)]
+
+
+def lexicon_text(found: Mapping[str, Any], get: Callable[[list[str]], Mapping[str, Any]] | None = None) -> str | None:
+    """The lexicon in a get of its head record (`include` documents and metadatas): the metadata
+    field where it is kept, else (written before it was) the document; None when there is none.
+    A lexicon of several records has its other parts read with `get` (ids -> a get's answer,
+    metadatas included); ValueError when one is missing or the whole is not what the head says."""
     metadatas = found.get("metadatas") or []
-    data = (metadatas[0] or {}).get(LEXICON_DATA_FIELD) if metadatas else None
-    if isinstance(data, str):
+    head = metadatas[0] if metadatas else None
+    data = (head or {}).get(LEXICON_DATA_FIELD)
+    if not isinstance(data, str):
+        documents = found.get("documents") or []
+        return documents[0] if documents and isinstance(documents[0], str) else None
+    others = lexicon_part_ids(head)
+    if not others:
         return data
-    documents = found.get("documents") or []
-    return documents[0] if documents and isinstance(documents[0], str) else None
+    if get is None:
+        raise ValueError("the lexicon takes several records and this reader reads one")
+    answer = get(others)
+    by_id = dict(zip(answer.get("ids") or [], answer.get("metadatas") or [], strict=False))
+    texts = [(by_id.get(i) or {}).get(LEXICON_DATA_FIELD) for i in others]
+    if not all(isinstance(t, str) for t in texts):
+        raise ValueError(f"the lexicon record is missing parts ({len(others) + 1} expected)")
+    text = data + "".join(texts)  # type: ignore[arg-type]
+    if hashlib.sha256(text.encode("ascii")).hexdigest() != (head or {}).get(LEXICON_DIGEST_FIELD):
+        raise ValueError("the lexicon's parts do not match its head (written over meanwhile)")
+    return text
 
 
 def decode_lexicon(document: str) -> dict[str, LexiconPage]:

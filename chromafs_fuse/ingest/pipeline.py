@@ -59,6 +59,8 @@ from chromafs_fuse.lexical import (
     decode_lexicon,
     encode_lexicon,
     encode_vector,
+    lexicon_part_ids,
+    lexicon_records,
     lexicon_text,
     page_terms,
     title_terms,
@@ -67,7 +69,6 @@ from chromafs_fuse.names import (
     EMBEDDER_FIELD,
     FORMAT_FIELD,
     FORMAT_VERSION,
-    LEXICON_DATA_FIELD,
     LEXICON_RECORD_ID,
     LEXICON_RECORD_KIND,
     PAGE_SHA_FIELD,
@@ -418,7 +419,7 @@ def ingest(options: IngestOptions, show_progress: bool = False) -> IngestSummary
     blobs = BlobWriter(collection, batch_size, zero_vector, stored_blobs)
 
     tree: dict[str, dict[str, Any]] = {}
-    old_lexicon = _existing_lexicon(collection)
+    old_lexicon, old_lexicon_parts = _existing_lexicon(collection)
     lexicon: dict[str, LexiconPage] = {}  # every chunked page's terms and vector (lexical.py)
     with _progress(scan.total, show_progress, f"ingest {options.site}") as bar, page_vectors:
         for source in itertools.chain([first], sources):
@@ -483,19 +484,21 @@ def ingest(options: IngestOptions, show_progress: bool = False) -> IngestSummary
         lexicon[key] = lexicon[key]._replace(vector=vector)
 
     if lexicon != old_lexicon:  # an unchanged site keeps its record
-        collection.upsert(
-            "upsert of the lexicon",
-            ids=[LEXICON_RECORD_ID],
-            documents=[LEXICON_RECORD_KIND],
-            metadatas=[
-                {
-                    RECORD_KIND_FIELD: LEXICON_RECORD_KIND,
-                    FORMAT_FIELD: FORMAT_VERSION,
-                    LEXICON_DATA_FIELD: encode_lexicon(lexicon),
-                }
-            ],
-            embeddings=[zero_vector],
-        )
+        records = lexicon_records(encode_lexicon(lexicon))
+        for n, record in enumerate(records, 1):  # one request each: a big site's takes several
+            collection.upsert(
+                "upsert of the lexicon"
+                if len(records) == 1
+                else f"upsert of the lexicon (record {n} of {len(records)})",
+                ids=[record.id],
+                documents=[LEXICON_RECORD_KIND],
+                metadatas=[{RECORD_KIND_FIELD: LEXICON_RECORD_KIND, FORMAT_FIELD: FORMAT_VERSION, **record.metadata}],
+                embeddings=[zero_vector],
+            )
+        written = {record.id for record in records}
+        stale = [i for i in old_lexicon_parts if i not in written]  # the last lexicon's other parts
+        if stale:
+            collection.delete("delete of the last lexicon's parts", ids=stale)
     summary.tree_document = encode_tree_document(tree)
     collection.upsert(
         "upsert of the path tree",
@@ -586,16 +589,20 @@ def _write_retired(
     )
 
 
-def _existing_lexicon(collection: RetryingCollection) -> dict[str, LexiconPage]:
-    """The lexicon the last ingest wrote (nothing if none, or one that cannot be read)."""
+def _existing_lexicon(collection: RetryingCollection) -> tuple[dict[str, LexiconPage], list[str]]:
+    """The lexicon the last ingest wrote (nothing if none, or one that cannot be read), and the
+    ids of its records after the head."""
     found = collection.get("read of the lexicon", ids=[LEXICON_RECORD_ID], include=["documents", "metadatas"])
-    document = lexicon_text(found)
-    if document is None:
-        return {}
+    parts = lexicon_part_ids((found.get("metadatas") or [None])[0])
+
+    def get(ids: list[str]) -> Any:
+        return collection.get("read of the lexicon's parts", ids=ids, include=["metadatas"])
+
     try:
-        return dict(decode_lexicon(document))
+        document = lexicon_text(found, get)
+        return ({} if document is None else dict(decode_lexicon(document))), parts
     except ValueError:
-        return {}
+        return {}, parts
 
 
 def _existing_tree(collection: RetryingCollection) -> dict[str, PathEntry]:

@@ -171,11 +171,15 @@ class Searcher:
             cached = shared.get(key)
             if cached is not None:
                 return cached.decode("ascii")
+        collection = self._chroma().collection
         try:
-            found = self._chroma().collection.get(ids=[LEXICON_RECORD_ID], include=["documents", "metadatas"])
+            found = collection.get(ids=[LEXICON_RECORD_ID], include=["documents", "metadatas"])
+            document = lexicon_text(found, lambda ids: collection.get(ids=ids, include=["metadatas"]))
+        except ValueError as exc:  # its parts: one missing, or written over meanwhile
+            log.warning("%s", exc)
+            return None
         except Exception as exc:  # chromadb's errors share no base class
             raise SearchError(f"reading the lexicon failed: {exc}") from exc
-        document = lexicon_text(found)
         if document is not None and shared is not None and key is not None:
             ttl = self.view.config.redis.tree_ttl_s if self.view.config.redis else shared.tree_ttl_s
             shared.set(key, document.encode("ascii"), ttl)

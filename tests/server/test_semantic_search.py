@@ -13,6 +13,8 @@ from pathlib import Path
 import chromadb
 import pytest
 
+from chromafs_fuse import lexical
+from chromafs_fuse.cli.ingest import main as ingest_main
 from chromafs_fuse.names import LEXICON_DATA_FIELD, LEXICON_RECORD_ID
 from chromafs_fuse.search import SearchError, embedder_name, rank_pages
 from infra import BIN, SAMPLE_SITE, ChromaServer, MountServer, expected_visible, ingest, reader_args
@@ -290,3 +292,36 @@ def test_a_search_through_the_mount_server_is_answered_warm_with_the_same_hits(
     print(f"chromafs search through the mount server: p50 {sorted(spent)[4] * 1000:.0f} ms, "
           f"p90 {p90 * 1000:.0f} ms; alone {cold_s * 1000:.0f} ms")  # fmt: skip
     assert p90 < cold_s / 2, (spent, cold_s)
+
+
+def test_a_lexicon_of_several_records_is_written_read_and_replaced_on_a_chroma_server(
+    chroma_server: ChromaServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A big site's lexicon (over LEXICON_PART_CHARS, here made small) is cut in records a Chroma
+    server takes; `chromafs search` reads it whole (a word only one page holds ranks that page
+    first, which only the lexicon's BM25 does), and a re-ingest of a smaller site leaves no part
+    of the last lexicon behind."""
+    monkeypatch.setattr(lexical, "LEXICON_PART_CHARS", 2048)
+    site = shutil.copytree(SAMPLE_SITE, tmp_path / "site")
+    page = site / "guides" / "migration.mdx"
+    page.write_text(page.read_text() + "\nThe quuxfrobnicator setting is new in v2.\n")
+    assert ingest_main([str(site), "--site", "parts", "--chroma-url", chroma_server.url, "--quiet"]) == 0
+    collection = chromadb.HttpClient(host="127.0.0.1", port=chroma_server.port).get_collection("parts")
+
+    def part_ids() -> list[str]:
+        head = collection.get(ids=[LEXICON_RECORD_ID], include=["metadatas"])["metadatas"][0]
+        return lexical.lexicon_part_ids(head)
+
+    first = part_ids()
+    assert len(first) >= 2, "the lexicon was not cut in parts"
+    assert len(collection.get(ids=first)["ids"]) == len(first)
+    hits = search(chroma_server.url, "quuxfrobnicator", "--rank", "lexical", site="parts")
+    assert hits and hits[0]["path"] == "guides/migration.mdx", hits
+    for extra in sorted(site.rglob("*.md*"))[len(list(site.rglob("*.md*"))) // 2 :]:
+        if extra != page:
+            extra.unlink()
+    assert ingest_main([str(site), "--site", "parts", "--chroma-url", chroma_server.url, "--quiet"]) == 0
+    second = part_ids()
+    assert second != first and collection.get(ids=first)["ids"] == [], "the last lexicon's parts were left"
+    hits = search(chroma_server.url, "quuxfrobnicator", "--rank", "lexical", site="parts")
+    assert hits and hits[0]["path"] == "guides/migration.mdx", hits

@@ -4,17 +4,22 @@ rankings (search.py), without Chroma."""
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 
 import bm25s
 import numpy as np
 import pytest
 
+from chromafs_fuse import lexical
 from chromafs_fuse.lexical import (
     LexicalIndex,
     LexiconPage,
     best_passage,
     decode_lexicon,
     encode_lexicon,
+    lexicon_part_ids,
+    lexicon_records,
+    lexicon_text,
     page_terms,
     path_words,
     ranked,
@@ -22,6 +27,7 @@ from chromafs_fuse.lexical import (
     terms,
     title_terms,
 )
+from chromafs_fuse.names import LEXICON_DATA_FIELD, LEXICON_RECORD_ID
 from chromafs_fuse.search import PAGE_FUSIONS, VectorIndex, fuse, page_fusion
 
 PAGES = {
@@ -127,3 +133,45 @@ def test_the_fusion_follows_the_page_model_the_query_language_and_the_lexicon_fo
     assert english.weights["chunks"] > french.weights["chunks"] and not french.weights.get("pages")
     assert english.weights["titles"] and "titles" not in page_fusion("wordllama", "x", has_titles=False).weights
     assert page_fusion("e5", "Ajoutez un widget de recherche à votre site", has_titles=True) == PAGE_FUSIONS["e5"]
+
+
+def _store(records: list) -> dict[str, dict]:
+    return {record.id: record.metadata for record in records}
+
+
+def _head(store: dict[str, dict]) -> dict:
+    return {"ids": [LEXICON_RECORD_ID], "metadatas": [store[LEXICON_RECORD_ID]], "documents": ["lexicon"]}
+
+
+def _getter(store: dict[str, dict]) -> Callable[[list[str]], dict]:
+    def get(ids: list[str]) -> dict:
+        found = [i for i in ids if i in store]
+        return {"ids": found, "metadatas": [store[i] for i in found]}
+
+    return get
+
+
+def test_a_big_lexicon_takes_several_records_and_reads_back_whole(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Cut in parts (a Chroma server refuses a request over 40 MiB), named by the whole's digest,
+    the head written last; read back whole, checked against the digest; a part missing or written
+    over is an error, never a lexicon of the wrong pages."""
+    monkeypatch.setattr(lexical, "LEXICON_PART_CHARS", 100)
+    text = "1f8b" + "ab" * 240
+    records = lexicon_records(text)
+    assert len(records) == 5 and records[-1].id == LEXICON_RECORD_ID
+    store = _store(records)
+    assert lexicon_text(_head(store), _getter(store)) == text
+    assert lexicon_part_ids(store[LEXICON_RECORD_ID]) == [r.id for r in records[:-1]]
+    with pytest.raises(ValueError, match="several records"):
+        lexicon_text(_head(store))
+    missing = dict(store)
+    del missing[records[1].id]
+    with pytest.raises(ValueError, match="missing parts"):
+        lexicon_text(_head(missing), _getter(missing))
+    over = dict(store)
+    over[records[2].id] = {**over[records[2].id], LEXICON_DATA_FIELD: "cd" * 50}
+    with pytest.raises(ValueError, match="do not match"):
+        lexicon_text(_head(over), _getter(over))
+    small = lexicon_records("1f8b00")  # one record: no parts named
+    assert [r.id for r in small] == [LEXICON_RECORD_ID] and lexicon_part_ids(small[0].metadata) == []
+    assert lexicon_text(_head(_store(small))) == "1f8b00"
