@@ -221,10 +221,10 @@ def lexicon_text(found: Mapping[str, Any], get: Callable[[list[str]], Mapping[st
         raise ValueError("the lexicon takes several records and this reader reads one")
     answer = get(others)
     by_id = dict(zip(answer.get("ids") or [], answer.get("metadatas") or [], strict=False))
-    texts = [(by_id.get(i) or {}).get(LEXICON_DATA_FIELD) for i in others]
-    if not all(isinstance(t, str) for t in texts):
+    texts = [t for i in others if isinstance(t := (by_id.get(i) or {}).get(LEXICON_DATA_FIELD), str)]
+    if len(texts) != len(others):
         raise ValueError(f"the lexicon record is missing parts ({len(others) + 1} expected)")
-    text = data + "".join(texts)  # type: ignore[arg-type]
+    text = data + "".join(texts)
     if hashlib.sha256(text.encode("ascii")).hexdigest() != (head or {}).get(LEXICON_DIGEST_FIELD):
         raise ValueError("the lexicon's parts do not match its head (written over meanwhile)")
     return text
