@@ -158,7 +158,7 @@ class ChromaServer:
         if isinstance(exc, http.client.RemoteDisconnected):
             return "the server closed the connection without answering"
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc) or "no reason given"
-        return f"no answer: {reason}"
+        return f"no answer from {self.host}:{self.port}: {reason}"  # which server: its caller may not say
 
 
 class HttpCollection:
