@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from infra import BIN, SAMPLE_SITE, MountServer, RedisServer, try_mount, wait_until
+from infra import BIN, SAMPLE_SITE, MountServer, RedisServer, mounted, try_mount, wait_until
 
 PAGE = "guides/deployment.mdx"
 WITHIN_S = 1.5
@@ -148,3 +148,31 @@ def test_revoking_a_token_without_redis_is_kept_by_the_mount_server_across_a_res
     assert reads(tmp_path / "other")
     refused = chromafs("revoke", "--jti", "x", "--site", "acme", "--mountd", str(tmp_path / "nothing.sock"))
     assert refused.returncode == 2 and "cannot reach chromafs-mountd" in refused.stderr, refused.stderr
+
+
+@pytest.mark.expect_log(r"WARNING .*the token was revoked \(subject 'dave'\)")
+def test_a_standalone_mount_with_redis_ends_when_its_token_is_revoked(
+    redis_server: RedisServer, sample_chroma: Callable[[str], Path], secret_file: Path, token_file: Callable[..., Path],
+    tmp_path: Path,
+) -> None:  # fmt: skip
+    token = token_file(["billing"], sub="dave")
+    args = ["--site", "acme", "--chroma-path", str(sample_chroma("public")), "--no-mountd"]
+    args += ["--redis-url", redis_server.url, "--token-file", str(token), "--jwt-secret-file", str(secret_file)]
+    with mounted(tmp_path / "docs", *args) as mountpoint:
+        assert reads(mountpoint)
+        shell = shell_inside(mountpoint / "guides")
+        try:
+            revoked = chromafs("revoke", "--subject", "dave", "--site", "acme", "--redis-url", redis_server.url)
+            revoked_at = time.monotonic()
+            assert revoked.returncode == 0, revoked.stderr
+            wait_until(lambda: not reads(mountpoint), WITHIN_S, "the mount stopped reading", interval_s=0.02)
+            assert time.monotonic() - revoked_at <= WITHIN_S
+            out, err = shell.communicate("go\n", timeout=30)
+        finally:
+            if shell.poll() is None:
+                shell.kill()
+                shell.wait(10)
+        assert out.splitlines()[0] != "ls=0", (out, err)  # refused (EACCES), or unmounted under it (ENOTCONN)
+        wait_until(lambda: not mountpoint.is_mount(), 10, "the revoked mount unmounted")
+    again = try_mount(tmp_path / "docs", *args)
+    assert again.returncode != 0 and "this token was revoked (subject 'dave'" in again.stderr, again.stderr
