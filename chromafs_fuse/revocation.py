@@ -60,7 +60,7 @@ class Revocation:
 
 def refusal(revocation: Revocation) -> TokenRevoked:
     """What a reader whose token `revocation` covers is told."""
-    more = " issued before it" if revocation.kind == "sub" else ""
+    more = " (one issued after the revocation)" if revocation.kind == "sub" else ""
     at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(revocation.at))
     return TokenRevoked(f"this token was revoked ({revocation.describe()}, at {at}): ask for a new token{more}")
 
