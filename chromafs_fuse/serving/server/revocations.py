@@ -12,6 +12,7 @@ import threading
 import time
 from collections.abc import Sequence
 
+from chromafs_fuse.backends.redis_revocations import find_many
 from chromafs_fuse.config import RedisSettings
 from chromafs_fuse.revocation import Revocation, Revocations
 from chromafs_fuse.serving.server.session_keeper import SessionReader
@@ -64,8 +65,6 @@ def revoked_sessions(
 ) -> dict[str, Revocation]:
     """Mountpoint -> the revocation that covers its session's token: the server's own, then each
     site's Redis (one MGET per Redis, whatever the number of sessions)."""
-    from chromafs_fuse.backends.redis_revocations import find_many
-
     now = time.time() if now is None else now
     out: dict[str, Revocation] = {}
     by_redis: dict[RedisSettings, list[SessionReader]] = {}

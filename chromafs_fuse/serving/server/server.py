@@ -43,6 +43,7 @@ import trio
 from chromafs_fuse.config import MountConfig, ServerConfig
 from chromafs_fuse.errors import AccessDenied, ChromafsError, Unavailable, UsageError, error_of
 from chromafs_fuse.options import request_values
+from chromafs_fuse.revocation import Revocation, refusal
 from chromafs_fuse.serving.failures import failure_text
 from chromafs_fuse.serving.metrics import MetricsEndpoint, SessionCollector, serve_metrics
 from chromafs_fuse.serving.protocol import (
@@ -59,11 +60,11 @@ from chromafs_fuse.serving.protocol import (
     ok_line,
 )
 from chromafs_fuse.serving.server.forker import Forker, ForkerGone
+from chromafs_fuse.serving.server.revocations import KeptRevocations, revoked_sessions
 from chromafs_fuse.serving.status import utc_text
 
 if TYPE_CHECKING:
     from chromafs_fuse.access import Principal
-    from chromafs_fuse.serving.server.revocations import KeptRevocations
     from chromafs_fuse.serving.server.searches import Searches
     from chromafs_fuse.serving.server.session_keeper import SessionKeeper
 
@@ -293,6 +294,12 @@ class MountServer:
         while True:
             try:
                 ended = await trio.to_thread.run_sync(self._end_revoked)
+            except OSError as exc:
+                if exc.errno not in SHORT_OF:
+                    log.exception("checking for revoked sessions failed")
+                else:  # the next check tries again
+                    self._short_of(f"checking for revoked sessions: {errno.errorcode[exc.errno]}")
+                ended = 0
             except RuntimeError:
                 self._short_of("starting the revocation check's thread")
                 ended = 0
@@ -305,8 +312,6 @@ class MountServer:
 
     def _end_revoked(self) -> int:
         """In a worker thread: how many sessions a revocation ended."""
-        from chromafs_fuse.serving.server.revocations import revoked_sessions
-
         assert self.keeper is not None
         readers = self.keeper.readers()
         if not readers:
@@ -378,8 +383,6 @@ class MountServer:
 
     def _revoke(self, request: Revoke) -> bytes:
         """In a worker thread: the revocation kept (and saved) and the sessions it covers ended."""
-        from chromafs_fuse.revocation import Revocation
-
         try:
             now = time.time()
             if not request.for_s > 0:
@@ -437,8 +440,6 @@ class MountServer:
                 config.site, principal.subject, principal.token_id, principal.issued_at, time.time()
             )
             if revoked is not None:
-                from chromafs_fuse.revocation import refusal
-
                 error = refusal(revoked)
                 log.info("session on %s refused: %s", config.mountpoint, error.message)
                 return error
@@ -559,8 +560,6 @@ def serve_forever(config: ServerConfig, class_views: bool) -> int:
         metrics = MetricsEndpoint(config.metrics_addr, SessionCollector(lambda: keeper.snapshot() if keeper else None))
     forker_of.append(Forker.start(JOBS, [listener, *([metrics] if metrics else [])]))  # before any thread starts
     forker = forker_of[0]
-    from chromafs_fuse.serving.server.revocations import KeptRevocations
-
     revocations = KeptRevocations(os.path.join(config.class_root, "revoked.json"))
     server = MountServer(config.socket, forker, keeper, listener, metrics, revocations)
     log.info("listening on %s%s", config.socket, f"; class views in {config.class_root}" if keeper else "")
