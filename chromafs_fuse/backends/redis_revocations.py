@@ -48,6 +48,9 @@ def record(settings: RedisSettings, revocation: Revocation, now: float | None = 
     key = revoked_key(settings.prefix, revocation.site, revocation.kind, revocation.name)
     cache = RedisCache(settings.url, settings.prefix, ca_file=settings.ca_file, timeout_s=5.0)
     try:
+        # a later revocation of the same name revokes more (a subject's: the tokens issued until
+        # then) and lasts as long as the longer of the two asks
+        ttl_s = max(ttl_s, int(cache.client.ttl(key)))
         cache.client.set(key, encode_value(revocation), ex=ttl_s)
     except REDIS_ERRORS as exc:
         raise Unavailable(f"Redis ({cache.target.describe()}) did not take the revocation: {exc}") from None

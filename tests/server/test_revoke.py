@@ -111,6 +111,11 @@ def test_revoking_a_subject_in_redis_ends_its_sessions_on_every_server_and_refus
         assert again.returncode != 0
         assert "this token was revoked (subject 'alice'" in again.stderr, again.stderr
         assert not (tmp_path / f"alice-again-{index}").is_mount()
+    key = "chromafs:{acme}:revoked:sub:alice"  # docs/DEPLOYMENT.md's layout, kept --for (a day)
+    assert 86400 - 120 < int(redis_server.cli("ttl", key)) <= 86400
+    shorter = chromafs("revoke", "--subject", "alice", "--site", "acme", "--for", "60", *redis)
+    assert shorter.returncode == 0, shorter.stderr
+    assert int(redis_server.cli("ttl", key)) > 86400 - 120  # a later revocation never shortens one
     # a token the provider issues after the revocation opens a session (the subject was not banned for good)
     fresh = token_file(["billing"], sub="alice", iat=int(time.time()) + 1)
     time.sleep(max(0.0, int(time.time()) + 1.05 - time.time()))
