@@ -151,6 +151,9 @@ def test_revoking_a_token_without_redis_is_kept_by_the_mount_server_across_a_res
     again = open_session(server, chroma, secret_file, tmp_path / "again", leaked)
     assert again.returncode != 0 and "this token was revoked (token id 'leaked-1'" in again.stderr, again.stderr
     assert reads(tmp_path / "other")
+    search = ["search", "deployment", "--site", "acme", "--chroma-path", str(chroma), "--mountd", str(server.socket)]
+    searched = chromafs(*search, "--token-file", str(leaked), "--jwt-secret-file", str(secret_file))
+    assert searched.returncode == 2 and "this token was revoked (token id 'leaked-1'" in searched.stderr, searched
     refused = chromafs("revoke", "--jti", "x", "--site", "acme", "--mountd", str(tmp_path / "nothing.sock"))
     assert refused.returncode == 2 and "cannot reach chromafs-mountd" in refused.stderr, refused.stderr
 

@@ -411,12 +411,18 @@ class MountServer:
         )  # fmt: skip
         return ok_line(ended=ended)
 
+    def _kept_revocation(self, site: str, principal: Principal) -> Revocation | None:
+        """The revocation this server keeps (made without Redis) that covers `principal`'s token."""
+        if self.revocations is None:
+            return None
+        return self.revocations.find(site, principal.subject, principal.token_id, principal.issued_at, time.time())
+
     def _search(self, request: Search) -> bytes:
         """In a worker thread: `chromafs search`'s answer, warm (serving/server/searches.py)."""
         if self._searches is None:
             from chromafs_fuse.serving.server.searches import Searches
 
-            self._searches = Searches()
+            self._searches = Searches(self._kept_revocation)
         try:
             return ok_line(**self._searches.answer(request))
         except ChromafsError as exc:
@@ -435,10 +441,8 @@ class MountServer:
             error = got.error or UsageError("bad options")
             log.warning("mount request from uid %d: %s", uid, failure_text(error))
             return error
-        if principal is not None and self.revocations is not None and principal.authenticated:
-            revoked = self.revocations.find(
-                config.site, principal.subject, principal.token_id, principal.issued_at, time.time()
-            )
+        if principal is not None and principal.authenticated:
+            revoked = self._kept_revocation(config.site, principal)
             if revoked is not None:
                 error = refusal(revoked)
                 log.info("session on %s refused: %s", config.mountpoint, error.message)

@@ -361,10 +361,12 @@ class SessionKeeper:
         return out
 
     def revoke(self, mountpoints: Iterable[str], why: str) -> int:
-        """End the sessions at `mountpoints` as at their token's expiry, at the next pass (which
-        the caller may run now); how many were still open."""
+        """End the sessions at `mountpoints` as at their token's expiry: their serving process
+        refuses them now, as it would at `exp`, and the next pass (which the caller may run at
+        once) detaches their binds; how many were still open."""
         now = self.clock()
         ended = 0
+        tell: list[tuple[ClassMount, str]] = []
         with self.lock:
             for mountpoint in mountpoints:
                 session = self.table.sessions.get(mountpoint)
@@ -373,10 +375,17 @@ class SessionKeeper:
                 log.info("session on %s revoked (%s, %s): ending it as at its expiry", mountpoint, session.reader, why)
                 session.expires_at = now
                 self._revoked.add(mountpoint)
+                mount = self.table.classes.get(session.class_key)
+                if mount is not None and session.source:
+                    tell.append((mount, session.source))
+                    # told here: `_end` must not tell it again (its slot may be another session's by then)
+                    session.source = ""
                 self.table.touch(session)
                 ended += 1
             if ended:
                 self._save()
+        for mount, source in tell:  # never under the lock: it asks the serving process
+            self.host.end_session(mount, source)
         return ended
 
     def housekeep(self, now: float | None = None, stopping: bool = False) -> None:
