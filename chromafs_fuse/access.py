@@ -16,14 +16,23 @@ class Principal:
     groups: frozenset[str] = frozenset()
     subject: str | None = None
     expires_at: float | None = None  # the token's `exp` (seconds since the epoch): the session ends then
+    token_id: str | None = None  # the token's `jti`, and when it was issued (`iat`): what a revocation names
+    issued_at: float | None = None
 
     @classmethod
     def anonymous(cls) -> Principal:
         return cls(authenticated=False)
 
     @classmethod
-    def of(cls, groups: Iterable[str], subject: str | None = None, expires_at: float | None = None) -> Principal:
-        return cls(authenticated=True, groups=frozenset(groups), subject=subject, expires_at=expires_at)
+    def of(
+        cls,
+        groups: Iterable[str],
+        subject: str | None = None,
+        expires_at: float | None = None,
+        token_id: str | None = None,
+        issued_at: float | None = None,
+    ) -> Principal:
+        return cls(True, frozenset(groups), subject, expires_at, token_id, issued_at)
 
     def reader_class(self) -> Principal:
         """The same visibility without a person or an expiry: what a shared class mount serves."""

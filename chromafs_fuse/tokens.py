@@ -113,7 +113,14 @@ def principal_from_token(
     subject = claims.get("sub")
     expires_at = claims["exp"]
     assert isinstance(expires_at, (int, float))  # _verified_claims checked it
-    return Principal.of(groups, subject if isinstance(subject, str) else None, float(expires_at))
+    token_id, issued_at = claims.get("jti"), claims.get("iat")
+    return Principal.of(
+        groups,
+        subject if isinstance(subject, str) else None,
+        float(expires_at),
+        token_id if isinstance(token_id, str) and token_id else None,
+        float(issued_at) if isinstance(issued_at, (int, float)) and not isinstance(issued_at, bool) else None,
+    )
 
 
 def _looked_up(lookup: KeyLookup, token: str) -> VerificationKey:

@@ -1,6 +1,7 @@
 """`chromafs`: commands that work on a site without mounting it.
 
     chromafs grep PATTERN [PATH] --site S ... : grep -rn over the pages the token may read.
+    chromafs revoke --subject S --site X [--redis-url R]: end the sessions of S's tokens, refuse new ones.
 
 Exit status as grep: 0 a line matched, 1 none did, 2 an error.
 """
@@ -60,6 +61,24 @@ def build_parser() -> argparse.ArgumentParser:
     mcp.add_argument("--refresh-interval", type=float, default=5.0, help="follow re-ingests: seconds between checks")
     add_session_arguments(mcp)
     mcp.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
+    revoke = commands.add_parser(
+        "revoke",
+        help="end every session of a subject (or of one token) on every host of the site, and refuse new ones",
+        description="Revoke the tokens of a subject (those issued until now) or one token (its jti) for a site: "
+        "every session they opened ends within about a second, on every host sharing the site's Redis "
+        "(--redis-url), or on this host's mount server without one; a new session with them is refused.",
+    )
+    who = revoke.add_mutually_exclusive_group(required=True)
+    who.add_argument("--subject", metavar="S", help="the tokens whose 'sub' is S, issued until now")
+    who.add_argument("--jti", metavar="J", help="the one token whose 'jti' (token id) is J")
+    revoke.add_argument(
+        "--for", dest="for_s", type=float, default=24 * 3600, metavar="SECONDS",
+        help="how long the revocation lasts; it must reach past the 'exp' of the tokens it revokes "
+        "(default: %(default).0f, a day: longer than the tokens identity providers issue)",
+    )  # fmt: skip
+    revoke_options = ("--site", "--redis-url", "--redis-ca", "--redis-prefix", "--mountd")
+    add_options(revoke, [find(name) for name in revoke_options])
+    revoke.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
     commands.add_parser("shell", help="a command (default: bash) in a sandbox that sees only your docs, at /docs")
     status = commands.add_parser("status", help="list this machine's chromafs mounts")
     status.add_argument("--json", action="store_true", help="print JSON instead of a table")
@@ -215,6 +234,70 @@ def search_through_mountd(args: argparse.Namespace, token: str | None) -> dict[s
     return answer_fields(answer)
 
 
+def run_revoke(args: argparse.Namespace) -> int:
+    """The revocation kept in the site's Redis (--redis-url), else by the host's mount server."""
+    import math
+    import time
+
+    from chromafs_fuse.errors import UsageError
+    from chromafs_fuse.revocation import Revocation
+
+    if not (math.isfinite(args.for_s) and args.for_s > 0):
+        raise UsageError("--for wants a positive number of seconds")
+    kind, name = ("sub", args.subject) if args.subject is not None else ("jti", args.jti)
+    if not name:
+        raise UsageError(f"--{'subject' if kind == 'sub' else 'jti'} wants a value")
+    now = time.time()
+    revocation = Revocation(args.site, kind, name, now, now + args.for_s)
+    until = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(revocation.until))
+    if args.redis_url:
+        from chromafs_fuse.backends.redis_revocations import record
+        from chromafs_fuse.config import redis_settings
+
+        settings = redis_settings(args.redis_url, args.redis_prefix, args.redis_ca, 0)
+        record(settings, revocation, now)
+        print(f"revoked the tokens of {revocation.describe()} on site '{args.site}' until {until}, in Redis: "
+              "every host of the site ends their sessions within a second")  # fmt: skip
+        return 0
+    answer = revoke_through_mountd(args, revocation)
+    print(f"revoked the tokens of {revocation.describe()} on site '{args.site}' until {until}, "
+          f"on this host's mount server: {answer.get('ended', 0)} sessions ended")  # fmt: skip
+    return 0
+
+
+def revoke_through_mountd(args: argparse.Namespace, revocation: Any) -> dict[str, Any]:
+    """Without Redis: the host's mount server keeps the revocation (serving/protocol.py's Revoke)."""
+    import socket
+
+    from chromafs_fuse.cli.mount_request import answer_fields, mount_server_socket
+    from chromafs_fuse.errors import Unavailable, UsageError
+    from chromafs_fuse.serving.protocol import Revoke, encode
+
+    socket_path, _fall_back = mount_server_socket(args.mountd, False)
+    if not socket_path:
+        raise UsageError(
+            "no --redis-url, and no mount server on this host to keep the revocation: give the site's "
+            "--redis-url (every host sees it there), or --mountd SOCKET"
+        )
+    for_s = revocation.until - revocation.at
+    request = encode(Revoke(revocation.site, revocation.kind, revocation.name, for_s))
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+        conn.settimeout(10)
+        try:
+            conn.connect(socket_path)
+            conn.sendall(request)
+            conn.shutdown(socket.SHUT_WR)
+            answer = b""
+            while not answer.endswith(b"\n"):
+                chunk = conn.recv(65536)
+                if not chunk:
+                    break
+                answer += chunk
+        except OSError as exc:
+            raise Unavailable(f"cannot reach chromafs-mountd at {socket_path}: {exc.strerror or exc}") from None
+    return answer_fields(answer)
+
+
 def run_mcp(args: argparse.Namespace) -> int:
     from chromafs_fuse.cli.common import CliError
     from chromafs_fuse.config import SessionConfig
@@ -256,6 +339,8 @@ def main(argv: list[str] | None = None) -> int:
             return run_search(args)
         if args.command == "mcp":
             return run_mcp(args)
+        if args.command == "revoke":
+            return run_revoke(args)
         return run_grep(args)
     except ChromafsError as exc:
         print(f"chromafs {args.command}: {exc.message}", file=sys.stderr)

@@ -1,6 +1,6 @@
 """A FUSE mount's life in its process, for a standalone mount and a serving process alike:
 `fuse_mounted` (mounted, its watchdog, unmounted), and what ends it besides `fusermount -u`: a
-signal, its token's expiry, or (with --idle-exit) no session binding it any more, each a task of
+signal, its token's expiry or revocation, or (with --idle-exit) no session binding it any more, each a task of
 the mount's loop."""
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from chromafs_fuse.serving.watchdog import start_watchdog, stop_watchdog
 
 log = logging.getLogger("chromafs.mount")
 IDLE_CHECK_S = 5.0  # how often a mount with --idle-exit looks for binds of it
+REVOCATION_POLL_S = 0.5  # how often a mount with Redis looks for a revocation of its token (chromafs revoke)
 
 
 @contextlib.contextmanager
@@ -76,6 +77,21 @@ async def end_at_expiry(expires_at: float, refuse: Callable[[], Awaitable[None]]
     if refuse is not None:
         await refuse()
     unmount_now()
+
+
+async def end_at_revocation(
+    revoked: Callable[[], str | None], refuse: Callable[[], Awaitable[None]], every_s: float = REVOCATION_POLL_S
+) -> None:
+    """Once `revoked` (blocking: a read of the site's Redis, run in a worker thread) says what
+    revoked the token: as at its expiry, `refuse`, then unmount."""
+    while True:
+        why = await trio.to_thread.run_sync(revoked)
+        if why is not None:
+            log.warning("the token was revoked (%s): unmounting", why)
+            await refuse()
+            unmount_now()
+            return
+        await trio.sleep(every_s)
 
 
 async def watch_signals() -> None:

@@ -2,6 +2,7 @@
 
     mount client, CSI plugin -> mount server (its socket)      OpenSession
     chromafs search -> mount server (its socket)              Search
+    chromafs revoke -> mount server (its socket)              Revoke
     mount server -> serving process (its control socket)      AddView, RemoveView, OpenViewSession,
                                                               EndViewSession, Describe
     mount server -> its forker (a socketpair; descriptors     ServePoolProcess, ServeIsolated
@@ -72,7 +73,20 @@ class Search(Request):
     rank: str = "hybrid"
 
 
-MOUNT_SERVER_REQUESTS: dict[str, type[Request]] = {OpenSession.op: OpenSession, Search.op: Search}
+@dataclass(frozen=True)
+class Revoke(Request):
+    """`chromafs revoke` without Redis: the tokens of `site` whose `kind` ("sub" or "jti") is
+    `name` are revoked for `for_s` seconds (revocation.py), kept in the server's state; its
+    sessions they cover end. Answered `{"ok": true, "ended": <sessions ended>}`."""
+
+    op: ClassVar[str] = "revoke"
+    site: str
+    kind: str
+    name: str
+    for_s: float
+
+
+MOUNT_SERVER_REQUESTS: dict[str, type[Request]] = {cls.op: cls for cls in (OpenSession, Search, Revoke)}
 
 
 # -- a serving process's control socket ------------------------------------------------------

@@ -45,12 +45,25 @@ def verify_reader(token: str | None, config: SessionConfig) -> Principal:
     keys = config.keys
     key = load_token_key(keys, config.backend_timeout_s)  # a JWKS is fetched only for a token
     try:
-        return principal_from_token(token, key, config.site, TokenRules(keys.issuer, keys.audience))
+        principal = principal_from_token(token, key, config.site, TokenRules(keys.issuer, keys.audience))
     except TokenNotForSite:
         missing = missing_site(config)
         if missing is not None:  # `--site mcpp` with a token of `mcp`: the typo is the problem
             raise missing from None
         raise
+    if principal.authenticated and config.redis is not None:
+        from chromafs_fuse.backends.redis_revocations import find_many
+        from chromafs_fuse.revocation import refusal
+
+        (revoked,) = find_many(config.redis, [reader_of(config.site, principal)])
+        if revoked is not None:
+            raise refusal(revoked)
+    return principal
+
+
+def reader_of(site: str, principal: Principal) -> tuple[str, str | None, str | None, float | None]:
+    """What a revocation is checked against (backends/redis_revocations.py's Reader)."""
+    return (site, principal.subject, principal.token_id, principal.issued_at)
 
 
 def missing_site(config: SessionConfig) -> SiteNotFound | None:

@@ -305,6 +305,7 @@ class Simulation:
         self.in_interleave = False
         self.running = True
         self.checked: tuple[dict[str, ClassMount], dict[str, Session], int] | None = None
+        self.revoked: list[Session] = []  # sessions revoked, to be ended by the next housekeeping pass
         self.keeper = self._new_keeper()
 
     def clock(self) -> float:
@@ -345,6 +346,7 @@ class Simulation:
             (4, self.starts_fail),
             (2, self.sessions_refused),
             (18, self.housekeep),
+            (3, self.revoke),
             (8, self.heal),
             (3, self.restart),
             (2, self.stop),
@@ -427,6 +429,16 @@ class Simulation:
     def sessions_refused(self) -> None:
         self.pool.refuse_sessions += 1
         self.note("the next session directory is refused")
+
+    def revoke(self) -> None:
+        """`chromafs revoke` of one session's subject: its session ends at the next housekeeping
+        pass, as at its token's expiry (checked there)."""
+        live = sorted(self.keeper.table.sessions)
+        if live:
+            mountpoint = self.rng.choice(live)
+            self.note(f"the token of the session on {mountpoint} is revoked")
+            self.keeper.revoke([mountpoint], "a test")
+            self.revoked.append(self.keeper.table.sessions[mountpoint])
 
     def housekeep(self) -> None:
         self.note("housekeeping")
@@ -568,6 +580,10 @@ class Simulation:
         expired = [s.mountpoint for s in table.expired(self.now)]
         if expired:
             self.fail(f"sessions past their expiry after a housekeeping pass: {expired}")
+        revoked = [s.mountpoint for s in self.revoked if table.sessions.get(s.mountpoint) is s]
+        if revoked:
+            self.fail(f"sessions revoked before a housekeeping pass still open after it: {revoked}")
+        self.revoked = []
         if not stopping:
             idle = [m.key[:8] for m in table.idle(self.now, IDLE_S)]
             if idle:

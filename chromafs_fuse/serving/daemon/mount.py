@@ -18,6 +18,7 @@ import logging
 import os
 import subprocess
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit, urlunsplit
 
@@ -39,7 +40,13 @@ from chromafs_fuse.serving.fuse_adapter import (
 )
 from chromafs_fuse.serving.handshake import tell_ready
 from chromafs_fuse.serving.kernel_push import KernelPusher, forget_attributes, tell_kernel
-from chromafs_fuse.serving.lifetime import end_at_expiry, end_when_unused, fuse_mounted, watch_signals
+from chromafs_fuse.serving.lifetime import (
+    end_at_expiry,
+    end_at_revocation,
+    end_when_unused,
+    fuse_mounted,
+    watch_signals,
+)
 from chromafs_fuse.serving.process import sd_notify
 from chromafs_fuse.serving.status import STATUS_EVERY_S, StatusFile, keep_written, uptime_since, view_status
 from chromafs_fuse.serving.tree_switch import TreeSwitches, follow_site, next_filesystem
@@ -274,6 +281,9 @@ class Mount:
                 nursery.start_soon(serve_metrics, self.metrics, STATUS_EVERY_S)
             if self.principal.expires_at is not None:
                 nursery.start_soon(end_at_expiry, self.principal.expires_at, self._refuse)
+            revoked = self._revocation_check()
+            if revoked is not None:
+                nursery.start_soon(end_at_revocation, revoked, self._refuse)
             nursery.start_soon(self._announce_ready, ready_fd)
             if self.config.idle_exit_s > 0:
                 nursery.start_soon(end_when_unused, self.config.mountpoint, self.config.idle_exit_s)
@@ -281,6 +291,22 @@ class Mount:
             await pyfuse3.main()
             nursery.cancel_scope.cancel()
         self._nursery = None
+
+    def _revocation_check(self) -> Callable[[], str | None] | None:
+        """With Redis, what says whether the mount's token was revoked (chromafs revoke), blocking."""
+        settings, principal = self.config.session.redis, self.principal
+        if settings is None or not principal.authenticated:
+            return None
+        from chromafs_fuse.backends.redis_revocations import find_many
+        from chromafs_fuse.site.loader import reader_of
+
+        reader = reader_of(self.config.site, principal)
+
+        def revoked() -> str | None:
+            (revocation,) = find_many(settings, [reader])
+            return None if revocation is None else revocation.describe()
+
+        return revoked
 
     async def _refuse(self) -> None:
         """The token expired: every request answers EACCES from now on, and the kernel forgets the

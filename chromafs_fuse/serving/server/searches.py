@@ -8,12 +8,15 @@ import dataclasses
 import json
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
 
+from chromafs_fuse.access import Principal
 from chromafs_fuse.config import SessionConfig
 from chromafs_fuse.errors import UsageError
 from chromafs_fuse.options import SESSION_OPTIONS, request_values
+from chromafs_fuse.revocation import Revocation, refusal
 from chromafs_fuse.search import hit_line, hit_record
 from chromafs_fuse.serving.protocol import Search
 from chromafs_fuse.site.loader import verify_reader
@@ -23,7 +26,8 @@ MAX_SITES = 4  # sites kept warm; the least recently searched one is let go
 
 
 class Searches:
-    def __init__(self) -> None:
+    def __init__(self, revoked: Callable[[str, Principal], Revocation | None] | None = None) -> None:
+        self.revoked = revoked  # the revocation the server keeps for a site's reader, if any
         self._views: OrderedDict[str, SiteViews] = OrderedDict()
         self._lock = threading.Lock()
 
@@ -35,7 +39,10 @@ class Searches:
         except ValueError as exc:
             raise UsageError(str(exc)) from None
         config = SessionConfig.from_args(SimpleNamespace(**values))
-        principal = verify_reader(request.token, config)
+        principal = verify_reader(request.token, config)  # revoked in the site's Redis: refused there
+        revocation = self.revoked(config.site, principal) if self.revoked and principal.authenticated else None
+        if revocation is not None:
+            raise refusal(revocation)
         view = self._views_of(config).view_for(principal)
         result = view.search_result(request.query, request.limit, request.embedder, request.rank)
         return {

@@ -43,6 +43,7 @@ import trio
 from chromafs_fuse.config import MountConfig, ServerConfig
 from chromafs_fuse.errors import AccessDenied, ChromafsError, Unavailable, UsageError, error_of
 from chromafs_fuse.options import request_values
+from chromafs_fuse.revocation import Revocation, refusal
 from chromafs_fuse.serving.failures import failure_text
 from chromafs_fuse.serving.metrics import MetricsEndpoint, SessionCollector, serve_metrics
 from chromafs_fuse.serving.protocol import (
@@ -50,6 +51,7 @@ from chromafs_fuse.serving.protocol import (
     MOUNT_SERVER_REQUESTS,
     BadRequest,
     OpenSession,
+    Revoke,
     Search,
     ServeIsolated,
     ServePoolProcess,
@@ -58,6 +60,8 @@ from chromafs_fuse.serving.protocol import (
     ok_line,
 )
 from chromafs_fuse.serving.server.forker import Forker, ForkerGone
+from chromafs_fuse.serving.server.revocations import KeptRevocations, revoked_sessions
+from chromafs_fuse.serving.status import utc_text
 
 if TYPE_CHECKING:
     from chromafs_fuse.access import Principal
@@ -174,6 +178,7 @@ class MountServer:
         keeper: SessionKeeper | None,
         listener: socket.socket,
         metrics: MetricsEndpoint | None = None,
+        revocations: KeptRevocations | None = None,
     ) -> None:
         self.socket_path = socket_path
         self.forker = forker
@@ -184,6 +189,8 @@ class MountServer:
         self._status = 0
         self._requests = trio.CapacityLimiter(MAX_CONCURRENT_REQUESTS)
         self._searches: Searches | None = None  # once a search is asked
+        self.revocations = revocations  # the ones made without Redis (chromafs revoke)
+        self._wake = trio.Event()  # housekeeping at once: a session was revoked
 
     # -- the loop -------------------------------------------------------------------------------
 
@@ -214,6 +221,7 @@ class MountServer:
             nursery.start_soon(self._watch_forker, nursery.cancel_scope)
             if self.keeper is not None:
                 nursery.start_soon(self._keep_house)
+                nursery.start_soon(self._watch_revocations)
             if self.metrics is not None:
                 nursery.start_soon(serve_metrics, self.metrics, HOUSEKEEPING_S)
             with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
@@ -275,7 +283,44 @@ class MountServer:
             next_expiry = keeper.next_expiry()
             if next_expiry is not None:
                 wait_s = min(wait_s, max(0.01, next_expiry - time.time()))
-            await trio.sleep(wait_s)
+            with trio.move_on_after(wait_s):
+                await self._wake.wait()
+            self._wake = trio.Event()
+
+    async def _watch_revocations(self) -> None:
+        """Every HOUSEKEEPING_S: the sessions a revocation covers (the server's own, or in their
+        site's Redis: one MGET per Redis, in a worker thread) end as at their token's expiry, by
+        a housekeeping pass run at once."""
+        while True:
+            try:
+                ended = await trio.to_thread.run_sync(self._end_revoked)
+            except OSError as exc:
+                if exc.errno not in SHORT_OF:
+                    log.exception("checking for revoked sessions failed")
+                else:  # the next check tries again
+                    self._short_of(f"checking for revoked sessions: {errno.errorcode[exc.errno]}")
+                ended = 0
+            except RuntimeError:
+                self._short_of("starting the revocation check's thread")
+                ended = 0
+            except Exception:  # a bug in one check: logged with its traceback; the next one runs
+                log.exception("checking for revoked sessions failed")
+                ended = 0
+            if ended:
+                self._wake.set()
+            await trio.sleep(HOUSEKEEPING_S)
+
+    def _end_revoked(self) -> int:
+        """In a worker thread: how many sessions a revocation ended."""
+        assert self.keeper is not None
+        readers = self.keeper.readers()
+        if not readers:
+            return 0
+        revoked = revoked_sessions(readers, self.revocations)
+        ended = 0
+        for mountpoint, revocation in revoked.items():
+            ended += self.keeper.revoke([mountpoint], revocation.describe())
+        return ended
 
     # -- a request ------------------------------------------------------------------------------
 
@@ -317,6 +362,14 @@ class MountServer:
                 self._short_of("starting a request's thread")
                 error = Unavailable("the mount server is short of threads: try again")
             await _answer(stream, error)
+        elif isinstance(request, Revoke):
+            try:
+                line = await trio.to_thread.run_sync(self._revoke, request, limiter=self._requests)
+            except RuntimeError:
+                self._short_of("starting a request's thread")
+                line = error_line(Unavailable("the mount server is short of threads: try again"))
+            self._wake.set()
+            await _answer_line(stream, line)
         elif isinstance(request, Search):
             try:
                 line = await trio.to_thread.run_sync(
@@ -328,12 +381,48 @@ class MountServer:
             with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError, OSError):
                 await stream.send_all(line)
 
+    def _revoke(self, request: Revoke) -> bytes:
+        """In a worker thread: the revocation kept (and saved) and the sessions it covers ended."""
+        try:
+            now = time.time()
+            if not request.for_s > 0:
+                raise UsageError("a revocation lasts a positive number of seconds")
+            revocation = Revocation(request.site, request.kind, request.name, now, now + request.for_s)
+        except (ValueError, UsageError) as exc:
+            return error_line(exc if isinstance(exc, UsageError) else UsageError(str(exc)))
+        if self.revocations is None:
+            return error_line(Unavailable("this mount server keeps no revocations"))
+        try:
+            self.revocations.add(revocation)
+        except OSError as exc:
+            log.error("cannot save the revocation of %s: %s", revocation.describe(), exc)
+            return error_line(Unavailable(f"the mount server cannot save the revocation: {exc.strerror or exc}"))
+        ended = 0
+        if self.keeper is not None:
+            covered = [
+                r.mountpoint
+                for r in self.keeper.readers()
+                if r.site == revocation.site and revocation.covers(r.subject, r.token_id, r.issued_at)
+            ]
+            ended = self.keeper.revoke(covered, revocation.describe())
+        log.warning(
+            "revoked the tokens of %s on site %s until %s: %d sessions end",
+            revocation.describe(), revocation.site, utc_text(revocation.until), ended,
+        )  # fmt: skip
+        return ok_line(ended=ended)
+
+    def _kept_revocation(self, site: str, principal: Principal) -> Revocation | None:
+        """The revocation this server keeps (made without Redis) that covers `principal`'s token."""
+        if self.revocations is None:
+            return None
+        return self.revocations.find(site, principal.subject, principal.token_id, principal.issued_at, time.time())
+
     def _search(self, request: Search) -> bytes:
         """In a worker thread: `chromafs search`'s answer, warm (serving/server/searches.py)."""
         if self._searches is None:
             from chromafs_fuse.serving.server.searches import Searches
 
-            self._searches = Searches()
+            self._searches = Searches(self._kept_revocation)
         try:
             return ok_line(**self._searches.answer(request))
         except ChromafsError as exc:
@@ -352,6 +441,12 @@ class MountServer:
             error = got.error or UsageError("bad options")
             log.warning("mount request from uid %d: %s", uid, failure_text(error))
             return error
+        if principal is not None and principal.authenticated:
+            revoked = self._kept_revocation(config.site, principal)
+            if revoked is not None:
+                error = refusal(revoked)
+                log.info("session on %s refused: %s", config.mountpoint, error.message)
+                return error
         if own_daemon:
             return self._own_daemon(uid, config, request.token)
         if principal is None:
@@ -399,6 +494,11 @@ async def _read_line(stream: trio.SocketStream) -> bytes:
     if not data:
         raise EOFError
     return data
+
+
+async def _answer_line(stream: trio.SocketStream, line: bytes) -> None:
+    with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+        await stream.send_all(line)
 
 
 async def _answer(stream: trio.SocketStream, error: BaseException | None = None) -> None:
@@ -464,6 +564,7 @@ def serve_forever(config: ServerConfig, class_views: bool) -> int:
         metrics = MetricsEndpoint(config.metrics_addr, SessionCollector(lambda: keeper.snapshot() if keeper else None))
     forker_of.append(Forker.start(JOBS, [listener, *([metrics] if metrics else [])]))  # before any thread starts
     forker = forker_of[0]
-    server = MountServer(config.socket, forker, keeper, listener, metrics)
+    revocations = KeptRevocations(os.path.join(config.class_root, "revoked.json"))
+    server = MountServer(config.socket, forker, keeper, listener, metrics, revocations)
     log.info("listening on %s%s", config.socket, f"; class views in {config.class_root}" if keeper else "")
     return server.serve()

@@ -28,7 +28,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Container, Iterator
+from collections.abc import Callable, Container, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -95,6 +95,18 @@ class StatusBoard(Protocol):
 
 # runs a heal (named, for its thread) in the background: on a thread of its own for real
 RunHeal = Callable[[str, Callable[[], None]], None]
+
+
+@dataclass(frozen=True)
+class SessionReader:
+    """A session's token, as a revocation is checked against it."""
+
+    mountpoint: str
+    site: str
+    redis: dict[str, Any] | None  # its site's RedisSettings, as the class's config holds them
+    subject: str | None
+    token_id: str | None
+    issued_at: float | None
 
 
 @dataclass
@@ -193,6 +205,7 @@ class SessionKeeper:
         self._opening: set[str] = set()  # mountpoints a request is binding now
         self._healing: set[str] = set()  # class keys being served again after their process died
         self._ended: list[tuple[ClassMount, str]] = []  # sessions ended, their serving process not told yet
+        self._revoked: set[str] = set()  # mountpoints of sessions whose expiry a revocation brought forward
         self.table = self.journal.load()
         self.recover()
 
@@ -232,6 +245,8 @@ class SessionKeeper:
             uid,
             gid,
             allow_other="allow_other" in config.fuse_options,
+            token_id=principal.token_id,
+            issued_at=principal.issued_at,
         )
         try:
             session.source = self.host.open_session(mount, session)
@@ -331,6 +346,48 @@ class SessionKeeper:
         with self.lock:
             return min((s.expires_at for s in self.table.sessions.values() if s.expires_at is not None), default=None)
 
+    def readers(self) -> list[SessionReader]:
+        """Each authenticated session's token as a revocation is checked against, with its site's Redis."""
+        out = []
+        with self.lock:
+            for session in self.table.sessions.values():
+                mount = self.table.classes.get(session.class_key)
+                if (session.subject is None and session.token_id is None) or mount is None or mount.config is None:
+                    continue
+                site = str(mount.config["session"]["site"])
+                redis = mount.config["session"].get("redis")
+                token = (session.subject, session.token_id, session.issued_at)
+                out.append(SessionReader(session.mountpoint, site, redis, *token))
+        return out
+
+    def revoke(self, mountpoints: Iterable[str], why: str) -> int:
+        """End the sessions at `mountpoints` as at their token's expiry: their serving process
+        refuses them now, as it would at `exp`, and the next pass (which the caller may run at
+        once) detaches their binds; how many were still open."""
+        now = self.clock()
+        ended = 0
+        tell: list[tuple[ClassMount, str]] = []
+        with self.lock:
+            for mountpoint in mountpoints:
+                session = self.table.sessions.get(mountpoint)
+                if session is None or (session.expires_at is not None and session.expires_at <= now):
+                    continue
+                log.info("session on %s revoked (%s, %s): ending it as at its expiry", mountpoint, session.reader, why)
+                session.expires_at = now
+                self._revoked.add(mountpoint)
+                mount = self.table.classes.get(session.class_key)
+                if mount is not None and session.source:
+                    tell.append((mount, session.source))
+                    # told here: `_end` must not tell it again (its slot may be another session's by then)
+                    session.source = ""
+                self.table.touch(session)
+                ended += 1
+            if ended:
+                self._save()
+        for mount, source in tell:  # never under the lock: it asks the serving process
+            self.host.end_session(mount, source)
+        return ended
+
     def housekeep(self, now: float | None = None, stopping: bool = False) -> None:
         """One pass; `stopping`: the server's last, which ends what must end (expired tokens,
         sessions unmounted) but heals and drops nothing: serving processes stopped with the
@@ -380,12 +437,14 @@ class SessionKeeper:
         devices = self._devices() if expired else {}
         for session in expired:
             mount = self.table.classes[session.class_key]
+            why = "revoked" if session.mountpoint in self._revoked else "expired"
+            self._revoked.discard(session.mountpoint)
             if devices is None or devices.get(session.mountpoint) == mount.device:
                 # logged before the detach so that whoever sees the mount go also finds the reason
-                log.warning("session on %s expired (%s): detaching it", session.mountpoint, session.reader)
+                log.warning("session on %s %s (%s): detaching it", session.mountpoint, why, session.reader)
                 self.kernel.detach(session.mountpoint)
             else:
-                log.info("session on %s expired (%s); its user had unmounted it", session.mountpoint, session.reader)
+                log.info("session on %s %s (%s); its user had unmounted it", session.mountpoint, why, session.reader)
             self._end(session, now)
             self.table.expiries += 1
         return bool(expired)
@@ -514,6 +573,7 @@ class SessionKeeper:
         """Forget the session (its bind is gone or detached); its serving process is told after
         the lock is released (`_tell_ended`)."""
         mount = mount or self.table.classes.get(session.class_key)
+        self._revoked.discard(session.mountpoint)
         if mount is not None and session.source:
             self._ended.append((mount, session.source))
         self.table.remove(session.mountpoint, now)

@@ -59,6 +59,8 @@ class Session:
     gid: int = 0
     allow_other: bool = False
     source: str = ""  # its own directory in the serving process's mount, which it binds
+    token_id: str | None = None  # the token's `jti` and `iat`: what a revocation names
+    issued_at: float | None = None
 
 
 @dataclass
