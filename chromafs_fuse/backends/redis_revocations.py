@@ -70,9 +70,12 @@ def find_many(settings: RedisSettings, readers: Sequence[Reader], now: float | N
         names = [(site, kind, name) for kind, name in names_of(subject, token_id)]
         spans.append(names)
         keys.extend(revoked_key(settings.prefix, *name) for name in names)
-    values = cache_of(settings).get_each(keys) if keys else []
-    if values is None:
+    unique = list(dict.fromkeys(keys))  # sessions of one subject share its key
+    read = cache_of(settings).get_each(unique) if unique else []
+    if read is None:
         return [None] * len(readers)
+    by_key = dict(zip(unique, read, strict=True))
+    values = [by_key[key] for key in keys]
     found: list[Revocation | None] = []
     position = 0
     for (_site, subject, token_id, issued_at), names in zip(readers, spans, strict=True):

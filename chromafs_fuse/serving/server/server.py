@@ -313,6 +313,8 @@ class MountServer:
     def _end_revoked(self) -> int:
         """In a worker thread: how many sessions a revocation ended."""
         assert self.keeper is not None
+        if not (self.revocations is not None and len(self.revocations)) and not self.keeper.any_redis():
+            return 0  # nothing could be revoked: no pass over every session (10,000 of them: tens of ms)
         readers = self.keeper.readers()
         if not readers:
             return 0

@@ -346,6 +346,11 @@ class SessionKeeper:
         with self.lock:
             return min((s.expires_at for s in self.table.sessions.values() if s.expires_at is not None), default=None)
 
+    def any_redis(self) -> bool:
+        """Whether a class served uses a Redis (where revocations may be found)."""
+        with self.lock:
+            return any(m.config is not None and m.config["session"].get("redis") for m in self.table.classes.values())
+
     def readers(self) -> list[SessionReader]:
         """Each authenticated session's token as a revocation is checked against, with its site's Redis."""
         out = []
