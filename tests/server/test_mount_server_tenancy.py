@@ -10,6 +10,7 @@ import errno
 import os
 import signal
 import socket
+import struct
 import subprocess
 import threading
 import time
@@ -412,3 +413,25 @@ def test_a_descriptor_shortage_never_ends_the_server_and_sessions_still_expire(
     later = tmp_path / "later"
     open_session(server, "alpha", chroma["alpha"], later, None, secret_file)  # idle clients gone: served again
     assert reads_source(later) and server.proc.poll() is None
+
+
+def test_a_control_client_that_hangs_up_before_its_answer_never_ends_the_serving_process(
+    server: MountServer, secret_file: Path, tmp_path: Path
+) -> None:
+    """The mount server gives up on a slow answer (its timeout under load) and closes: the
+    serving process's answer then meets a reset connection. That ends the connection, never the
+    process and the sessions it serves."""
+    chroma = two_sites(tmp_path)
+    mountpoint = tmp_path / "alpha"
+    open_session(server, "alpha", chroma["alpha"], mountpoint, None, secret_file)
+    [pid] = serving_processes(server)
+    for _ in range(20):
+        with socket.socket(socket.AF_UNIX) as client:
+            client.connect(str(server.class_root / "serving.sock"))
+            client.sendall(b'{"op": "describe"}\n' * 20)
+            client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # closed by a reset
+    with socket.socket(socket.AF_UNIX) as client:  # and it still answers
+        client.connect(str(server.class_root / "serving.sock"))
+        client.sendall(b'{"op": "describe"}\n')
+        assert b'"ok": true' in client.makefile("rb").readline()
+    assert pid in serving_processes(server) and reads_source(mountpoint)

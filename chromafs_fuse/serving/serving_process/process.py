@@ -134,21 +134,32 @@ class ServingProcess:
     # -- the control socket ----------------------------------------------------------------
 
     async def _answer_connection(self, stream: trio.SocketStream) -> None:
-        async with stream:
-            uid = peer_uid(stream.socket)
-            if uid not in (0, os.getuid()):
-                log.warning("refused a control connection from uid %d", uid)
+        """A connection's requests, a line each. A client that hangs up before its answer (a
+        mount server's request timed out, a probe) ends its connection, never the process: an
+        error out of this task would end the nursery and every session this process serves."""
+        try:
+            async with stream:
+                await self._answer_lines(stream)
+        except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+            log.debug("a control connection ended before its answer: %s", exc)
+        except Exception:  # a bug in one connection: logged with its traceback; the process serves on
+            log.exception("a control connection failed")
+
+    async def _answer_lines(self, stream: trio.SocketStream) -> None:
+        uid = peer_uid(stream.socket)
+        if uid not in (0, os.getuid()):
+            log.warning("refused a control connection from uid %d", uid)
+            return
+        buffer = b""
+        while len(buffer) <= MAX_LINE_BYTES:
+            chunk = await stream.receive_some(65536)
+            if not chunk:
                 return
-            buffer = b""
-            while len(buffer) <= MAX_LINE_BYTES:
-                chunk = await stream.receive_some(65536)
-                if not chunk:
-                    return
-                buffer += chunk
-                while b"\n" in buffer:
-                    line, _, buffer = buffer.partition(b"\n")
-                    reply = await self._answer(line)
-                    await stream.send_all(json.dumps(reply).encode() + b"\n")
+            buffer += chunk
+            while b"\n" in buffer:
+                line, _, buffer = buffer.partition(b"\n")
+                reply = await self._answer(line)
+                await stream.send_all(json.dumps(reply).encode() + b"\n")
 
     async def _answer(self, line: bytes) -> dict[str, Any]:
         try:
