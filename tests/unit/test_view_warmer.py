@@ -9,7 +9,7 @@ from pathlib import Path
 import trio
 import trio.testing
 
-from chromafs_fuse.serving.warm_up import WARMERS, ViewWarmer, WarmJob
+from chromafs_fuse.serving.warm_up import WARMERS, ViewWarmer, WarmJob, WarmPace
 
 
 def _tree(root: Path, files: int) -> Path:
@@ -69,3 +69,19 @@ def test_a_view_is_read_once_per_site(tmp_path: Path) -> None:
 
     trio.run(main)
     assert len(warmed) == 3  # the second job found every inode read by the first
+
+
+def test_the_pace_learns_what_warm_ups_and_listings_took_and_ignores_small_samples() -> None:
+    pace = WarmPace()
+    prior = pace.warm_s(80_000, 130_000_000)
+    assert prior > 30  # a 100,000-page site: a class's first session never waits for it
+    assert pace.warm_s(30, 600_000) < 0.1  # a small site's: it does
+    pace.saw_warm(50, 1_000_000, 10.0)  # too few files to tell
+    assert pace.warm_s(80_000, 130_000_000) == prior
+    pace.saw_warm(2_000, 0, 0.1)  # ten times quicker than the prior (1 s): halfway there
+    assert abs(pace.warm_s(2_000, 0) - 0.55) < 1e-9
+    listing = pace.list_s(80_000)
+    pace.saw_listing(80_000, 10.0)
+    assert abs(pace.list_s(80_000) - (listing + 10.0) / 2) < 1e-9
+    pace.saw_listing(10, 100.0)
+    assert abs(pace.list_s(80_000) - (listing + 10.0) / 2) < 1e-9

@@ -33,7 +33,7 @@ from chromafs_fuse.readahead import ReadScheduler
 from chromafs_fuse.serving.kernel_push import forget_attributes, tell_kernel, walk_directories
 from chromafs_fuse.serving.status import view_status
 from chromafs_fuse.serving.tree_switch import TreeSwitches, follow_site, next_filesystem
-from chromafs_fuse.serving.warm_up import ViewWarmer, WarmJob, should_warm_kernel
+from chromafs_fuse.serving.warm_up import ViewWarmer, WarmJob, should_warm_kernel, visible_bytes
 from chromafs_fuse.serving_filesystem import ServingFilesystem
 from chromafs_fuse.serving_views import scope_for, site_dir_name, view_name
 from chromafs_fuse.sessions import ServedSession
@@ -79,6 +79,10 @@ class ServedView:
     # its pages are read into the kernel (warm.py), so its sessions' directories are listed ahead
     # too (spares); not for a site over --warm-max-bytes: its first grep reads from the process
     lists_ahead: bool = False
+    # the class's first session waits for its warm-up and listing until then at most (monotonic):
+    # --class-warm-wait from when the class was asked for, one budget for every wait
+    first_wait_until: float = 0.0
+    first_opened: bool = False
 
 
 class ServedSite:
@@ -170,8 +174,9 @@ class ServedSites:
         first = not any(s.slot not in self._spare_slots for s in sessions.of_view(site.key, name))
         self._last_request = time.monotonic()
         making = self._making.get(key)
+        deadline = self._first_wait_until(view, site.config) if first else 0.0
         if making is not None and first:
-            with trio.move_on_after(max(site.config.warm_wait_s, 0.0)):
+            with trio.move_on_at(deadline):
                 await making.wait()
         spares = self._spares.get(key) or []
         spare = spares.pop(0) if spares else None
@@ -181,8 +186,8 @@ class ServedSites:
             session = spare
         else:
             session = self.fs.open_session(site.key, name, uid, gid, expires_at, allow_other)
-            if first and view.lists_ahead:
-                with trio.move_on_after(max(site.config.warm_wait_s, 0.0)):  # a big site: bounded
+            if first and view.lists_ahead and self._in_time(view, deadline, "listing"):
+                with trio.move_on_at(deadline):
                     await self._list(session, view)
         log.info("session %s of %s: uid %d, expires %s", session.path, path, uid, expires_at)
         if view.lists_ahead and self._nursery is not None:
@@ -215,15 +220,41 @@ class ServedSites:
             del self._making[key]
             done.set()
 
+    def _first_wait_until(self, view: ServedView, config: MountConfig) -> float:
+        """Until when a class's first session may wait (monotonic): the very first one shares the
+        budget its class's warm-up began, a first one after all ended gets one of its own."""
+        if view.first_opened:
+            return time.monotonic() + max(config.warm_wait_s, 0.0)
+        view.first_opened = True
+        return view.first_wait_until
+
+    def _in_time(self, view: ServedView, deadline: float, what: str) -> bool:
+        """Whether the view's warm-up or listing (`what`) can end before `deadline`, at the pace
+        this process has seen: a view too big for the wait is not waited for at all."""
+        table, pace = view.fs.table, self.warmer.pace
+        if what == "listing":
+            expected = pace.list_s(table.file_count)
+        else:
+            expected = pace.warm_s(table.file_count, visible_bytes(table))
+        left = deadline - time.monotonic()
+        if expected <= left:
+            return True
+        if left > 0:
+            log.info("view %s: its first session does not wait for its %s (%.2fs expected, %.2fs left)",
+                     view.name, what, expected, left)  # fmt: skip
+        return False
+
     async def _list(self, session: ServedSession, view: ServedView, threads: int = 4) -> None:
         """List the session's directories into the kernel (through this process's own mount)."""
         async with self._listing:
             if session.alive(time.time()):
                 root = f"{self.mountpoint}/{session.path}"
                 table = view.fs.table
+                started = time.monotonic()
                 await trio.to_thread.run_sync(
                     walk_directories, root, table, lambda _index: None, threads, abandon_on_cancel=True
                 )
+                self.warmer.pace.saw_listing(table.file_count, time.monotonic() - started)
 
     async def end_session(self, path: str) -> bool:
         """End the session at `path` (`.sessions/<slot>`) and make the kernel forget it."""
@@ -265,6 +296,7 @@ class ServedSites:
         """Serve the reader class's view of the site (if not served yet); its path in the mount."""
         if config.search_dir:
             raise ServeError("--search-dir is not served by the serving mount")
+        asked = time.monotonic()
         site = await self._site(config)
         name = view_name(site.key, reader_key(reader))
         while name not in site.views:
@@ -280,7 +312,7 @@ class ServedSites:
                 continue  # a re-ingest came first: prune its tree
             fs = site.filesystem(table)
             self.fs.add(site.key, name, fs)
-            site.views[name] = ServedView(name, reader, fs)
+            site.views[name] = ServedView(name, reader, fs, first_wait_until=asked + max(config.warm_wait_s, 0.0))
             log.info(
                 "view %s/%s: %s, %d files (table %s in %.3fs)",
                 site.directory,
@@ -297,11 +329,12 @@ class ServedSites:
             if job is not None and self._nursery is not None:  # the likely owner: the server's user
                 spare: SpareKey = (site.key, name, os.getuid(), os.getgid(), "allow_other" in config.fuse_options)
                 self._nursery.start_soon(self._make_spares, spare, site, site.views[name])
-            if job is not None and alone and config.warm_wait_s > 0:
+            view = site.views[name]
+            if job is not None and alone and self._in_time(view, view.first_wait_until, "warm-up"):
                 # the class's first session waits for its pages to be in the kernel (bounded):
                 # its first grep then finds them there. Only when no other view warms: in a burst
                 # of new classes, answering comes first and the warm-ups follow.
-                with trio.move_on_after(config.warm_wait_s):
+                with trio.move_on_at(view.first_wait_until):
                     await job.done.wait()
         return f"{site.directory}/{name}"
 
