@@ -193,7 +193,6 @@ def search_through_mountd(args: argparse.Namespace, token: str | None) -> dict[s
     ask (--no-mountd, or the host's does not answer: no socket, or not this user's to connect
     to). Its refusal is raised as its kind."""
     import os
-    import socket
 
     from chromafs_fuse.cli.mount import given_options
     from chromafs_fuse.cli.mount_request import (
@@ -205,32 +204,21 @@ def search_through_mountd(args: argparse.Namespace, token: str | None) -> dict[s
     )
     from chromafs_fuse.errors import Unavailable
     from chromafs_fuse.options import SESSION_OPTIONS
+    from chromafs_fuse.serving.protocol import ask_line
 
     socket_path, fall_back = mount_server_socket(args.mountd, args.no_mountd)
     if not socket_path:
         return None
     options = request_options(given_options(args, SESSION_OPTIONS), os.environ)
     request = encode_search(options, args.query, args.n, token, args.embedder, args.rank)
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
-        conn.settimeout(5)
-        try:
-            conn.connect(socket_path)
-        except OSError as exc:
-            if fall_back and exc.errno in FALL_BACK_ERRNOS:
+    try:
+        answer = ask_line(socket_path, request, args.backend_timeout * 3 + 60, connect_s=5)  # a first search loads
+    except OSError as exc:
+        if exc.errno in FALL_BACK_ERRNOS:  # only from connecting: nobody listens, or not for this user
+            if fall_back:
                 return None
-            raise Unavailable(f"cannot reach chromafs-mountd at {socket_path}: {exc.strerror or exc}") from None
-        conn.settimeout(args.backend_timeout * 3 + 60)  # a site's first search loads it
-        try:
-            conn.sendall(request)
-            conn.shutdown(socket.SHUT_WR)
-            answer = b""
-            while not answer.endswith(b"\n"):
-                chunk = conn.recv(65536)
-                if not chunk:
-                    break
-                answer += chunk
-        except OSError as exc:
-            raise Unavailable(f"chromafs-mountd at {socket_path} did not answer: {exc.strerror or exc}") from None
+            raise Unavailable(f"cannot reach chromafs-mountd at {socket_path}: {exc.strerror}") from None
+        raise Unavailable(f"chromafs-mountd at {socket_path} did not answer: {exc.strerror or exc}") from None
     return answer_fields(answer)
 
 
@@ -267,11 +255,10 @@ def run_revoke(args: argparse.Namespace) -> int:
 
 def revoke_through_mountd(args: argparse.Namespace, revocation: Any) -> dict[str, Any]:
     """Without Redis: the host's mount server keeps the revocation (serving/protocol.py's Revoke)."""
-    import socket
 
     from chromafs_fuse.cli.mount_request import answer_fields, mount_server_socket
     from chromafs_fuse.errors import Unavailable, UsageError
-    from chromafs_fuse.serving.protocol import Revoke, encode
+    from chromafs_fuse.serving.protocol import Revoke, ask_line, encode
 
     socket_path, _fall_back = mount_server_socket(args.mountd, False)
     if not socket_path:
@@ -281,20 +268,10 @@ def revoke_through_mountd(args: argparse.Namespace, revocation: Any) -> dict[str
         )
     for_s = revocation.until - revocation.at
     request = encode(Revoke(revocation.site, revocation.kind, revocation.name, for_s))
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
-        conn.settimeout(10)
-        try:
-            conn.connect(socket_path)
-            conn.sendall(request)
-            conn.shutdown(socket.SHUT_WR)
-            answer = b""
-            while not answer.endswith(b"\n"):
-                chunk = conn.recv(65536)
-                if not chunk:
-                    break
-                answer += chunk
-        except OSError as exc:
-            raise Unavailable(f"cannot reach chromafs-mountd at {socket_path}: {exc.strerror or exc}") from None
+    try:
+        answer = ask_line(socket_path, request, 10)
+    except OSError as exc:
+        raise Unavailable(f"cannot reach chromafs-mountd at {socket_path}: {exc.strerror or exc}") from None
     return answer_fields(answer)
 
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeVar
@@ -241,6 +242,26 @@ def error_answer(exc: BaseException) -> dict[str, Any]:
 
 def error_line(exc: BaseException) -> bytes:
     return json.dumps(error_answer(exc)).encode() + b"\n"
+
+
+def ask_line(socket_path: str, request: bytes, answer_s: float, connect_s: float | None = None) -> bytes:
+    """One request line over a Unix socket, its answer line back: what the other side wrote
+    before its newline or its close (b"" if it closed unanswered); OSError as raised (ENOENT,
+    ECONNREFUSED, EACCES: the socket could not be connected to within `connect_s`, default
+    `answer_s`)."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+        conn.settimeout(answer_s if connect_s is None else connect_s)
+        conn.connect(socket_path)
+        conn.settimeout(answer_s)
+        conn.sendall(request)
+        conn.shutdown(socket.SHUT_WR)
+        answer = b""
+        while not answer.endswith(b"\n"):
+            chunk = conn.recv(65536)
+            if not chunk:
+                break
+            answer += chunk
+    return answer
 
 
 def answer_of(line: bytes | str) -> dict[str, Any]:

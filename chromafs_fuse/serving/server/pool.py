@@ -17,7 +17,6 @@ import contextlib
 import dataclasses
 import logging
 import os
-import socket
 import threading
 import time
 from collections.abc import Callable
@@ -36,6 +35,7 @@ from chromafs_fuse.serving.protocol import (
     RemoveView,
     Request,
     answer_of,
+    ask_line,
     encode,
 )
 from chromafs_fuse.serving.server.session_keeper import HostSnapshot, SessionError
@@ -61,16 +61,9 @@ class ControlSocket:
     def ask(self, request: Request, timeout_s: float = CONTROL_TIMEOUT_S) -> dict[str, Any]:
         """The answer's fields; OSError when nobody answers, the process's refusal as its
         ChromafsError (its kind kept: a site that does not exist is NotFound)."""
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-            sock.settimeout(timeout_s)
-            sock.connect(self.path)
-            sock.sendall(encode(request))
-            answer = b""
-            while not answer.endswith(b"\n"):
-                chunk = sock.recv(65536)
-                if not chunk:
-                    raise ConnectionError("the serving process closed the connection")
-                answer += chunk
+        answer = ask_line(self.path, encode(request), timeout_s)
+        if not answer.endswith(b"\n"):
+            raise ConnectionError("the serving process closed the connection")
         return answer_of(answer)
 
 
