@@ -12,6 +12,9 @@ LEXICON_RECORD_KIND = "lexicon"
 # full-text search, costly to rewrite: packed.py); a record written before it has it as document
 LEXICON_DATA_FIELD = "chromafs_lexicon"
 TREE_VERSION_FIELD = "chromafs_tree_version"  # on the tree record: what a mount polls for a new tree
+# on the tree record: what its pages' access was decided from, beside their bytes (a re-ingest
+# under the same inputs keeps an unchanged page's access without reading its frontmatter again)
+ACCESS_INPUTS_FIELD = "chromafs_access_inputs"
 FORMAT_FIELD = "chromafs_format"
 FORMAT_VERSION = 1
 PAGE_FIELD = "page_slug"

@@ -13,6 +13,7 @@ nobody (`decide_access` returns None).
 from __future__ import annotations
 
 import fnmatch
+import hashlib
 import json
 import posixpath
 from collections.abc import Iterable, Mapping
@@ -26,6 +27,9 @@ from chromafs_fuse.errors import UsageError
 from chromafs_fuse.ingest.frontmatter import ACCESS_KEYS, Frontmatter, read_frontmatter
 
 MARKDOWN_SUFFIXES = (".md", ".mdx", ".markdown")
+# raise when decide_access may decide the same bytes otherwise: every page's frontmatter is then
+# read again at the next ingest (access_inputs_digest)
+ACCESS_RULES_REVISION = 1
 
 
 class AccessSpecError(UsageError, ValueError):
@@ -62,7 +66,7 @@ def _groups_value(value: Any, where: str) -> tuple[str, ...]:
             raise AccessSpecError(
                 f"{where}: 'groups' names \"{group}\", with bytes that are not UTF-8: fix the file's encoding"
             )
-    return tuple(value)
+    return tuple(sorted(set(value)))  # one form for the tree: a page's access is a set of groups
 
 
 def access_from_fields(fields: Mapping[str, Any], where: str) -> Access | None:
@@ -111,6 +115,20 @@ def parse_acl(text: str, source: str) -> list[AclRule]:
             raise AccessSpecError(f"{where}: needs 'public' or 'groups'")
         rules.append(AclRule(pattern.lstrip("/"), access))
     return rules
+
+
+def access_inputs_digest(default_mode: str, rules: Iterable[AclRule], navigation_public: set[str]) -> str:
+    """What a page's access is decided from beside its own bytes and key: the site default, the
+    --acl rules in their order, the groups a navigation file publishes, this module's revision and
+    the YAML reader's version. Equal digests and equal bytes decide equal access."""
+    inputs = [
+        ACCESS_RULES_REVISION,
+        yaml.__version__,
+        default_mode,
+        [[rule.pattern, rule.access.is_public, list(rule.access.groups)] for rule in rules],
+        sorted(navigation_public),
+    ]
+    return hashlib.sha256(json.dumps(inputs).encode()).hexdigest()[:32]
 
 
 def match_acl(rules: Iterable[AclRule], key: str) -> Access | None:

@@ -14,7 +14,7 @@ import itertools
 import logging
 import time
 from collections import Counter
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,7 +26,7 @@ from chromafs_fuse.backends.chroma_store import ChromaLocation, connect_client
 from chromafs_fuse.blob_pieces import blob_fields, is_chroma_url
 from chromafs_fuse.chunks import split_page
 from chromafs_fuse.config import from_flag
-from chromafs_fuse.ingest.access_rules import AclRule
+from chromafs_fuse.ingest.access_rules import Access, AclRule
 from chromafs_fuse.ingest.chroma_blobs import (
     IN_CHROMA,
     MAX_UPSERT_BYTES,
@@ -66,6 +66,7 @@ from chromafs_fuse.lexical import (
     title_terms,
 )
 from chromafs_fuse.names import (
+    ACCESS_INPUTS_FIELD,
     EMBEDDER_FIELD,
     FORMAT_FIELD,
     FORMAT_VERSION,
@@ -124,6 +125,7 @@ class IngestSummary:
     chroma_blobs: int = 0  # binary files kept in Chroma (no blob store)
     blob_pieces_written: int = 0
     unchanged: int = 0
+    access_kept: int = 0  # unchanged pages whose access the last ingest decided (frontmatter not read)
     updated: int = 0
     removed: int = 0
     retired_kept: int = 0  # old page versions kept for mounts still on the previous tree
@@ -151,6 +153,8 @@ class IngestSummary:
             f"pages: {self.pages} ({self.updated} written, {self.unchanged} unchanged, {self.removed} removed)"
             f" in {self.seconds:.1f} s{rate}",
             f"chunks written: {self.chunks_written} (embedder: {self.embedder or 'none'})",
+            f"access kept from the last ingest: {self.access_kept} unchanged files (their frontmatter not read"
+            " again: its problems were reported when they changed)",
             f"old page versions: {self.retired_kept} kept for running mounts, {self.retired_deleted} deleted",
             f"bytes: {self.bytes}",
             f"lazy files (blob store): {self.lazy_files}",
@@ -176,6 +180,7 @@ class IngestSummary:
             "pages": self.pages,
             "written": self.updated,
             "unchanged": self.unchanged,
+            "access_kept": self.access_kept,
             "removed": self.removed,
             "chunks_written": self.chunks_written,
             "embedder": self.embedder,
@@ -410,7 +415,10 @@ def ingest(options: IngestOptions, show_progress: bool = False) -> IngestSummary
     zero_vector = [0.0] * (dimensions or len(embed([""])[0]))
     page_vectors = PageVectors(page_embedder(embedder))
     summary.embedder = embedder
-    old_tree = _existing_tree(collection)
+    old_tree, old_document, old_metadata = _existing_tree(collection)
+    access_inputs = scan.access_inputs()
+    if old_metadata.get(ACCESS_INPUTS_FIELD) == access_inputs:
+        scan.known = _known_access(old_tree)
     # Only pages stored as chunks count: a page that was a blob must get chunks written.
     old_pages = {key: entry for key, entry in old_tree.items() if entry.blob is None}
     writer = ChunkWriter(collection, embed, batch_size, options.page_field, summary)
@@ -499,21 +507,23 @@ def ingest(options: IngestOptions, show_progress: bool = False) -> IngestSummary
         stale = [i for i in old_lexicon_parts if i not in written]  # the last lexicon's other parts
         if stale:
             collection.delete("delete of the last lexicon's parts", ids=stale)
+    summary.access_kept = scan.reused
     summary.tree_document = encode_tree_document(tree)
-    collection.upsert(
-        "upsert of the path tree",
-        ids=[TREE_RECORD_ID],
-        documents=[summary.tree_document],
-        metadatas=[
-            {
-                RECORD_KIND_FIELD: TREE_RECORD_KIND,
-                FORMAT_FIELD: FORMAT_VERSION,
-                "site": options.site,
-                TREE_VERSION_FIELD: tree_version(summary.tree_document),
-            }
-        ],
-        embeddings=[zero_vector],
-    )
+    metadata = {
+        RECORD_KIND_FIELD: TREE_RECORD_KIND,
+        FORMAT_FIELD: FORMAT_VERSION,
+        "site": options.site,
+        TREE_VERSION_FIELD: tree_version(summary.tree_document),
+        ACCESS_INPUTS_FIELD: access_inputs,
+    }
+    if summary.tree_document != old_document or metadata != old_metadata:  # an unchanged site keeps its record
+        collection.upsert(
+            "upsert of the path tree",
+            ids=[TREE_RECORD_ID],
+            documents=[summary.tree_document],
+            metadatas=[metadata],
+            embeddings=[zero_vector],
+        )
     summary.removed = sum(1 for k in old_pages if k not in tree)
     _retire_old_versions(collection, options, old_tree, tree, zero_vector, batch_size, summary)
     summary.seconds = time.monotonic() - started
@@ -605,15 +615,32 @@ def _existing_lexicon(collection: RetryingCollection) -> tuple[dict[str, Lexicon
         return {}, parts
 
 
-def _existing_tree(collection: RetryingCollection) -> dict[str, PathEntry]:
-    result = collection.get("read of the path tree", ids=[TREE_RECORD_ID], include=["documents"])
+def _existing_tree(collection: RetryingCollection) -> tuple[dict[str, PathEntry], str | None, dict[str, Any]]:
+    """The current tree's entries, its document and its metadata (nothing for none, or one
+    that cannot be read)."""
+    result = collection.get("read of the path tree", ids=[TREE_RECORD_ID], include=["documents", "metadatas"])
     if not result["ids"] or not result["documents"] or not isinstance(result["documents"][0], str):
-        return {}
+        return {}, None, {}
+    document = result["documents"][0]
+    metadata = (result.get("metadatas") or [None])[0]
     try:
-        return parse_tree(result["documents"][0]).entries
+        return parse_tree(document).entries, document, dict(metadata) if isinstance(metadata, Mapping) else {}
     except TreeError:
         log.warning("the existing path tree is unreadable; every page is rewritten")
-        return {}
+        return {}, None, {}
+
+
+def _known_access(old_tree: dict[str, PathEntry]) -> Callable[[str, str], Access | None]:
+    """The access the current tree gives a page's bytes, when they are the bytes it was decided
+    for (the tree's sha256 of the key); the caller checked the access inputs are the same."""
+
+    def known(key: str, sha: str) -> Access | None:
+        entry = old_tree.get(key)
+        if entry is None or entry.sha256 != sha or entry.source_key != key:
+            return None
+        return Access(entry.is_public, tuple(sorted(entry.groups)))
+
+    return known
 
 
 def _delete_expired_chunks(

@@ -20,7 +20,7 @@ import os
 import re
 import stat
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -32,6 +32,7 @@ from chromafs_fuse.ingest.access_rules import (
     Access,
     AccessSpecError,
     AclRule,
+    access_inputs_digest,
     decide_access,
     decode_config_json,
     default_access,
@@ -96,10 +97,7 @@ class SourceFile:
     text: str | None  # None for binary files and text that is not UTF-8
     access: Access
     mtime: float
-
-    @property
-    def sha256(self) -> str:
-        return hashlib.sha256(self.data).hexdigest()
+    sha256: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,40 +115,36 @@ class ScanResult:
     hidden_skipped: int = 0
 
 
-def _relative(root: Path, path: Path) -> str:
-    return path.relative_to(root).as_posix()
-
-
-def walk(root: Path, include_hidden: bool, problems: list[Problem]) -> Iterator[tuple[str, Path]]:
-    """(relative path, path to open) of every regular file, in sorted order."""
-    real_root = Path(os.path.realpath(root))
-    stack: list[tuple[Path, tuple[str, ...]]] = [(root, (str(real_root),))]
+def walk(root: Path, include_hidden: bool, problems: list[Problem]) -> Iterator[tuple[str, str, int]]:
+    """(relative path, path to open, size) of every regular file, in sorted order."""
+    real_root = os.path.realpath(root)
+    stack: list[tuple[str, str, tuple[str, ...]]] = [(str(root), "", (real_root,))]
     while stack:
-        directory, ancestors = stack.pop()
+        directory, prefix, ancestors = stack.pop()
         try:
             with os.scandir(directory) as it:
                 entries = sorted(it, key=lambda e: e.name)
         except OSError as exc:
-            problems.append(Problem(_relative(root, directory) or ".", f"cannot list: {exc.strerror}", NOT_INGESTED))
+            problems.append(Problem(prefix.rstrip("/") or ".", f"cannot list: {exc.strerror}", NOT_INGESTED))
             continue
-        subdirs: list[tuple[Path, tuple[str, ...]]] = []
+        subdirs: list[tuple[str, str, tuple[str, ...]]] = []
         for entry in entries:
             if not include_hidden and entry.name.startswith("."):
                 continue
-            path = Path(entry.path)
-            relative = _relative(root, path)
+            path = entry.path
+            relative = prefix + entry.name
             try:
                 is_link = entry.is_symlink()
                 if is_link:
                     target = os.path.realpath(path, strict=True)
-                    if os.path.commonpath([target, real_root]) != str(real_root):
+                    if os.path.commonpath([target, real_root]) != real_root:
                         reason = f"symbolic link leaves the source folder ({target})"
                         problems.append(Problem(relative, reason, NOT_INGESTED))
                         continue
-                    mode = os.stat(target).st_mode
+                    found = os.stat(target)
                 else:
-                    mode = entry.stat(follow_symlinks=False).st_mode
-                    target = str(path)
+                    found = entry.stat(follow_symlinks=False)
+                    target = path
             except OSError as exc:
                 reason = (
                     "symbolic link loop"
@@ -159,25 +153,27 @@ def walk(root: Path, include_hidden: bool, problems: list[Problem]) -> Iterator[
                 )
                 problems.append(Problem(relative, reason, NOT_INGESTED))
                 continue
-            if stat.S_ISDIR(mode):
+            if stat.S_ISDIR(found.st_mode):
                 real = os.path.realpath(target)
                 if real in ancestors:
                     problems.append(Problem(relative, "symbolic link loop (links to a folder above it)", NOT_INGESTED))
                     continue
-                subdirs.append((path, (*ancestors, real)))
-            elif stat.S_ISREG(mode):
-                yield relative, path
+                subdirs.append((path, relative + "/", (*ancestors, real)))
+            elif stat.S_ISREG(found.st_mode):
+                yield relative, path, found.st_size
             else:
                 problems.append(Problem(relative, "not a regular file", NOT_INGESTED))
         stack.extend(reversed(subdirs))
 
 
-def _read(path: Path) -> tuple[bytes, float] | OSError:
+def _read(path: str) -> tuple[bytes, float, str] | OSError:
+    """(bytes, mtime, sha256), in a worker thread: hashing is the reader's, beside the reads."""
     try:
         with open(path, "rb") as handle:
-            return handle.read(), os.fstat(handle.fileno()).st_mtime
+            data, mtime = handle.read(), os.fstat(handle.fileno()).st_mtime
     except OSError as exc:
         return exc
+    return data, mtime, hashlib.sha256(data).hexdigest()
 
 
 _ACCESS_LINE = re.compile(r"""^\s*["']?(?:public|groups)["']?\s*[:=]""", re.MULTILINE)
@@ -220,12 +216,16 @@ class SiteScan:
         self.options = options
         self.workers = workers
         self.problems: list[Problem] = []
+        # (key, sha256) -> the access decided when these bytes were last ingested, under the same
+        # access inputs (access_inputs_digest), or None: those pages' frontmatter is not read again
+        self.known: Callable[[str, str], Access | None] | None = None
+        self.reused = 0
         self.navigation_public = read_navigation(options.root, self.problems)
         self.fallback = default_access(options.default_access)
-        self.paths: list[tuple[str, Path]] = []
-        for relative, path in walk(options.root, options.include_hidden, self.problems):
+        self.paths: list[tuple[str, str, int]] = []  # (key, path, size when walked)
+        for relative, path, size in walk(options.root, options.include_hidden, self.problems):
             try:
-                self.paths.append((normalize_key(relative), path))
+                self.paths.append((normalize_key(relative), path, size))
             except InvalidPath as exc:
                 self.problems.append(Problem(relative, f"name cannot be served: {exc}", NOT_INGESTED))
 
@@ -233,8 +233,12 @@ class SiteScan:
     def total(self) -> int:
         return len(self.paths)
 
+    def access_inputs(self) -> str:
+        """The digest of what access is decided from beside a page's own bytes and key."""
+        return access_inputs_digest(self.options.default_access, self.options.acl_rules, self.navigation_public)
+
     def __iter__(self) -> Iterator[SourceFile]:
-        waiting: deque[tuple[str, int, Future[tuple[bytes, float] | OSError]]] = deque()
+        waiting: deque[tuple[str, int, Future[tuple[bytes, float, str] | OSError]]] = deque()
         ahead = 0
         paths = iter(self.paths)
         with ThreadPoolExecutor(max_workers=self.workers) as pool:
@@ -243,8 +247,7 @@ class SiteScan:
                     following = next(paths, None)
                     if following is None:
                         break
-                    key, path = following
-                    size = _size(path)
+                    key, path, size = following
                     waiting.append((key, size, pool.submit(_read, path)))
                     ahead += size
                 if not waiting:
@@ -256,17 +259,18 @@ class SiteScan:
                     reason = "vanished before it was read" if isinstance(read, FileNotFoundError) else read.strerror
                     self.problems.append(Problem(key, f"cannot read: {reason}", NOT_INGESTED))
                     continue
-                data, mtime = read
-                source = _decide(key, data, mtime, self.options, self.navigation_public, self.fallback, self.problems)
+                data, mtime, sha = read
+                known = self.known(key, sha) if self.known is not None else None
+                if known is not None:
+                    self.reused += 1
+                    text, _ = _page_text(key, data, self.problems)
+                    yield SourceFile(key, data, text, known, mtime, sha)
+                    continue
+                source = _decide(
+                    key, data, mtime, sha, self.options, self.navigation_public, self.fallback, self.problems
+                )
                 if source is not None:
                     yield source
-
-
-def _size(path: Path) -> int:
-    try:
-        return path.stat().st_size
-    except OSError:
-        return 0  # its read says why
 
 
 def scan_site(options: ScanOptions, workers: int = 8) -> ScanResult:
@@ -307,6 +311,7 @@ def _decide(
     key: str,
     data: bytes,
     mtime: float,
+    sha: str,
     options: ScanOptions,
     navigation_public: set[str],
     fallback: Access,
@@ -329,4 +334,4 @@ def _decide(
     if access is None:
         log.debug("%s: access cannot be read; served to nobody", key)  # its problem line says so
         return None
-    return SourceFile(key, data, text, access, mtime)
+    return SourceFile(key, data, text, access, mtime, sha)
