@@ -20,8 +20,13 @@ import grpc
 import pytest
 from test_csi import channel, mounts_at, pod, publish_request, refused, unpublish
 
+from chromafs_fuse.access import Principal
+from chromafs_fuse.csi.mountd import open_session
+from chromafs_fuse.errors import ChromafsError
+from chromafs_fuse.serving.protocol import OpenPodSession, RenewSession, reader_fields
 from chromafs_fuse.serving.status import session_status_path
 from infra import (
+    BIN,
     SAMPLE_SITE,
     ChromaServer,
     CsiPlugin,
@@ -51,8 +56,17 @@ readers:
 class Cluster:
     """The node (Chroma, Redis, the mount server, the plugin) and the cluster's token issuer."""
 
-    def __init__(self, root: Path, chroma: ChromaServer, redis: RedisServer, idp: IdentityProvider, plugin: CsiPlugin):
+    def __init__(
+        self,
+        root: Path,
+        chroma: ChromaServer,
+        redis: RedisServer,
+        idp: IdentityProvider,
+        plugin: CsiPlugin,
+        mountd: Any,
+    ) -> None:
         self.root = root
+        self.mountd = mountd
         self.chroma = chroma
         self.redis = redis
         self.idp = idp
@@ -119,7 +133,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory, secret_file: Path) -> Iter
             *("--sa-readers", str(mapping), "--jwks-cooldown", "0"),
         ]
         plugin = parts.enter_context(CsiPlugin(root / "plugin", mountd.socket, *flags))
-        yield Cluster(root, chroma, redis, idp, plugin)
+        yield Cluster(root, chroma, redis, idp, plugin, mountd)
 
 
 def status_of(target: Path) -> dict[str, Any]:
@@ -258,6 +272,52 @@ def test_the_secret_held_token_stays_an_option_and_comes_first(
         finally:
             unpublish(node, target)
     assert mounts_at(target) == 0 and not target.exists()
+
+
+@pytest.mark.expect_log(r"WARNING .*session on .* revoked")
+def test_chromafs_revoke_ends_a_pods_session_by_its_service_account(cluster: Cluster) -> None:
+    """`chromafs revoke --subject system:serviceaccount:<ns>:<name>`: the pod's session ends within
+    a second or so, and a publish again with the token it held is refused."""
+    target = cluster.target()
+    token = cluster.token("research", "revoked-agent")
+    request = publish_request(target, cluster.attributes(token, "research"))
+    with channel(cluster.plugin) as (_identity, node):
+        node.NodePublishVolume(request, timeout=60)
+        try:
+            assert (target / "index.mdx").read_bytes() == (SAMPLE_SITE / "index.mdx").read_bytes()
+            subject = "system:serviceaccount:research:revoked-agent"
+            revoke = [str(BIN / "chromafs"), "revoke", "--subject", subject, "--site", SITE]
+            done = run([*revoke, "--redis-url", cluster.redis.url])
+            assert done.returncode == 0, done.stderr
+            wait_until(lambda: mounts_at(target) == 0, 5, "the revoked session's bind detached")
+            code, details = refused(lambda: node.NodePublishVolume(request, timeout=60))
+            assert (code, "revoked" in details) == (grpc.StatusCode.UNAUTHENTICATED, True), details
+            assert mounts_at(target) == 0
+        finally:
+            unpublish(node, target)
+    assert not target.exists()
+
+
+@pytest.mark.expect_log(r"WARNING .*renewal on .* refused: no live session")
+def test_the_mount_server_takes_a_reader_only_with_a_future_expiry_and_renews_only_a_live_session(
+    cluster: Cluster,
+) -> None:
+    """The mount server's side of OpenPodSession and RenewSession, asked on its socket as the
+    plugin asks it: a reader whose token has expired is refused, and so is a renewal of a
+    mountpoint that holds no session; nothing is mounted."""
+    target = cluster.target()
+    target.mkdir()
+    options = {"--site": SITE, "--chroma-url": cluster.chroma.url, "-o": ["allow_other"]}
+    late = reader_fields(Principal.of(["billing"], "system:serviceaccount:agents:doc-agent", time.time() - 5))
+    with pytest.raises(ChromafsError) as expired:
+        open_session(str(cluster.mountd.socket), OpenPodSession(str(target), options, late), 30)
+    assert (expired.value.kind, "expired" in str(expired.value)) == ("denied", True)
+    fresh = reader_fields(Principal.of(["billing"], "system:serviceaccount:agents:doc-agent", time.time() + 600))
+    with pytest.raises(ChromafsError) as nothing:
+        open_session(str(cluster.mountd.socket), RenewSession(str(target), options, fresh), 30)
+    assert "no live session" in str(nothing.value)
+    assert mounts_at(target) == 0
+    target.rmdir()
 
 
 def test_no_leftover_sessions(cluster: Cluster) -> None:
