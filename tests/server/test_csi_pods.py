@@ -274,6 +274,26 @@ def test_the_secret_held_token_stays_an_option_and_comes_first(
     assert mounts_at(target) == 0 and not target.exists()
 
 
+def test_the_mapping_is_read_again_when_the_operator_changes_it(cluster: Cluster) -> None:
+    """A ConfigMap update: an entry removed refuses the account's next publish; a mapping that
+    could be read two ways refuses every pod (FAILED_PRECONDITION), never serving the old one."""
+    mapping = cluster.root / "readers.yaml"
+    with channel(cluster.plugin) as (_identity, node):
+        try:
+            mapping.write_text(MAPPING.replace("research/*", "research/indexer"))
+            target = cluster.target()
+            request = publish_request(target, cluster.attributes(cluster.token("research", "writer"), "research"))
+            code, details = refused(lambda: node.NodePublishVolume(request, timeout=60))
+            assert (code, "research/writer is no reader" in details) == (grpc.StatusCode.PERMISSION_DENIED, True)
+            mapping.write_text(MAPPING + MAPPING.split("readers:", 1)[1])  # every entry twice
+            again = publish_request(target, cluster.attributes(cluster.token()))
+            code, details = refused(lambda: node.NodePublishVolume(again, timeout=60))
+            assert (code, "again: keep one entry" in details) == (grpc.StatusCode.FAILED_PRECONDITION, True)
+            assert mounts_at(target) == 0 and not target.exists()
+        finally:
+            mapping.write_text(MAPPING)
+
+
 @pytest.mark.expect_log(r"WARNING .*session on .* revoked")
 def test_chromafs_revoke_ends_a_pods_session_by_its_service_account(cluster: Cluster) -> None:
     """`chromafs revoke --subject system:serviceaccount:<ns>:<name>`: the pod's session ends within
