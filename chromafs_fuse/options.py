@@ -190,6 +190,43 @@ KEY_OPTIONS = (
     ),
 )
 
+# chromafs-csi's: pods that sign in as themselves (pod_readers.py). The pod's service-account token,
+# which kubelet hands over for the CSIDriver's tokenRequests, is verified with the cluster's keys
+# and issuer, for chromafs's audience, and its account mapped to a reader by the operator's mapping.
+POD_OPTIONS = (
+    Option(
+        "--sa-jwks-url",
+        "the cluster's service-account signing keys, a JWKS document: an http(s) URL (the API server's "
+        "/openid/v1/jwks) or a file (env CHROMAFS_SA_JWKS_URL); with --sa-issuer, --sa-audience and "
+        "--sa-readers, a pod with no token in a Secret signs in with its service-account token",
+        metavar="URL",
+        env="CHROMAFS_SA_JWKS_URL",
+        path="url",
+    ),
+    Option(
+        "--sa-issuer",
+        "the cluster's service-account token issuer, its 'iss' (env CHROMAFS_SA_ISSUER), e.g. "
+        "https://kubernetes.default.svc.cluster.local",
+        metavar="ISS",
+        env="CHROMAFS_SA_ISSUER",
+    ),
+    Option(
+        "--sa-audience",
+        "the audience the CSIDriver's tokenRequests asks for; a pod's token for any other is refused "
+        "(env CHROMAFS_SA_AUDIENCE)",
+        metavar="AUD",
+        env="CHROMAFS_SA_AUDIENCE",
+    ),
+    Option(
+        "--sa-readers",
+        "YAML mapping of service accounts to readers (site and groups), read again when it changes: "
+        "a ConfigMap's file (env CHROMAFS_SA_READERS)",
+        metavar="FILE",
+        env="CHROMAFS_SA_READERS",
+        path=True,
+    ),
+)
+
 # What any reader of a site needs (a mount, chromafs grep/search/mcp): SessionConfig.
 SESSION_OPTIONS = (
     *CHROMA_OPTIONS,

@@ -125,7 +125,8 @@ class SessionSpace:
         return session
 
     def set_expiry(self, session: ServedSession, expires_at: float | None) -> None:
-        """A session handed out: it expires at `expires_at` from now on (a spare had none)."""
+        """It expires at `expires_at` from now on: a spare handed out (it had none), a session
+        renewed (a later token); a deadline left in the heap from before is passed over."""
         session.expires_at = expires_at
         if expires_at is not None:
             heapq.heappush(self._deadlines, (expires_at, session.slot))
@@ -147,15 +148,22 @@ class SessionSpace:
         ended: list[ServedSession] = []
         while self._deadlines and self._deadlines[0][0] <= now:
             _, slot = heapq.heappop(self._deadlines)
+            current = self.sessions.get(slot)
+            if current is None or current.expires_at is None or current.expires_at > now:
+                continue  # ended already, or renewed: a later deadline of its own is in the heap
             session = self.end(slot)
             if session is not None:
                 ended.append(session)
         return ended
 
     def next_expiry(self) -> float | None:
-        while self._deadlines and self._deadlines[0][1] not in self.sessions:
+        while self._deadlines and self._stale(*self._deadlines[0]):
             heapq.heappop(self._deadlines)
         return self._deadlines[0][0] if self._deadlines else None
+
+    def _stale(self, deadline: float, slot: int) -> bool:
+        session = self.sessions.get(slot)
+        return session is None or session.expires_at != deadline
 
     def of_view(self, site: str, view: str) -> Iterator[ServedSession]:
         """The sessions of one class (however many others the process serves)."""

@@ -55,6 +55,10 @@ class TokenRules:
     issuer: str | None = None  # --jwt-issuer
     audience: str | None = None  # --jwt-audience: then `aud` names the audience, not the site
     leeway_s: float = LEEWAY_S
+    # the flags that set them, as a refusal names them (chromafs-csi's --sa-* for a pod's token)
+    issuer_flag: str = "--jwt-issuer"
+    audience_flag: str = "--jwt-audience"
+    keys_flags: str = "--jwt-secret-file, --jwt-public-key or --jwks-url"
 
 
 def verification_key(
@@ -123,6 +127,14 @@ def principal_from_token(
     )
 
 
+def verified_claims(token: str, key: VerificationKey | KeyLookup, rules: TokenRules) -> dict[str, object]:
+    """A token's claims once its signature, `exp`, `nbf`, and `iss`/`aud` (as `rules` ask) are
+    checked; TokenError otherwise. For tokens that name no site (a pod's: pod_readers.py)."""
+    if len(token) > MAX_TOKEN_BYTES:
+        raise TokenError(f"token is larger than {MAX_TOKEN_BYTES} bytes")
+    return _verified_claims(token, key if isinstance(key, VerificationKey) else _looked_up(key, token), rules)
+
+
 def _looked_up(lookup: KeyLookup, token: str) -> VerificationKey:
     try:
         jwt.get_unverified_header(token)
@@ -152,20 +164,17 @@ def _verified_claims(token: str, key: VerificationKey, rules: TokenRules) -> dic
     except jwt.InvalidIssuerError as exc:
         got = _claim_text(token, "iss")
         raise TokenError(
-            f"token's 'iss' claim is {got}, not the issuer --jwt-issuer expects, '{rules.issuer}'"
+            f"token's 'iss' claim is {got}, not the issuer {rules.issuer_flag} expects, '{rules.issuer}'"
         ) from exc
     except jwt.InvalidAudienceError as exc:
         got = _claim_text(token, "aud")
         raise TokenError(
-            f"token's 'aud' claim is {got}, without the audience --jwt-audience expects, '{rules.audience}'"
+            f"token's 'aud' claim is {got}, without the audience {rules.audience_flag} expects, '{rules.audience}'"
         ) from exc
     except jwt.InvalidAlgorithmError as exc:
         raise TokenError(f"token algorithm is not allowed (expected {', '.join(key.algorithms)})") from exc
     except jwt.InvalidSignatureError as exc:
-        raise TokenError(
-            "token signature is invalid: it was not signed with a key of "
-            "--jwt-secret-file, --jwt-public-key or --jwks-url"
-        ) from exc
+        raise TokenError(f"token signature is invalid: it was not signed with a key of {rules.keys_flags}") from exc
     except jwt.DecodeError as exc:
         raise TokenError("the token is not a JWT (three base64url parts joined by dots): check the token file") from exc
     except jwt.InvalidTokenError as exc:
@@ -184,7 +193,7 @@ def _claim_text(token: str, claim: str) -> str:
 
 def _wanted(claim: str, rules: TokenRules) -> str:
     if claim == "iss":
-        return f" (--jwt-issuer expects '{rules.issuer}')"
+        return f" ({rules.issuer_flag} expects '{rules.issuer}')"
     if claim == "aud":
-        return f" (--jwt-audience expects '{rules.audience}')"
+        return f" ({rules.audience_flag} expects '{rules.audience}')"
     return ""

@@ -9,12 +9,17 @@ readonly set, the pod's attributes, the Secret's token), the target bound read-o
 agent's container (as the pod mounts it: unprivileged, no capability), whose bash must see
 exactly the reader's files and fail to write; a publish again (nothing stacked), an expired
 token (UNAUTHENTICATED, nothing mounted), a plugin container restarted that still unpublishes,
-and every target gone after NodeUnpublishVolume.
+and every target gone after NodeUnpublishVolume. And a pod that signs in as itself (the
+CSIDriver's tokenRequests): no Secret, its service-account token (signed here as the cluster's
+key, published as the JWKS of the DaemonSet's ConfigMap, with the mapping beside it) handed over
+for the driver's audience: its agent sees exactly its mapped reader's files; a publish again with
+a fresh token (requiresRepublish) renews it; a token for another audience is UNAUTHENTICATED.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import time
 from pathlib import Path
@@ -42,6 +47,7 @@ from containers_lib.stack import (
 REPO = Path(__file__).resolve().parent.parent
 DEPLOY = REPO / "deploy" / "kubernetes"
 PODS = "/var/lib/kubelet/pods"
+SA_ACCOUNT = ("agents", "doc-agent")  # the pod that signs in as itself: deploy/kubernetes/example-pod.yaml's
 NODE = "rehearsal-node"
 # the example pod's servers, as the stack reaches them (its backends share one loopback)
 BACKENDS = {
@@ -60,8 +66,10 @@ def rehearse_kubelet(stack: Any) -> tuple[dict[str, float], list[str]]:
     """(figures, problems) of the rehearsal on `stack` (containers_lib.stack.Stack, up)."""
     root = stack.work / "kubelet"
     dirs = {"pods": root / "pods", "run": root / "run", "plugin-dir": root / "plugin", "jwt-key": stack.secrets}
-    for name in ("pods", "run", "plugin-dir"):
+    dirs["sa-readers"] = root / "sa"
+    for name in ("pods", "run", "plugin-dir", "sa-readers"):
         dirs[name].mkdir(parents=True)
+    cluster = Cluster(dirs["sa-readers"])
     shared_mount_point(dirs["pods"])
     started: list[str] = []
     try:
@@ -69,7 +77,7 @@ def rehearse_kubelet(stack: Any) -> tuple[dict[str, float], list[str]]:
             container = _node_container(name)
             stack.run(f"csi-{name}", _run_argv(container, dirs, name == "mountd"))
             started.append(f"{P}-csi-{name}")
-        return _rehearse(stack, dirs)
+        return _rehearse(stack, dirs, cluster)
     except (StackError, grpc.RpcError, OSError) as exc:
         return {}, [f"kubelet rehearsal: {_words(exc)}"]
     finally:
@@ -106,7 +114,49 @@ def _run_argv(container: dict[str, Any], dirs: dict[str, Path], backends: bool) 
     return [*argv, "--entrypoint", command, image("chromafs"), *args]
 
 
-def _rehearse(stack: Any, dirs: dict[str, Path]) -> tuple[dict[str, float], list[str]]:
+class Cluster:
+    """The cluster's service-account token issuer, as the DaemonSet's chromafs-csi is told of it
+    (its --sa-* flags): an RSA key published as the ConfigMap's jwks.json, and the operator's
+    mapping in its readers.yaml (the service account SA_ACCOUNT is alice's reader class)."""
+
+    def __init__(self, folder: Path) -> None:
+        from cryptography.hazmat.primitives.asymmetric import rsa
+        from jwt.algorithms import RSAAlgorithm
+
+        args = _node_container("csi")["args"]
+        flag = {a.split("=", 1)[0]: a.split("=", 1)[1] for a in args if a.startswith("--sa-")}
+        self.issuer, self.audience = flag["--sa-issuer"], flag["--sa-audience"]
+        self.key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+        jwk = RSAAlgorithm.to_jwk(self.key.public_key(), as_dict=True)
+        (folder / Path(flag["--sa-jwks-url"]).name).write_text(
+            json.dumps({"keys": [{**jwk, "kid": "cluster-1", "use": "sig", "alg": "RS256"}]})
+        )
+        namespace, name = SA_ACCOUNT
+        readers = {"readers": [{"serviceAccount": f"{namespace}/{name}", "site": SITE, "groups": USERS["alice"]}]}
+        (folder / Path(flag["--sa-readers"]).name).write_text(yaml.safe_dump(readers))
+
+    def token(self, expires_in: int = 3600, audience: str | None = None) -> str:
+        """The pod's projected token, as the API server signs it for the pod's service account."""
+        namespace, name = SA_ACCOUNT
+        now = int(time.time())
+        claims = {
+            "sub": f"system:serviceaccount:{namespace}:{name}", "iss": self.issuer,
+            "aud": [audience or self.audience], "iat": now, "nbf": now, "exp": now + expires_in,
+            "kubernetes.io": {"namespace": namespace, "serviceaccount": {"name": name, "uid": "5f3c"}},
+        }  # fmt: skip
+        return jwt.encode(claims, self.key, algorithm="RS256", headers={"kid": "cluster-1"})
+
+    def context(self, token: str) -> dict[str, str]:
+        """What kubelet adds to volume_context for the CSIDriver's tokenRequests and podInfoOnMount."""
+        handed = {self.audience: {"token": token, "expirationTimestamp": "2030-01-01T00:00:00Z"}}
+        return {
+            "csi.storage.k8s.io/serviceAccount.tokens": json.dumps(handed),
+            "csi.storage.k8s.io/pod.namespace": SA_ACCOUNT[0],
+            "csi.storage.k8s.io/serviceAccount.name": SA_ACCOUNT[1],
+        }
+
+
+def _rehearse(stack: Any, dirs: dict[str, Path], cluster: Cluster) -> tuple[dict[str, float], list[str]]:
     from chromafs_fuse.csi.stubs import pb, rpc
 
     pod = _manifest("example-pod.yaml", "Pod")
@@ -119,14 +169,18 @@ def _rehearse(stack: Any, dirs: dict[str, Path]) -> tuple[dict[str, float], list
         identity, node = rpc.IdentityStub(channel), rpc.NodeStub(channel)
         _wait_ready(identity, pb)
 
-        def publish(uid: str, token: str) -> tuple[Path, float]:
+        def publish(uid: str, token: str | None, pod_token: str | None = None) -> tuple[Path, float]:
             (dirs["pods"] / uid / "volumes" / "kubernetes.io~csi" / "docs").mkdir(parents=True, exist_ok=True)
             target = f"{PODS}/{uid}/volumes/kubernetes.io~csi/docs/mount"
             mode = pb.VolumeCapability.AccessMode(mode=pb.VolumeCapability.AccessMode.SINGLE_NODE_WRITER)
+            context = {**attributes, "csi.storage.k8s.io/pod.uid": uid}
+            if pod_token is not None:
+                context.update(cluster.context(pod_token))
             request = pb.NodePublishVolumeRequest(
-                volume_id=f"csi-{uid}", target_path=target, readonly=True, secrets={"token": token},
+                volume_id=f"csi-{uid}", target_path=target, readonly=True,
+                secrets={"token": token} if token is not None else {},
                 volume_capability=pb.VolumeCapability(mount=pb.VolumeCapability.MountVolume(), access_mode=mode),
-                volume_context={**attributes, "csi.storage.k8s.io/pod.uid": uid},
+                volume_context=context,
             )  # fmt: skip
             began = time.monotonic()
             node.NodePublishVolume(request, timeout=120)
@@ -163,6 +217,7 @@ def _rehearse(stack: Any, dirs: dict[str, Path]) -> tuple[dict[str, float], list
                 problems.append(f"an expired token: {exc.code()} (UNAUTHENTICATED expected)")  # type: ignore[attr-defined]
         if (dirs["pods"] / "pod-expired" / "volumes" / "kubernetes.io~csi" / "docs" / "mount").exists():
             problems.append("an expired token left a target behind")
+        problems += _signed_in_as_itself(stack, pod, cluster, publish, unpublish)
         host_target, _ = publish("pod-restart", (stack.secrets / "alice.jwt").read_text())
         sh([stack.engine, "restart", "-t", "10", f"{P}-csi-csi"], timeout=120)
         _wait_ready(identity, pb)
@@ -171,6 +226,34 @@ def _rehearse(stack: Any, dirs: dict[str, Path]) -> tuple[dict[str, float], list
             problems.append("a restarted plugin did not unpublish what it published")
         log(f"kubelet rehearsal: expired token refused, a restarted plugin unpublished; {len(problems)} problems")
     return figures, problems
+
+
+def _signed_in_as_itself(stack: Any, pod: dict[str, Any], cluster: Cluster, publish: Any, unpublish: Any) -> list[str]:
+    """A pod with no Secret, signed in with its service-account token (tokenRequests)."""
+    problems: list[str] = []
+    uid = "pod-doc-agent"
+    host_target, took = publish(uid, None, cluster.token(expires_in=600))
+    publish(uid, None, cluster.token(expires_in=3600))  # requiresRepublish: a fresh token renews it
+    if _mounts_at(host_target) != 1:
+        problems.append(f"doc-agent: {_mounts_at(host_target)} mounts at the pod's target after a republish")
+    found = check_agent("doc-agent (csi, service account)", _agent(stack, pod, "doc-agent", host_target),
+                        visible_files(USERS["alice"]))  # fmt: skip
+    problems += found
+    log(f"kubelet rehearsal: doc-agent's pod signed in as itself in {took * 1000:.0f} ms; {found or 'ok'}")
+    unpublish(uid)
+    try:
+        publish("pod-other-audience", None, cluster.token(audience="vault"))
+        problems.append("a service-account token for another audience was published")
+    except grpc.RpcError as exc:
+        if exc.code() != grpc.StatusCode.UNAUTHENTICATED:  # type: ignore[attr-defined]
+            problems.append(f"a token for another audience: {exc.code()} (UNAUTHENTICATED expected)")  # type: ignore[attr-defined]
+    for left in (
+        host_target,
+        host_target.parents[3].parent / "pod-other-audience" / "volumes" / "kubernetes.io~csi" / "docs" / "mount",
+    ):
+        if left.exists():
+            problems.append(f"{left} is still there after a service-account pod's refusal or unpublish")
+    return problems
 
 
 def _wait_ready(identity: Any, pb: ModuleType) -> None:

@@ -1,6 +1,6 @@
-"""The plugin's two questions to the node's mount server, on its socket, each with a deadline:
-open a session (serving/protocol.py's OpenSession, as `chromafs-mount` sends it), and whether
-it answers at all."""
+"""The plugin's questions to the node's mount server, on its socket, each with a deadline: open
+a session (serving/protocol.py's OpenSession, as `chromafs-mount` sends it, or OpenPodSession for
+a pod's service account), renew one (RenewSession), and whether it answers at all."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import socket
 
 from chromafs_fuse.errors import error_of
 from chromafs_fuse.serving.handshake import wait_for_answer
-from chromafs_fuse.serving.protocol import OpenSession, encode
+from chromafs_fuse.serving.protocol import OpenPodSession, OpenSession, RenewSession, encode
 
 CONNECT_TIMEOUT_S = 5.0
 
@@ -17,8 +17,8 @@ class MountdUnreachable(Exception):
     """The mount server does not answer on its socket; the message says where and why."""
 
 
-def open_session(socket_path: str, request: OpenSession, wait_s: float) -> None:
-    """Ask for a session: returns once it is bound; the server's refusal raised as its kind
+def open_session(socket_path: str, request: OpenSession | OpenPodSession | RenewSession, wait_s: float) -> None:
+    """Ask for a session (or its renewal): returns once it is bound (renewed); the server's refusal raised as its kind
     (errors.py: a site that does not exist is NotFound), MountdUnreachable when nobody answers."""
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
         conn.settimeout(min(CONNECT_TIMEOUT_S, wait_s))

@@ -11,6 +11,7 @@ from concurrent import futures
 
 import grpc
 
+from chromafs_fuse.csi.pod_identity import PodSignIn
 from chromafs_fuse.csi.servicer import Identity, Node
 from chromafs_fuse.csi.stubs import rpc
 from chromafs_fuse.csi.volume import Keys
@@ -28,7 +29,7 @@ def socket_path(endpoint: str) -> str:
     return path
 
 
-def serve(endpoint: str, mountd: str, node_id: str, keys: Keys) -> int:
+def serve(endpoint: str, mountd: str, node_id: str, keys: Keys, pods: PodSignIn | None = None) -> int:
     """Answer CSI calls until SIGTERM or SIGINT; 0."""
     path = socket_path(endpoint)
     try:
@@ -39,7 +40,7 @@ def serve(endpoint: str, mountd: str, node_id: str, keys: Keys) -> int:
         raise UsageError(f"cannot listen on {path}: {exc.strerror}") from exc
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=WORKERS, thread_name_prefix="csi"))
     rpc.add_IdentityServicer_to_server(Identity(mountd), server)
-    rpc.add_NodeServicer_to_server(Node(mountd, node_id, keys), server)
+    rpc.add_NodeServicer_to_server(Node(mountd, node_id, keys, pods), server)
     try:
         bound = server.add_insecure_port(f"unix://{path}")
     except RuntimeError:  # newer grpcio raises where older ones answer 0
@@ -56,6 +57,9 @@ def serve(endpoint: str, mountd: str, node_id: str, keys: Keys) -> int:
     signal.signal(signal.SIGINT, stop)
     server.start()
     log.info("listening on %s; node %s; mount server %s", path, node_id, mountd)
+    if pods is not None:
+        log.info("pods sign in with service-account tokens for audience %s of %s (readers: %s)",
+                 pods.keys.audience, pods.keys.issuer, pods.keys.readers)  # fmt: skip
     stopping.wait()
     server.stop(grace=5).wait(10)
     with contextlib.suppress(FileNotFoundError):

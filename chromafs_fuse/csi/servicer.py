@@ -11,18 +11,29 @@ import os
 import threading
 import time
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 
 from chromafs_fuse import __version__
 from chromafs_fuse.csi.mountd import MountdUnreachable, answers, open_session
 from chromafs_fuse.csi.stubs import pb, rpc
-from chromafs_fuse.csi.volume import Keys, PublishRequest, VolumeError, check_target, prepare, session_class
+from chromafs_fuse.csi.volume import (
+    Keys,
+    Publish,
+    PublishRequest,
+    VolumeError,
+    check_target,
+    prepare,
+    session_class,
+)
 from chromafs_fuse.errors import ChromafsError, unexpected, user_message
 from chromafs_fuse.serving.binds import detach, mounted_devices
 from chromafs_fuse.serving.mounttable import mounts
-from chromafs_fuse.serving.protocol import OpenSession
+from chromafs_fuse.serving.protocol import OpenPodSession, OpenSession, RenewSession, reader_fields
+
+if TYPE_CHECKING:
+    from chromafs_fuse.csi.pod_identity import PodSignIn
 
 DRIVER_NAME = "csi.chromafs.dev"
 MAX_STACKED = 16  # unmounts tried on one target before giving up
@@ -70,10 +81,11 @@ class Identity(rpc.IdentityServicer):  # type: ignore[name-defined]  # generated
 
 
 class Node(rpc.NodeServicer):  # type: ignore[name-defined]  # generated at build time: mypy sees a module object
-    def __init__(self, mountd: str, node_id: str, keys: Keys) -> None:
+    def __init__(self, mountd: str, node_id: str, keys: Keys, pods: PodSignIn | None = None) -> None:
         self.mountd = mountd
         self.node_id = node_id
         self.keys = keys
+        self.pods = pods
         self._locks = [threading.Lock() for _ in range(TARGET_LOCKS)]
 
     def NodeGetInfo(self, request: Any, context: grpc.ServicerContext) -> Any:
@@ -118,10 +130,18 @@ class Node(rpc.NodeServicer):  # type: ignore[name-defined]  # generated at buil
     # -- helpers ---------------------------------------------------------------------------
 
     def _publish(self, asked: PublishRequest, remaining_s: float | None) -> None:
-        publish = prepare(asked, self.keys)
+        publish = prepare(asked, self.keys, self.pods)
         target = asked.target_path
+        wait_s = publish.backend_timeout_s * 3 + 60
+        if remaining_s is not None:
+            wait_s = max(0.1, min(wait_s, remaining_s - 0.5))
         if _mounted(target):
             held = session_class(target)
+            if held == publish.class_key and publish.principal.expires_at is not None:
+                # the same volume again (kubelet's republish, requiresRepublish): the session lasts
+                # until this token's expiry, nothing stacked, the pod's mount untouched
+                self._renew(target, publish, wait_s)
+                return
             if held == publish.class_key or (held is None and _fstype(target) == "fuse.chromafs"):
                 return  # the same volume again: nothing to do, nothing stacked
             raise VolumeError("ALREADY_EXISTS", f"{target} already holds another volume: unpublish it first")
@@ -130,17 +150,25 @@ class Node(rpc.NodeServicer):  # type: ignore[name-defined]  # generated at buil
             os.makedirs(target, mode=0o755, exist_ok=True)
         except OSError as exc:
             raise VolumeError("INTERNAL", f"cannot make the target {target}: {exc.strerror}") from exc
-        wait_s = publish.backend_timeout_s * 3 + 60
-        if remaining_s is not None:
-            wait_s = max(0.1, min(wait_s, remaining_s - 0.5))
+        request: OpenSession | OpenPodSession = (
+            OpenPodSession(target, publish.options, reader_fields(publish.principal))
+            if publish.pod
+            else OpenSession(target, publish.options, publish.token)
+        )
         try:  # the server's refusal keeps its kind (abort_with): only what may pass is UNAVAILABLE
-            open_session(self.mountd, OpenSession(target, publish.options, publish.token), wait_s)
+            open_session(self.mountd, request, wait_s)
         except MountdUnreachable as exc:
             _undo(target, created)
             raise VolumeError("UNAVAILABLE", str(exc)) from exc
         except BaseException:
             _undo(target, created)
             raise
+
+    def _renew(self, target: str, publish: Publish, wait_s: float) -> None:
+        try:
+            open_session(self.mountd, RenewSession(target, publish.options, reader_fields(publish.principal)), wait_s)
+        except MountdUnreachable as exc:
+            raise VolumeError("UNAVAILABLE", str(exc)) from exc
 
     @contextlib.contextmanager
     def _target(self, target: str) -> Iterator[None]:

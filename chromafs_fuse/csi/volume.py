@@ -2,7 +2,8 @@
 
 A pod's inline volume names its site and backends in `volumeAttributes` (each one a
 `chromafs-mount` flag without its dashes, from an allowed list: servers only, never a path on
-the node) and its reader in a Secret (`token`). Kubelet adds `csi.storage.k8s.io/*` attributes
+the node) and its reader in a Secret (`token`), or the pod signs in with its service-account
+token (csi/pod_identity.py). Kubelet adds `csi.storage.k8s.io/*` attributes
 (the pod's name, namespace, uid, service account, `ephemeral`): they are read, never passed on.
 Each refusal is a `VolumeError` with the gRPC status code it gets and a message that says what
 to change.
@@ -14,6 +15,7 @@ import json
 import os
 from dataclasses import dataclass
 from types import SimpleNamespace
+from typing import TYPE_CHECKING
 
 from chromafs_fuse.access import Principal
 from chromafs_fuse.config import MountConfig, TokenKeys, mount_settings
@@ -23,6 +25,9 @@ from chromafs_fuse.serving.server.session_table import class_key
 from chromafs_fuse.serving.status import session_status_path
 from chromafs_fuse.token_source import load_token_key
 from chromafs_fuse.tokens import KeysUnavailable, TokenError, TokenNotForSite, TokenRules, principal_from_token
+
+if TYPE_CHECKING:
+    from chromafs_fuse.csi.pod_identity import PodSignIn
 
 KUBELET_PREFIX = "csi.storage.k8s.io/"
 # volumeAttributes a pod may set: the site and where its backends answer, and how a session reads
@@ -91,6 +96,7 @@ class Publish:
     principal: Principal
     class_key: str
     backend_timeout_s: float
+    pod: bool = False  # the reader is the pod's service account's (verified here: pod_identity.py)
 
 
 Keys = TokenKeys  # the plugin's token keys; `options()`, the mount server's options for them
@@ -166,19 +172,32 @@ def reader(token: str | None, site: str, keys: Keys, timeout_s: float) -> Princi
         raise VolumeError("UNAUTHENTICATED", f"{exc}: put a valid token in the volume's Secret (key `token`)") from exc
 
 
-def prepare(request: PublishRequest, keys: Keys) -> Publish:
-    """The request checked (VolumeError when it cannot be served) and its mount server request."""
+def prepare(request: PublishRequest, keys: Keys, pods: PodSignIn | None = None) -> Publish:
+    """The request checked (VolumeError when it cannot be served) and its mount server request.
+    The reader: the token in the volume's Secret when there is one; else, when pods sign in
+    (`pods`), the pod's service-account token kubelet handed over; else anonymous."""
     check_target(request.volume_id, request.target_path)
     check_access(request)
     options = {**mount_options(request), **keys.options()}
     token = request.token.strip() if request.token else None
+    pod_token = pods.token(request.attributes) if pods is not None and not token else None
     try:  # read as the mount server reads it
         flags = SimpleNamespace(**request_values(options), mountpoint=request.target_path)
         config = MountConfig.from_args(flags)
     except (UsageError, ValueError) as exc:
         raise VolumeError("INVALID_ARGUMENT", f"volumeAttributes: {exc}") from exc
+    if pod_token is not None and flags.isolated:
+        raise VolumeError(
+            "INVALID_ARGUMENT",
+            "a pod signed in with its service account is served as a class session: drop `isolated` "
+            "(or give the pod a token in a Secret)",
+        )
     try:
-        principal = reader(token or None, config.site, keys, config.session.backend_timeout_s)
+        if pods is not None and pod_token is not None:
+            attributes = request.attributes
+            principal = pods.reader(pod_token, config.site, attributes, config.session.backend_timeout_s)
+        else:
+            principal = reader(token or None, config.site, keys, config.session.backend_timeout_s)
     except VolumeError as exc:
         from chromafs_fuse.site.loader import missing_site  # the site's backends: only on this path
 
@@ -187,7 +206,7 @@ def prepare(request: PublishRequest, keys: Keys) -> Publish:
             raise VolumeError("NOT_FOUND", str(missing)) from exc
         raise
     key = class_key(mount_settings(config), principal)
-    return Publish(options, token or None, principal, key, config.session.backend_timeout_s)
+    return Publish(options, token or None, principal, key, config.session.backend_timeout_s, pod_token is not None)
 
 
 def session_class(target_path: str) -> str | None:

@@ -1,10 +1,11 @@
 """The messages between chromafs's processes, and their one codec: a JSON object a line.
 
     mount client, CSI plugin -> mount server (its socket)      OpenSession
+    CSI plugin -> mount server (its socket)                   OpenPodSession, RenewSession
     chromafs search -> mount server (its socket)              Search
     chromafs revoke -> mount server (its socket)              Revoke
     mount server -> serving process (its control socket)      AddView, RemoveView, OpenViewSession,
-                                                              EndViewSession, Describe
+                                                              RenewViewSession, EndViewSession, Describe
     mount server -> its forker (a socketpair; descriptors     ServePoolProcess, ServeIsolated
     passed beside the line)
 
@@ -28,6 +29,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeVar
 
+from chromafs_fuse.access import Principal
 from chromafs_fuse.errors import UsageError, error_of, kind_of, user_message
 from chromafs_fuse.serving.handshake import OK_LINE
 
@@ -59,6 +61,32 @@ class OpenSession(Request):
 
 
 @dataclass(frozen=True)
+class OpenPodSession(Request):
+    """A session at `mountpoint` for a reader its caller verified (`reader`: reader_fields), not
+    for a token: a pod's service-account token, which chromafs-csi verified with the cluster's keys
+    and mapped to a reader (pod_readers.py). Honoured only from root or the server's own user,
+    as every request is (they also choose the keys a token is verified with); served as a class
+    session only (an --isolated daemon verifies a token itself)."""
+
+    op: ClassVar[str] = "open_pod_session"
+    mountpoint: str
+    options: dict[str, Any]
+    reader: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class RenewSession(Request):
+    """The session at `mountpoint` lasts until the `expires_at` of `reader` (reader_fields), a
+    later token of the same reader (kubelet's republish): it must be live, not revoked, and of
+    the class these `options` and reader make. Answered `{"ok": true, "expires_at": ...}`."""
+
+    op: ClassVar[str] = "renew_session"
+    mountpoint: str
+    options: dict[str, Any]
+    reader: dict[str, Any]
+
+
+@dataclass(frozen=True)
 class Search(Request):
     """`chromafs search` answered warm: the `limit` pages of the site that best match `query` for
     the holder of `token`, with the session options as its client resolved them (OpenSession's,
@@ -87,7 +115,38 @@ class Revoke(Request):
     for_s: float
 
 
-MOUNT_SERVER_REQUESTS: dict[str, type[Request]] = {cls.op: cls for cls in (OpenSession, Search, Revoke)}
+MOUNT_SERVER_REQUESTS: dict[str, type[Request]] = {
+    cls.op: cls for cls in (OpenSession, OpenPodSession, RenewSession, Search, Revoke)
+}
+
+
+def reader_fields(principal: Principal) -> dict[str, Any]:
+    """A verified reader as OpenPodSession and RenewSession carry it."""
+    return {
+        "groups": sorted(principal.groups),
+        "subject": principal.subject,
+        "expires_at": principal.expires_at,
+        "token_id": principal.token_id,
+        "issued_at": principal.issued_at,
+    }
+
+
+def reader_principal(fields: Mapping[str, Any]) -> Principal:
+    """The reader reader_fields wrote; BadRequest when the fields do not fit. It has an expiry: a
+    reader that never ends is not taken on a caller's word."""
+    groups: Any = fields.get("groups")
+    expires_at: Any = fields.get("expires_at")
+    subject, token_id, issued_at = fields.get("subject"), fields.get("token_id"), fields.get("issued_at")
+    if (
+        set(fields) != {"groups", "subject", "expires_at", "token_id", "issued_at"}
+        or not _fits(groups, "list[str]")
+        or not _fits(subject, "str | None")
+        or not _fits(expires_at, "float")
+        or not _fits(token_id, "str | None")
+        or not _fits(issued_at, "float | None")
+    ):
+        raise BadRequest("bad request: a reader is groups, subject, expires_at, token_id and issued_at")
+    return Principal.of(groups, subject, float(expires_at), token_id, None if issued_at is None else float(issued_at))
 
 
 # -- a serving process's control socket ------------------------------------------------------
@@ -109,6 +168,16 @@ class RemoveView(Request):
 
     op: ClassVar[str] = "remove"
     path: str
+
+
+@dataclass(frozen=True)
+class RenewViewSession(Request):
+    """The session at `path` (`.sessions/<slot>`) expires at `expires_at` from now on; answered
+    with `renewed` (false: it had ended)."""
+
+    op: ClassVar[str] = "renew_session"
+    path: str
+    expires_at: float
 
 
 @dataclass(frozen=True)
@@ -139,7 +208,7 @@ class Describe(Request):
 
 
 CONTROL_REQUESTS: dict[str, type[Request]] = {
-    cls.op: cls for cls in (AddView, RemoveView, OpenViewSession, EndViewSession, Describe)
+    cls.op: cls for cls in (AddView, RemoveView, OpenViewSession, RenewViewSession, EndViewSession, Describe)
 }
 
 

@@ -51,6 +51,12 @@ def verify_reader(token: str | None, config: SessionConfig) -> Principal:
         if missing is not None:  # `--site mcpp` with a token of `mcp`: the typo is the problem
             raise missing from None
         raise
+    check_not_revoked(config, principal)
+    return principal
+
+
+def check_not_revoked(config: SessionConfig, principal: Principal) -> None:
+    """TokenRevoked when the site's Redis holds a revocation of the reader's token. Blocking."""
     if principal.authenticated and config.redis is not None:
         from chromafs_fuse.backends.redis_revocations import find_many
         from chromafs_fuse.revocation import refusal
@@ -58,7 +64,6 @@ def verify_reader(token: str | None, config: SessionConfig) -> Principal:
         (revoked,) = find_many(config.redis, [reader_of(config.site, principal)])
         if revoked is not None:
             raise refusal(revoked)
-    return principal
 
 
 def reader_of(site: str, principal: Principal) -> tuple[str, str | None, str | None, float | None]:

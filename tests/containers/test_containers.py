@@ -9,6 +9,8 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -119,3 +121,35 @@ def test_the_image_health_check_probes_mountd_and_the_mount(tmp_path: Path) -> N
         thread.join()
     assert health.mountd_answers(path) is not None  # the file is left, nothing listens: refused
     assert "not a mount point" in (health.mount_answers(str(tmp_path)) or "")
+
+
+def test_the_rehearsals_service_account_pod_is_one_the_plugin_signs_in_as_the_daemonset_says(tmp_path: Path) -> None:
+    """scripts/csi_rehearsal.py's cluster (its keys, mapping and tokens) against chromafs-csi's
+    sign-in with the DaemonSet's --sa-* flags (their files in `tmp_path`): the pod is alice's
+    reader class; a token for another audience is UNAUTHENTICATED."""
+    from chromafs_fuse.cli.csi import build_parser
+    from chromafs_fuse.csi.pod_identity import PodKeys, PodSignIn
+    from chromafs_fuse.csi.volume import VolumeError
+
+    _containers_lib("stack")  # scripts/ on the path
+    rehearsal = importlib.import_module("csi_rehearsal")
+    cluster = rehearsal.Cluster(tmp_path)
+    args = build_parser().parse_args(
+        [a.replace("$(NODE_NAME)", "n").replace("/etc/chromafs/sa", str(tmp_path))
+         for a in rehearsal._node_container("csi")["args"]]
+    )  # fmt: skip
+    keys = PodKeys.from_args(args)
+    assert keys is not None
+    pods = PodSignIn.of(keys, 0.0, 300.0)
+    context = cluster.context(cluster.token())
+    token = pods.token(context)
+    assert token is not None
+    reader = pods.reader(token, rehearsal.SITE, context, 5.0)
+    assert (
+        reader.groups == frozenset(rehearsal.USERS["alice"])
+        and reader.subject == "system:serviceaccount:agents:doc-agent"
+    )
+    other = cluster.context(cluster.token(audience="vault"))
+    with pytest.raises(VolumeError) as refused:
+        pods.reader(str(pods.token(other)), rehearsal.SITE, other, 5.0)
+    assert refused.value.code == "UNAUTHENTICATED"

@@ -15,8 +15,10 @@ import yaml
 
 from chromafs_fuse.cli.csi import build_parser as csi_parser
 from chromafs_fuse.cli.mountd import build_parser as mountd_parser
+from chromafs_fuse.csi.pod_identity import PodKeys
 from chromafs_fuse.csi.servicer import DRIVER_NAME
 from chromafs_fuse.csi.volume import PublishRequest, mount_options
+from chromafs_fuse.pod_readers import parse_map
 
 REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy" / "kubernetes"
@@ -60,6 +62,8 @@ def test_every_manifest_parses_and_names_the_driver() -> None:
         "podInfoOnMount": True,
         "volumeLifecycleModes": ["Ephemeral"],
         "fsGroupPolicy": "None",
+        "tokenRequests": [{"audience": "chromafs.dev/docs", "expirationSeconds": 3600}],
+        "requiresRepublish": True,
     }
 
 
@@ -87,6 +91,31 @@ def test_daemonset_runs_mountd_and_the_plugin_side_by_side() -> None:
     key_secret = found[("Secret", volumes["jwt-key"]["secret"]["secretName"])]
     assert csi_args.jwt_secret_file.rsplit("/", 1)[1] in key_secret["stringData"]
     assert spec["serviceAccountName"] in {name for kind, name in found if kind == "ServiceAccount"}
+
+
+def test_pods_sign_in_with_the_audience_the_driver_asks_for_and_the_operators_mapping() -> None:
+    """The CSIDriver's tokenRequests audience is the plugin's --sa-audience; --sa-readers and
+    --sa-jwks-url are the ConfigMap's files; its mapping reads, and maps the example pod's
+    service account (which names no token Secret) to a reader of the site its volume asks for."""
+    found = objects()
+    spec = found[("DaemonSet", "chromafs-csi-node")]["spec"]["template"]["spec"]
+    csi = container(spec, "csi")
+    args = csi_parser().parse_args([a.replace("$(NODE_NAME)", "node-1") for a in csi["args"]])
+    (request,) = found[("CSIDriver", DRIVER_NAME)]["spec"]["tokenRequests"]
+    assert args.sa_audience == request["audience"]
+    assert PodKeys.from_args(args) is not None  # all four flags, or the plugin refuses to start
+    volume = next(v for v in spec["volumes"] if v["name"] == "sa-readers")
+    folder = mounts(csi)["sa-readers"]["mountPath"]
+    config_map = found[("ConfigMap", volume["configMap"]["name"])]
+    assert config_map["metadata"]["namespace"] == found[("DaemonSet", "chromafs-csi-node")]["metadata"]["namespace"]
+    for path in (args.sa_readers, args.sa_jwks_url):
+        assert path.startswith(folder + "/") and path.rsplit("/", 1)[1] in config_map["data"]
+    readers = parse_map(config_map["data"]["readers.yaml"], "readers.yaml")
+    pod = found[("Pod", "agent-doc-agent")]
+    assert "nodePublishSecretRef" not in pod["spec"]["volumes"][0]["csi"]
+    site = pod["spec"]["volumes"][0]["csi"]["volumeAttributes"]["site"]
+    assert readers.reader(pod["metadata"]["namespace"], pod["spec"]["serviceAccountName"], site) is not None
+    assert ("ServiceAccount", pod["spec"]["serviceAccountName"]) in found
 
 
 def test_the_example_pod_is_unprivileged_and_asks_what_the_plugin_serves() -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from chromafs_fuse.access import Principal
 from chromafs_fuse.errors import AccessDenied, ChromafsError, NotFound, Refused, Unavailable, UsageError, kind_of
 from chromafs_fuse.options import CLIENT_ONLY, request_values
 from chromafs_fuse.serving.protocol import (
@@ -15,14 +16,19 @@ from chromafs_fuse.serving.protocol import (
     AddView,
     BadRequest,
     Describe,
+    OpenPodSession,
     OpenSession,
     OpenViewSession,
+    RenewSession,
+    RenewViewSession,
     ServePoolProcess,
     answer_of,
     decode,
     encode,
     error_line,
     ok_line,
+    reader_fields,
+    reader_principal,
 )
 
 
@@ -34,6 +40,15 @@ from chromafs_fuse.serving.protocol import (
             MOUNT_SERVER_REQUESTS,
         ),
         (OpenSession("/mnt/d", {}, None), MOUNT_SERVER_REQUESTS),
+        (
+            OpenPodSession("/mnt/d", {"--site": "a"}, reader_fields(Principal.of(["b"], "s", 2e9))),
+            MOUNT_SERVER_REQUESTS,
+        ),
+        (
+            RenewSession("/mnt/d", {"--site": "a"}, reader_fields(Principal.of([], None, 2e9, "j", 1e9))),
+            MOUNT_SERVER_REQUESTS,
+        ),
+        (RenewViewSession(".sessions/3", 2e9), CONTROL_REQUESTS),
         (AddView({"mountpoint": "/m", "session": {"site": "a"}}, True, ["b", "a"]), CONTROL_REQUESTS),
         (OpenViewSession("s/v", 1000, 1000, 1.5e9, True), CONTROL_REQUESTS),
         (OpenViewSession("s/v", 0, 0), CONTROL_REQUESTS),
@@ -156,3 +171,17 @@ def test_chromafs_searchs_light_encoder_writes_the_codecs_search() -> None:
     assert answer_fields(ok_line(lines=["a.md:1-2: x"]))["lines"] == ["a.md:1-2: x"]
     with pytest.raises(NotFound, match="no site 'acmee'"):
         answer_fields(error_line(NotFound("no site 'acmee'")))
+
+
+def test_a_verified_reader_reads_back_equal_and_a_reader_that_does_not_fit_is_refused() -> None:
+    reader = Principal.of(["billing", "admin"], "system:serviceaccount:agents:doc", 2e9, "jti-1", 1.9e9)
+    assert reader_principal(reader_fields(reader)) == reader
+    good = reader_fields(reader)
+    for bad in (
+        {**good, "expires_at": None},  # a reader that never ends is not taken on a caller's word
+        {**good, "groups": "admin"},
+        {**good, "authenticated": True},
+        {k: v for k, v in good.items() if k != "subject"},
+    ):
+        with pytest.raises(BadRequest, match="a reader is groups"):
+            reader_principal(bad)

@@ -251,6 +251,20 @@ def test_sessions_expire_in_order_and_a_slot_is_never_given_twice() -> None:
     assert missing.value.errno == errno.ENOENT
 
 
+def test_a_renewed_session_lives_until_its_new_expiry_not_its_first() -> None:
+    """kubelet's republish with a later token: the deadline left in the heap from the first
+    token ends nothing; the new one does."""
+    space = SessionSpace()
+    renewed = space.open("docs", "v", 0, 0, 100.0)
+    other = space.open("docs", "v", 0, 0, 150.0)
+    space.set_expiry(renewed, 300.0)
+    assert space.expire(200.0) == [other]
+    assert renewed.alive(200.0) and space.live(renewed.slot, 200.0) is renewed
+    space.set_expiry(renewed, 400.0)
+    assert space.next_expiry() == 400.0
+    assert space.expire(350.0) == [] and space.expire(400.0) == [renewed] and space.next_expiry() is None
+
+
 def test_a_reingest_tells_the_kernel_what_each_session_must_forget() -> None:
     fs, names = shared(("docs", ANON))
     name = names["docs:anonymous"]

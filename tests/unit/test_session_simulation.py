@@ -247,6 +247,14 @@ class SimPool:
         process.sessions[source] = (mount.path, session.expires_at)
         return source
 
+    def renew_session(self, mount: ClassMount, source: str, expires_at: float) -> None:
+        self.interleave("renew_session")
+        process = self._process_of(mount.path, depth=2)
+        if process is None or not self.runs(process) or process.pid != mount.pid or source not in process.sessions:
+            raise SessionError("simulated: the session has ended in its serving process")
+        view, _expires_at = process.sessions[source]
+        process.sessions[source] = (view, expires_at)
+
     def end_session(self, mount: ClassMount, source: str) -> None:
         process = self._process_of(mount.path, depth=2)
         if process is not None and source and self.runs(process) and process.pid == mount.pid:
@@ -347,6 +355,7 @@ class Simulation:
             (2, self.sessions_refused),
             (18, self.housekeep),
             (3, self.revoke),
+            (6, self.renew),
             (8, self.heal),
             (3, self.restart),
             (2, self.stop),
@@ -439,6 +448,41 @@ class Simulation:
             self.note(f"the token of the session on {mountpoint} is revoked")
             self.keeper.revoke([mountpoint], "a test")
             self.revoked.append(self.keeper.table.sessions[mountpoint])
+
+    def renew(self) -> None:
+        """A later token of a session's reader (kubelet's republish), now and then another
+        reader's or an earlier one: the session lasts until the later token's expiry, in the
+        table and in its serving process; a revoked or ended session is never renewed."""
+        live = sorted(self.keeper.table.sessions)
+        if not live:
+            return
+        mountpoint = self.rng.choice(live)
+        session = self.keeper.table.sessions[mountpoint]
+        mount = self.keeper.table.classes[session.class_key]
+        authenticated, groups = mount.reader_class or [True, []]
+        subject = session.subject if self.rng.random() < 0.85 else "someone-else"
+        expires_at = self.now + self.rng.uniform(-20, 300)
+        if authenticated:
+            principal = Principal.of(groups, subject, expires_at)
+        else:
+            principal = Principal(authenticated=False, subject=subject, expires_at=expires_at)
+        was = session.expires_at
+        self.note(f"renew {mountpoint} as {subject} until {expires_at - self.now:+.0f}s (was {was})")
+        revoked = any(r is session for r in self.revoked)
+        try:
+            now_expires = self.keeper.renew(_config(mount.site, mountpoint), principal)
+        except SessionError as exc:
+            self.note(f"  refused: {exc}")
+            return
+        if revoked:
+            self.fail(f"the revoked session on {mountpoint} was renewed")
+        if subject != session.subject:
+            self.fail(f"the session on {mountpoint} of {session.subject} was renewed for {subject}")
+        if was is not None and was <= self.now:
+            self.fail(f"the expired session on {mountpoint} was renewed")
+        expected = was if was is None or expires_at <= was else expires_at
+        if now_expires != expected or self.keeper.table.sessions.get(mountpoint) not in (None, session):
+            self.fail(f"the session on {mountpoint} renewed to {now_expires}, not {expected}")
 
     def housekeep(self) -> None:
         self.note("housekeeping")
@@ -548,6 +592,12 @@ class Simulation:
             unexpired = session.expires_at is None or session.expires_at > self.now
             if live and unexpired and session.subject not in self.user_ended and session.source not in process.sessions:  # type: ignore[union-attr]
                 self.fail(f"the live session on {mountpoint} is refused by its serving process ({session.source})")
+            if live and unexpired and session.source in process.sessions:  # type: ignore[union-attr]
+                served_until = process.sessions[session.source][1]  # type: ignore[union-attr]
+                if served_until != session.expires_at:
+                    self.fail(
+                        f"the session on {mountpoint} ends at {served_until} in its process, not {session.expires_at}"
+                    )
         if set(self.statuses.files) != set(table.sessions):
             self.fail(f"the status files {sorted(self.statuses.files)} are not the sessions {sorted(table.sessions)}")
         self.check_journal()

@@ -33,6 +33,7 @@ from chromafs_fuse.serving.protocol import (
     EndViewSession,
     OpenViewSession,
     RemoveView,
+    RenewViewSession,
     Request,
     answer_of,
     ask_line,
@@ -180,6 +181,18 @@ class ServingPool:
         except OSError as exc:
             raise SessionError(f"the serving process did not answer: {exc}") from exc
         return os.path.join(process.mountpoint, str(reply["path"]))
+
+    def renew_session(self, mount: ClassMount, source: str, expires_at: float) -> None:
+        """The session at `source` expires at `expires_at` in its serving process from now on."""
+        process = self._process_of(mount.path)
+        if process is None or not source or process_start(mount.pid) != mount.pid_start:
+            raise SessionError("the session's serving process is gone")
+        try:
+            reply = process.control.ask(RenewViewSession(os.path.relpath(source, process.mountpoint), expires_at))
+        except OSError as exc:
+            raise SessionError(f"the serving process did not answer: {exc}") from exc
+        if not reply.get("renewed"):
+            raise SessionError("the session has ended in its serving process")
 
     def end_session(self, mount: ClassMount, source: str) -> None:
         process = self._process_of(mount.path)

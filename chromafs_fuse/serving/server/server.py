@@ -50,7 +50,9 @@ from chromafs_fuse.serving.protocol import (
     MAX_LINE_BYTES,
     MOUNT_SERVER_REQUESTS,
     BadRequest,
+    OpenPodSession,
     OpenSession,
+    RenewSession,
     Revoke,
     Search,
     ServeIsolated,
@@ -58,6 +60,7 @@ from chromafs_fuse.serving.protocol import (
     decode,
     error_line,
     ok_line,
+    reader_principal,
 )
 from chromafs_fuse.serving.server.forker import Forker, ForkerGone
 from chromafs_fuse.serving.server.revocations import KeptRevocations, revoked_sessions
@@ -143,12 +146,13 @@ class PreparedRequest:
     error: Exception | None = None
 
 
-def _prepare(request: OpenSession) -> PreparedRequest:
+def _prepare(request: OpenSession | OpenPodSession | RenewSession) -> PreparedRequest:
     """The configuration (built here, once) and the verified reader for this request, as far as
     they can be had, and why not. The options are read as chromafs-mount's parser reads its
     flags, with none of this process's environment or working directory. For an isolated mount a
-    failure to verify the reader just means the child does it (and reports errors)."""
-    from chromafs_fuse.site.loader import verify_reader
+    failure to verify the reader just means the child does it (and reports errors). A reader
+    given verified (OpenPodSession, RenewSession) is checked for revocations in its site's Redis."""
+    from chromafs_fuse.site.loader import check_not_revoked, verify_reader
 
     out = PreparedRequest()
     try:
@@ -160,7 +164,14 @@ def _prepare(request: OpenSession) -> PreparedRequest:
             raise UsageError(str(exc)) from None
         out.isolated = bool(values["isolated"])
         out.config = MountConfig.from_args(SimpleNamespace(**values, mountpoint=request.mountpoint))
-        out.principal = verify_reader(request.token, out.config.session)
+        if isinstance(request, OpenSession):
+            out.principal = verify_reader(request.token, out.config.session)
+        else:
+            principal = reader_principal(request.reader)
+            if principal.expires_at is not None and principal.expires_at <= time.time():
+                raise AccessDenied("the reader's token has expired")
+            check_not_revoked(out.config.session, principal)
+            out.principal = principal
     except Exception as exc:  # any failure preparing a request is answered to its caller, by its kind
         out.error = exc
     return out
@@ -353,7 +364,7 @@ class MountServer:
             log.warning("bad mount request: %s", exc)
             await _answer(stream, exc)
             return
-        if isinstance(request, OpenSession):
+        if isinstance(request, (OpenSession, OpenPodSession, RenewSession)):
             gid = _peer_gid(conn)
             try:
                 # abandoned on cancel: a stopping server does not wait for a backend that hangs
@@ -434,14 +445,21 @@ class MountServer:
             log.exception("a search failed")
             return error_line(exc)
 
-    def _open_session(self, uid: int, gid: int, request: OpenSession) -> ChromafsError | Exception | None:
-        """In a worker thread: the session opened (None) or why not."""
+    def _open_session(
+        self, uid: int, gid: int, request: OpenSession | OpenPodSession | RenewSession
+    ) -> ChromafsError | Exception | None:
+        """In a worker thread: the session opened (or renewed: RenewSession) (None) or why not."""
         got = _prepare(request)
         config, principal = got.config, got.principal
         own_daemon = self.keeper is None or got.isolated or (config is not None and bool(config.search_dir))
         if config is None:
             error = got.error or UsageError("bad options")
             log.warning("mount request from uid %d: %s", uid, failure_text(error))
+            return error
+        given = not isinstance(request, OpenSession)  # a reader its caller verified (a pod's)
+        if given and own_daemon:
+            error = UsageError("a pod's service-account reader is served as a class session, not --isolated")
+            log.warning("mount request from uid %d: %s", uid, error.message)
             return error
         if principal is not None and principal.authenticated:
             revoked = self._kept_revocation(config.site, principal)
@@ -450,14 +468,19 @@ class MountServer:
                 log.info("session on %s refused: %s", config.mountpoint, error.message)
                 return error
         if own_daemon:
+            assert isinstance(request, OpenSession)
             return self._own_daemon(uid, config, request.token)
         if principal is None:
             return got.error or AccessDenied("no reader")
         assert self.keeper is not None
         try:
-            self.keeper.open_session(config, principal, uid, gid)
+            if isinstance(request, RenewSession):
+                self.keeper.renew(config, principal)
+            else:
+                self.keeper.open_session(config, principal, uid, gid)
         except ChromafsError as exc:  # its kind passes on: a site that does not exist, a backend down
-            log.log(exc.level, "session on %s refused: %s", config.mountpoint, exc.message)
+            what = "renewal" if isinstance(request, RenewSession) else "session"
+            log.log(exc.level, "%s on %s refused: %s", what, config.mountpoint, exc.message)
             return exc
         return None
 

@@ -170,6 +170,11 @@ class ClassHost(Protocol):
         path its bind takes. SessionError when it cannot be had."""
         ...
 
+    def renew_session(self, mount: ClassMount, source: str, expires_at: float) -> None:
+        """The session at `source` expires at `expires_at` where its class is served from now
+        on; SessionError when it has ended there."""
+        ...
+
     def end_session(self, mount: ClassMount, source: str) -> None:
         """The session at `source` ended: its serving process refuses it from now on."""
         ...
@@ -280,6 +285,45 @@ class SessionKeeper:
             utc_text(principal.expires_at),
             (time.perf_counter() - started) * 1000,
         )
+        return session
+
+    def renew(self, config: MountConfig, principal: Principal) -> float | None:
+        """The session at the config's mountpoint lasts until `principal`'s expiry, a later token
+        of its reader (kubelet's republish): its serving process is told first, then the table.
+        SessionError when there is no live session there (ended, expired, revoked: a revoked
+        session is never renewed) or it is another reader's or class's. The expiry it has now."""
+        mountpoint = config.mountpoint
+        key = class_key(mount_settings(config), principal)
+        with self.lock:
+            session = self._renewable(mountpoint)
+            if session.class_key != key or session.subject != principal.subject:
+                raise SessionError(f"the session on {mountpoint} is another reader's: unpublish it first")
+            if principal.expires_at is None or session.expires_at is None or principal.expires_at <= session.expires_at:
+                return session.expires_at  # nothing later to renew to
+            mount, source = self.table.classes[session.class_key], session.source
+        self.host.renew_session(mount, source, principal.expires_at)  # never under the lock: it asks the process
+        with self.lock:
+            if self._renewable(mountpoint) is not session or session.source != source:
+                raise SessionError(f"the session on {mountpoint} ended while it was renewed")
+            previous, session.expires_at = session.expires_at, principal.expires_at
+            session.token_id, session.issued_at = principal.token_id, principal.issued_at
+            self.table.touch(session)
+            self._write_status(session)
+            self._save()
+        log.info("session on %s renewed (%s): expires %s, was %s", mountpoint, session.reader,
+                 utc_text(principal.expires_at), utc_text(previous))  # fmt: skip
+        return principal.expires_at
+
+    def _renewable(self, mountpoint: str) -> Session:
+        session = self.table.sessions.get(mountpoint)
+        now = self.clock()
+        if (
+            session is None
+            or mountpoint in self._revoked
+            or (session.expires_at is not None and session.expires_at <= now)
+            or not session.source
+        ):
+            raise SessionError(f"no live session on {mountpoint} to renew")
         return session
 
     def _class(self, key: str, config: MountConfig, principal: Principal, host: HostSnapshot) -> ClassMount:

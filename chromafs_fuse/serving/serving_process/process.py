@@ -7,7 +7,8 @@ processes, the i-th (from 0) at `serving-<i>` for i > 0.
 It is told what to serve over `<class root>/serving.sock` (mode 0600; root or its own user only),
 in serving/protocol.py's lines (CONTROL_REQUESTS): AddView (answered with the view's path in the
 mount), RemoveView (`site_gone`: its site's last view), OpenViewSession (the directory
-`.sessions/<slot>` a session binds), EndViewSession, Describe; a refusal keeps its kind.
+`.sessions/<slot>` a session binds), RenewViewSession (a later expiry), EndViewSession, Describe;
+a refusal keeps its kind.
 A session is refused from its expiry on by this process itself (sessions.py), whatever the mount
 server does.
 It outlives the mount server that started it (a restarted one reconnects through the socket) and
@@ -48,6 +49,7 @@ from chromafs_fuse.serving.protocol import (
     EndViewSession,
     OpenViewSession,
     RemoveView,
+    RenewViewSession,
     decode,
     error_answer,
 )
@@ -177,6 +179,8 @@ class ServingProcess:
                     request.path, request.uid, request.gid, request.expires_at, request.allow_other
                 )
                 return {"ok": True, "path": path}
+            if isinstance(request, RenewViewSession):
+                return {"ok": True, "renewed": self.sites.renew_session(request.path, request.expires_at)}
             if isinstance(request, EndViewSession):
                 return {"ok": True, "ended": await self.sites.end_session(request.path)}
             assert isinstance(request, Describe)

@@ -256,6 +256,18 @@ class ServedSites:
                 )
                 self.warmer.pace.saw_listing(table.file_count, time.monotonic() - started)
 
+    def renew_session(self, path: str, expires_at: float) -> bool:
+        """The session at `path` (`.sessions/<slot>`) expires at `expires_at` from now on (a later
+        token of its reader); False when it has ended (its expiry passed: it stays ended)."""
+        sessions = self.fs.sessions
+        slot = sessions.slot_of(path.rpartition("/")[2].encode())
+        session = sessions.get(slot) if slot is not None else None
+        if session is None or not session.alive(time.time()) or slot in self._spare_slots:
+            return False
+        sessions.set_expiry(session, expires_at)
+        log.info("session %s renewed: expires %s", session.path, expires_at)
+        return True
+
     async def end_session(self, path: str) -> bool:
         """End the session at `path` (`.sessions/<slot>`) and make the kernel forget it."""
         slot = self.fs.sessions.slot_of(path.rpartition("/")[2].encode())
