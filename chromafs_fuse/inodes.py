@@ -21,7 +21,8 @@ from array import array
 from bisect import bisect_left
 from collections.abc import Mapping
 from dataclasses import dataclass
-from itertools import accumulate, compress
+
+import numpy as np
 
 from chromafs_fuse.tree import BlobPointer, PathEntry
 
@@ -46,6 +47,11 @@ class Node:
     @property
     def is_dir(self) -> bool:
         return self.entry is None
+
+
+def _lengths(ends: array[int]) -> np.ndarray:
+    """Each item's length from the running ends of a column of names or paths."""
+    return np.diff(np.frombuffer(ends, dtype=np.int64), prepend=0)
 
 
 def _inode_for(path: str, salt: int) -> int:
@@ -107,7 +113,7 @@ def _nest(entries: Mapping[str, PathEntry]) -> _Dir:
     return root
 
 
-_Columns = tuple[dict[str, int], list[bytes], list[bytes], list[bytes]]
+_Columns = tuple[dict[str, int], list[bytes], list[bytes]]
 
 
 class InodeTable:
@@ -228,58 +234,63 @@ class InodeTable:
         if whole.salted or whole.scope != InodeScope(site=scope.site):
             return cls(entries, scope)
         count = len(whole._inode)
-        keep = bytearray(count)
-        keep[ROOT_INDEX] = 1
-        index_of_key, names, paths, shas = whole._columns_by_node()
+        index_of_key, names, paths = whole._columns_by_node()
         try:
-            for key in entries:
-                keep[index_of_key[key]] = 1
+            files = np.fromiter(map(index_of_key.__getitem__, entries), dtype=np.int64, count=len(entries))
         except KeyError:  # not a file of `whole`
             return cls(entries, scope)
-        parent = whole._parent
-        for index in range(count - 1, 0, -1):  # children come after their parent: breadth first
-            if keep[index]:
-                keep[parent[index]] = 1
-        kept = list(compress(range(count), keep))
+        keep = np.zeros(count, dtype=bool)
+        keep[ROOT_INDEX] = True
+        keep[files] = True
+        parent = np.frombuffer(whole._parent, dtype=np.int64)
+        level = files
+        while level.size:  # each kept node's directories, a level at a time
+            up = np.unique(parent[level])
+            level = up[~keep[up]]
+            keep[level] = True
+        kept = np.flatnonzero(keep)
+        size = kept.size
+        new_index = np.full(count, -1, dtype=np.int64)
+        new_index[kept] = np.arange(size, dtype=np.int64)
+        inodes = np.frombuffer(whole._inode, dtype=np.uint64)[kept]
+        parents = new_index[parent[kept]]
+        children = np.bincount(parents[1:], minlength=size).astype(np.int64)
+        first = np.zeros(size, dtype=np.int64)
+        ups, at = np.unique(parents[1:], return_index=True)  # children come after their parent, together
+        first[ups] = at + 1
+        inodes[ROOT_INDEX] = scope.root_inode()
+        for new in np.flatnonzero(children).tolist():  # a directory: numbered for the view
+            if new:
+                inodes[new] = _inode_for(scope.identity(whole.key_at(int(kept[new])), None), 0)
+        if np.unique(inodes).size != size or (size > 1 and int(inodes[1:].min()) <= ROOT_INODE):
+            return cls(entries, scope)  # the build would have rehashed one
         table = cls.__new__(cls)
         table.entries, table.scope, table.salted, table._columns = entries, scope, False, None
-        new_index = array("l", [-1]) * count
-        for new, old_index in enumerate(kept):
-            new_index[old_index] = new
-        inodes = array("Q", map(whole._inode.__getitem__, kept))
-        first = array("l", [0]) * len(kept)
-        children = array("l", [0]) * len(kept)
-        parents = array("l", map(new_index.__getitem__, map(parent.__getitem__, kept)))
-        for new in range(1, len(kept)):
-            up = parents[new]
-            if not children[up]:
-                first[up] = new
-            children[up] += 1
-        inodes[ROOT_INDEX] = scope.root_inode()
-        for new, old_index in enumerate(kept):
-            if new and whole._count[old_index]:  # a directory: numbered for the view
-                inodes[new] = _inode_for(scope.identity(whole.key_at(old_index), None), 0)
-        if len(set(inodes)) != len(kept) or min(inodes[1:], default=ROOT_INODE + 1) <= ROOT_INODE:
-            return cls(entries, scope)  # the build would have rehashed one
-        table._inode, table._parent, table._first, table._count = inodes, parents, first, children
+        table._inode = array("Q", inodes.tobytes())
+        table._parent, table._first, table._count = (array("l", a.tobytes()) for a in (parents, first, children))
         for name in ("_size", "_mtime", "_chunks", "_group_id"):
             column = getattr(whole, name)
-            setattr(table, name, array(column.typecode, map(column.__getitem__, kept)))
-        table._has_sha = bytearray(map(whole._has_sha.__getitem__, kept))
-        table._public = bytearray(map(whole._public.__getitem__, kept))
+            setattr(table, name, array(column.typecode, np.frombuffer(column, dtype=column.typecode)[kept].tobytes()))
+        table._has_sha = bytearray(np.frombuffer(whole._has_sha, dtype=np.uint8)[kept].tobytes())
+        table._public = bytearray(np.frombuffer(whole._public, dtype=np.uint8)[kept].tobytes())
         table._group_sets = whole._group_sets
-        table._sha = b"".join(map(shas.__getitem__, kept))
-        kept_names, kept_paths = list(map(names.__getitem__, kept)), list(map(paths.__getitem__, kept))
-        table._names, table._name_end = b"".join(kept_names), array("l", accumulate(map(len, kept_names)))
-        table._paths, table._path_end = b"".join(kept_paths), array("l", accumulate(map(len, kept_paths)))
-        table._source_keys = {new_index[i]: key for i, key in whole._source_keys.items() if keep[i]}
-        table._blobs = {new_index[i]: blob for i, blob in whole._blobs.items() if keep[i]}
-        sizes = [table._size[i] for i in range(len(kept)) if not children[i] and i]
-        table.file_count = len(sizes)
-        table.unknown_sizes = sizes.count(-1)
-        table.total_bytes = sum(sizes) + table.unknown_sizes
-        table._by_inode = array("Q", sorted(inodes))
-        table._index_by_inode = array("l", sorted(range(len(inodes)), key=inodes.__getitem__))
+        table._sha = np.frombuffer(whole._sha, dtype=np.dtype((np.void, 32)))[kept].tobytes()
+        kept_list = kept.tolist()
+        table._names = b"".join(map(names.__getitem__, kept_list))
+        table._name_end = array("l", np.cumsum(_lengths(whole._name_end)[kept]).tobytes())
+        table._paths = b"".join(map(paths.__getitem__, kept_list))
+        table._path_end = array("l", np.cumsum(_lengths(whole._path_end)[kept]).tobytes())
+        table._source_keys = {int(new_index[i]): key for i, key in whole._source_keys.items() if keep[i]}
+        table._blobs = {int(new_index[i]): blob for i, blob in whole._blobs.items() if keep[i]}
+        is_file = children == 0
+        is_file[ROOT_INDEX] = False
+        sizes = np.frombuffer(table._size, dtype=np.int64)[is_file]
+        table.file_count = int(sizes.size)
+        table.unknown_sizes = int(np.count_nonzero(sizes == -1))
+        table.total_bytes = int(sizes.sum()) + table.unknown_sizes
+        order = np.argsort(inodes)
+        table._by_inode = array("Q", inodes[order].tobytes())
+        table._index_by_inode = array("l", order.astype(np.int64).tobytes())
         table._order_files()
         return table
 
@@ -288,14 +299,13 @@ class InodeTable:
         self._columns_by_node()
 
     def _columns_by_node(self) -> _Columns:
-        """A file's index by key, and each node's name, path and sha256 as bytes."""
+        """A file's index by key, and each node's name and path as bytes."""
         if self._columns is None:
             count = len(self._inode)
             by_key = {self.key_at(i): i for i in range(1, count) if not self._count[i]}
             names = [self.name_at(i) for i in range(count)]
             paths = [self._paths[self._path_end[i - 1] if i else 0 : self._path_end[i]] for i in range(count)]
-            shas = [self._sha[32 * i : 32 * i + 32] for i in range(count)]
-            self._columns = (by_key, names, paths, shas)
+            self._columns = (by_key, names, paths)
         return self._columns
 
     def _order_files(self) -> None:

@@ -101,6 +101,7 @@ class ServedSite:
         self.cancel = trio.CancelScope()  # ends the site's tasks once its last view goes
         self.switches = TreeSwitches()
         self._whole: tuple[SiteTree, InodeTable] | None = None  # a big tree's whole table
+        self._making_whole: tuple[SiteTree, trio.Event] | None = None
 
     def whole(self, tree: SiteTree) -> InodeTable | None:
         """`tree`'s whole table (site/tables.whole_table), if made."""
@@ -111,13 +112,23 @@ class ServedSite:
         if len(tree.entries) < WHOLE_TABLE_FILES:
             return None
         whole = self.whole(tree)
-        if whole is None:
+        if whole is not None:
+            return whole
+        if self._making_whole is not None and self._making_whole[0] is tree:  # one build a tree
+            await self._making_whole[1].wait()
+            return self.whole(tree)
+        making = self._making_whole = (tree, trio.Event())
+        try:
             started = time.perf_counter()
             whole = await trio.to_thread.run_sync(whole_table, tree, self.key)
             if self.tree is tree:
                 self._whole = (tree, whole)
             log.info("site %s: the whole tree's table, %d files, in %.3fs", self.key, whole.file_count,
                      time.perf_counter() - started)  # fmt: skip
+        finally:
+            making[1].set()
+            if self._making_whole is making:
+                self._making_whole = None
         return whole
 
     def filesystem(self, table: InodeTable, replaced: dict | None = None) -> DocsFilesystem[Any]:
