@@ -158,11 +158,14 @@ class ServedSites:
     async def run(self) -> None:
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
-            nursery.start_soon(self.watch.run)
+            own = self.fs.own_mount
+            # a mount of its own's watch only with --refresh-interval (idle, it wakes every second)
+            if not own or any(site.follower.interval_s > 0 for site in self.sites.values()):
+                nursery.start_soon(self.watch.run)
             nursery.start_soon(self.warmer.run)
             for site in self.sites.values():  # opened before the loop: a mount of its own's
                 nursery.start_soon(self._follow, site)
-            if not self.fs.own_mount:
+            if not own:
                 nursery.start_soon(self._expire_sessions)
             await trio.sleep_forever()
 
