@@ -19,7 +19,8 @@ the time a view last came or went, so the kernel lists them again after a change
 A mount of its own (`own_mount`: `chromafs-mount --no-mountd`, `--isolated`) is the same runtime
 holding one view at the mount's root: its table numbered as a mount of its own (the root is inode
 1, SEMANTICS.md "Inode numbers"), every request its view's, `statfs` its view's numbers, no top
-levels and no `.sessions` (the mount is its reader's session: it ends with its token).
+levels and no `.sessions` (the mount is its reader's session: it ends with its token). Its open
+mode follows its first tree (no-open only when the tree gives every size: `ServedSites.open_own`).
 """
 
 from __future__ import annotations
