@@ -15,6 +15,12 @@ chromafs's pyfuse3 build the mount runs in no-open mode (the kernel sends no ope
 opendir or releasedir, and keeps pages and listings), and a file whose size its tree does not give
 is read when the kernel asks its attributes (DocsFilesystem.stat). The top directories' mtime is
 the time a view last came or went, so the kernel lists them again after a change.
+
+A mount of its own (`own_mount`: `chromafs-mount --no-mountd`, `--isolated`) is the same runtime
+holding one view at the mount's root: its table numbered as a mount of its own (the root is inode
+1, SEMANTICS.md "Inode numbers"), every request its view's, `statfs` its view's numbers, no top
+levels and no `.sessions` (the mount is its reader's session: it ends with its token). Its open
+mode follows its first tree (no-open only when the tree gives every size: `ServedSites.open_own`).
 """
 
 from __future__ import annotations
@@ -66,16 +72,21 @@ class ViewEntry(Generic[A]):
 
 
 class ServingFilesystem(Generic[A]):
-    def __init__(self, convert: Callable[[Attributes], A], time_ns: int, no_open: bool = False) -> None:
+    def __init__(
+        self, convert: Callable[[Attributes], A], time_ns: int, no_open: bool = False, own_mount: bool = False
+    ) -> None:
         """`convert` turns an attribute record into what the mount answers with (as
         AttributeMaker's); `time_ns` is the time the top directories show until a view comes or
-        goes; `no_open`: the kernel's open mode (every view's DocsFilesystem is built with it)."""
+        goes; `no_open`: the kernel's open mode (every view's DocsFilesystem is built with it);
+        `own_mount`: one view, at the mount's root (see the module's text)."""
         self.namespace: ServingNamespace[ViewEntry[A]] = ServingNamespace()
         self.convert = convert
         self.time_ns = time_ns
         self.no_open = no_open
+        self.own_mount = own_mount
         self.absent = convert(Attributes(0, 0, 0, 0, 0, 0.0, 0.0, 0, 0))  # never cached: views come
         self.sessions = SessionSpace()
+        self._own: DocsFilesystem[A] | None = None  # own_mount: the one view's filesystem
 
     # -- views joining and leaving ---------------------------------------------------------
 
@@ -83,6 +94,9 @@ class ServingFilesystem(Generic[A]):
         """Serve `fs` as the view `name` of `site` from now on (replacing the view's filesystem,
         if any). `extra_inodes`: the old versions it still serves (DocsFilesystem.replaced).
         InodeClash when its inodes clash with another view's."""
+        if self.own_mount:
+            self._own = fs  # a request sees one tree or the other: one step on the loop
+            return
         old = self.namespace.view(site, name)
         entry = ViewEntry(fs, old.requests, old.ordinals) if old else ViewEntry(fs)
         self.namespace.add(site, name, entry, extra_inodes)
@@ -90,6 +104,8 @@ class ServingFilesystem(Generic[A]):
             self._changed()
 
     def remove(self, site: str, name: str) -> DocsFilesystem[A] | None:
+        if self.own_mount:
+            return None  # a mount of its own keeps its view until it is unmounted
         entry = self.namespace.remove(site, name)
         if entry is None:
             return None
@@ -223,6 +239,8 @@ class ServingFilesystem(Generic[A]):
     # -- requests (as DocsFilesystem's) ----------------------------------------------------
 
     async def lookup(self, parent_inode: int, name: bytes) -> A:
+        if (own := self._own) is not None:
+            return await own.lookup(parent_inode, name)
         namespace = self.namespace
         if is_session_inode(parent_inode):
             return await self._session_lookup(parent_inode, name)
@@ -236,6 +254,8 @@ class ServingFilesystem(Generic[A]):
         return self._top(inode) if namespace.is_top(inode) else self._view_root(inode)
 
     def getattr(self, inode: int) -> A:
+        if (own := self._own) is not None:
+            return own.getattr(inode)
         if is_session_inode(inode):
             return self._session_stat(inode)
         if self.namespace.is_top(inode):
@@ -243,6 +263,8 @@ class ServingFilesystem(Generic[A]):
         return self._fs(inode).getattr(inode)
 
     async def stat(self, inode: int) -> A:
+        if (own := self._own) is not None:
+            return await own.stat(inode)
         if is_session_inode(inode):
             return self._session_stat(inode)
         if self.namespace.is_top(inode):
@@ -250,6 +272,9 @@ class ServingFilesystem(Generic[A]):
         return await self._fs(inode).stat(inode)
 
     def open_dir(self, inode: int) -> None:
+        if (own := self._own) is not None:
+            own.open_dir(inode)
+            return
         if is_session_inode(inode):
             if inode != SESSIONS_INODE:
                 self._session_dir(inode)
@@ -260,6 +285,9 @@ class ServingFilesystem(Generic[A]):
             raise FsError(errno.ENOSYS)  # as every view's: one open mode per connection
 
     def listing(self, inode: int, start: int) -> Iterator[tuple[bytes, A, int]]:
+        if (own := self._own) is not None:
+            yield from own.listing(inode, start)
+            return
         namespace = self.namespace
         if is_session_inode(inode):
             if inode == SESSIONS_INODE:
@@ -279,23 +307,32 @@ class ServingFilesystem(Generic[A]):
             yield name, attributes, position + 1
 
     def open_file(self, inode: int, flags: int) -> OpenReply:
+        if (own := self._own) is not None:
+            return own.open_file(inode, flags)
         if is_session_inode(inode) or self.namespace.is_top(inode):
             raise FsError(errno.EISDIR)
         return self._fs(inode).open_file(inode, flags)
 
     async def read(self, inode: int, offset: int, size: int) -> bytes:
+        if (own := self._own) is not None:
+            return await own.read(inode, offset, size)
         if is_session_inode(inode) or self.namespace.is_top(inode):
             raise FsError(errno.EISDIR)
         return await self._fs(inode).read(inode, offset, size)
 
     def forget(self, inodes: Sequence[int]) -> None:
         """An old version is held per view: every view holding the inode lets it go."""
+        if (own := self._own) is not None:
+            own.forget(inodes)
+            return
         for inode in inodes:
             for entry in self.namespace.holders(inode):
                 if entry.fs.replaced:
                     entry.fs.forget([inode])
 
     def may_access(self, inode: int, mode: int) -> bool:
+        if (own := self._own) is not None:
+            return own.may_access(inode, mode)
         if is_session_inode(inode):
             if inode != SESSIONS_INODE:
                 self._session_dir(inode)
@@ -305,11 +342,15 @@ class ServingFilesystem(Generic[A]):
         return self._fs(inode).may_access(inode, mode)
 
     def stats(self) -> FsStats:
+        if (own := self._own) is not None:
+            return own.stats()  # its reader's visible files, as a session's directories give them
         return SHARED_STATS
 
     def stats_of(self, inode: int) -> FsStats:
         """A session's directory: its class's numbers (as a mount of its own gives them); EACCES
         once it ended. Anything else (a file, which every class of the site may share): fixed."""
+        if (own := self._own) is not None:
+            return own.stats_of(inode)
         if not is_session_inode(inode) or inode == SESSIONS_INODE:
             return SHARED_STATS
         _session, entry, _class_inode = self._session_dir(inode)

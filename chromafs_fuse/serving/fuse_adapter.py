@@ -1,4 +1,6 @@
-"""The pyfuse3 Operations adapter: forwards kernel requests to a DocsFilesystem.
+"""The pyfuse3 Operations adapter: forwards kernel requests to a ServingFilesystem (a serving
+process's views, or a mount of its own's one view at its root), which hands each to a view's
+DocsFilesystem.
 
 Every handler goes through `_request`, which counts the request, times it, maps a
 ChromafsError to its errno (logged at its level) and turns any other exception into EIO with its
@@ -22,23 +24,21 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Callable, Coroutine, Sequence
-from typing import Any, Concatenate, Generic, NoReturn, ParamSpec, TypeVar
+from typing import Any, Concatenate, NoReturn, ParamSpec, TypeVar
 
 import pyfuse3
 
 from chromafs_fuse.attributes import AttributeMaker, Attributes
 from chromafs_fuse.errors import ChromafsError, FsError
-from chromafs_fuse.filesystem import DocsFilesystem, FsStats
+from chromafs_fuse.filesystem import FsStats
 from chromafs_fuse.inodes import InodeTable
-from chromafs_fuse.served import ServedFilesystem
+from chromafs_fuse.serving_filesystem import ServingFilesystem
 from chromafs_fuse.stats import LatencyHistogram
 
 log = logging.getLogger(__name__)
 R = TypeVar("R")
 P = ParamSpec("P")
-S = TypeVar("S", bound="FuseAdapter[Any]")
-F = TypeVar("F", bound=ServedFilesystem[pyfuse3.EntryAttributes])  # what the adapter forwards to
-Filesystem = DocsFilesystem[pyfuse3.EntryAttributes]  # a mount's own (serving/daemon/)
+S = TypeVar("S", bound="FuseAdapter")
 
 
 def pyfuse3_passes_inode() -> bool:
@@ -107,24 +107,19 @@ def _request(name: str) -> Callable[[Handler[S, P, R]], Handler[S, P, R]]:
     return decorate
 
 
-class FuseAdapter(pyfuse3.Operations, Generic[F]):
-    """The pyfuse3 operations over `fs`: a DocsFilesystem (a mount of its own) or a
-    ServingFilesystem (a serving process), each a ServedFilesystem."""
+class FuseAdapter(pyfuse3.Operations):
+    """The pyfuse3 operations over `fs`: a serving process's, or a mount of its own's."""
 
     supports_dot_lookup = True
     enable_writeback_cache = False
 
-    def __init__(self, fs: F) -> None:
+    def __init__(self, fs: ServingFilesystem[pyfuse3.EntryAttributes]) -> None:
         super().__init__()
         self.fs = fs
         self.refusing = False  # every request answers EACCES (a mount whose token expired, on its way out)
         self.requests: Counter[str] = Counter()
         self.latency: dict[str, LatencyHistogram] = {name: LatencyHistogram() for name in _HANDLERS}
         self.read_latency = self.latency["read"]
-
-    def switch(self, fs: F) -> None:
-        """Serve a new tree from now on (one step on the loop: a request sees one tree or the other)."""
-        self.fs = fs
 
     # -- requests ---------------------------------------------------------------------
 

@@ -1,5 +1,5 @@
-"""A re-ingest, served: the one path a standalone mount (serving/daemon/mount.py) and each site of
-a serving process (serving/serving_process/sites.py) take.
+"""A re-ingest, served: the one path every site takes, through `ServedSites`
+(serving/serving_process/sites.py), a serving process's sites and a mount of its own's one site.
 
 - `follow_site`: the site's `TreeFollower`, driven by a `SiteWatch` (site/watch.py), hands out
   each new tree; of the trees that came while a switch ran only the newest is served; a switch

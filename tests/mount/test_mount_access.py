@@ -4,6 +4,7 @@ visible files, byte for byte, and nothing of the hidden ones."""
 from __future__ import annotations
 
 import errno
+import hashlib
 import os
 import subprocess
 from collections.abc import Callable
@@ -129,6 +130,17 @@ def test_tools_work_and_stat_is_exact(sample_backend: Callable[..., Backend], mn
             assert st.st_mode & 0o777 == 0o444
             assert (mnt / rel).read_bytes() == (SAMPLE_SITE / rel).read_bytes()
         assert os.stat(mnt / "guides").st_mode & 0o777 == 0o555
+
+        # SEMANTICS.md "Inode numbers" for a mount of its own: the root is 1, a directory the hash of
+        # "0:" + path, a file with a sha256 of "0:" + path + NUL + sha256 (no site in front: a session's)
+        def rule(identity: str) -> int:
+            digest = hashlib.blake2b(identity.encode(), digest_size=8).digest()
+            return int.from_bytes(digest, "little") & ((1 << 63) - 1)
+
+        oauth = hashlib.sha256((SAMPLE_SITE / "auth/oauth.mdx").read_bytes()).hexdigest()
+        assert os.stat(mnt).st_ino == 1
+        assert os.stat(mnt / "guides").st_ino == rule("0:guides")
+        assert os.stat(mnt / "auth/oauth.mdx").st_ino == rule(f"0:auth/oauth.mdx\0{oauth}")
         # stable inode numbers: the same across lookups and across mounts
         first = os.stat(mnt / "auth/oauth.mdx").st_ino
     with mounted(mnt, *sample_backend().args):

@@ -1,5 +1,6 @@
 """Filesystem semantics in-process, without a mount: DocsFilesystem and the pyfuse3 adapter
-against a fake page source. The same rules are checked through real mounts elsewhere; here
+against a fake page source (the adapter over a mount of its own's ServingFilesystem, as
+chromafs-mount --no-mountd serves it). The same rules are checked through real mounts elsewhere; here
 every errno and every corner is cheap to reach: attributes, old versions after a re-ingest,
 and the --search-dir directory included."""
 
@@ -23,6 +24,7 @@ from chromafs_fuse.inodes import ROOT_INODE, InodeTable
 from chromafs_fuse.readahead import ReadScheduler
 from chromafs_fuse.search_dir import SEARCH_INODE, SearchDir
 from chromafs_fuse.serving.fuse_adapter import FuseAdapter, attribute_maker, entry_attributes, table_attributes
+from chromafs_fuse.serving_filesystem import ServingFilesystem
 from chromafs_fuse.tree import PathEntry, parse_tree
 from chromafs_fuse.tree_diff import diff_tables
 
@@ -87,7 +89,9 @@ def build(principal: Principal, no_open: bool = False, sized: bool = False) -> t
     table = table_of(tree, principal)
     pages = FakePages()
     fs = DocsFilesystem(table, pages, ReadScheduler(table, pages, 32), no_open, attribute_maker(60, MOUNT_TIME_NS))
-    return FuseAdapter(fs), pages
+    served = ServingFilesystem(entry_attributes, MOUNT_TIME_NS, no_open, own_mount=True)
+    served.add("docs", "root", fs)
+    return FuseAdapter(served), pages
 
 
 def core(
@@ -232,6 +236,7 @@ def test_a_bug_in_any_handler_costs_one_request_with_eio(caplog: pytest.LogCaptu
 
     ops.fs.lookup = broken  # type: ignore[method-assign]
     ops.fs.getattr = broken  # type: ignore[method-assign]
+    ops.fs.stat = broken  # type: ignore[method-assign]
     ops.fs.listing = broken  # type: ignore[method-assign]
     assert errno_of(ops.lookup, ROOT_INODE, b"index.md", None) == errno.EIO
     assert errno_of(ops.getattr, intro, None) == errno.EIO

@@ -19,6 +19,7 @@ from chromafs_fuse.errors import FsError
 from chromafs_fuse.filesystem import DocsFilesystem
 from chromafs_fuse.inodes import ROOT_INODE, InodeTable
 from chromafs_fuse.readahead import ReadScheduler
+from chromafs_fuse.search_dir import SEARCH_INODE, SearchDir
 from chromafs_fuse.serving_filesystem import SHARED_STATS, ServingFilesystem
 from chromafs_fuse.serving_views import scope_for, view_name
 from chromafs_fuse.sessions import SessionSpace
@@ -281,3 +282,52 @@ def test_a_reingest_tells_the_kernel_what_each_session_must_forget() -> None:
     assert guides.inode in told.stale_inodes and (guides.inode, b"new.md") in told.stale_names
     assert walk(fs, root, "guides").inode == guides.inode  # a path keeps its inode across re-ingests
     assert walk(fs, guides, "new.md").inode > 0
+
+
+# -- a mount of its own: one view at the root ------------------------------------------------
+
+
+def own_mount(reader: Principal, search: SearchDir | None = None) -> ServingFilesystem[Attributes]:
+    """`chromafs-mount --no-mountd`'s filesystem: one view, numbered as a mount of its own's."""
+    entries = visible_entries(parse_tree(json.dumps(TREE)).entries, reader)
+    table = InodeTable(entries)
+    pages = FakePages()
+    view = DocsFilesystem(table, pages, ReadScheduler(table, pages, 32), False, MAKER, None, search)
+    fs: ServingFilesystem[Attributes] = ServingFilesystem(keep_record, 1, own_mount=True)
+    fs.add("docs", "root", view)
+    return fs
+
+
+def test_a_mount_of_its_own_is_its_one_view_at_the_root_numbered_as_its_own() -> None:
+    async def search(query: str) -> bytes:
+        return f"hits for {query}\n".encode()
+
+    fs = own_mount(STAFF, SearchDir(".search", search))
+    plain = own_mount(ANON)
+    # the root is the view's: inode 1, its files and directories listed, no site, view or .sessions
+    assert [name for name, _, _ in fs.listing(ROOT_INODE, 0)] == [b"guides", b"index.md"]
+    assert call(fs.lookup, ROOT_INODE, b".sessions").inode == 0
+    # SEMANTICS.md "Inode numbers": a mount's own numbers, the same for every reader of any mount
+    intro = resolve(fs, "guides/intro.md")
+    own_table = InodeTable(visible_entries(parse_tree(json.dumps(TREE)).entries, ANON))
+    assert fs.getattr(ROOT_INODE).inode == ROOT_INODE
+    assert intro.inode == resolve(plain, "guides/intro.md").inode == own_table.resolve("guides/intro.md").inode
+    assert call(fs.read, intro.inode, 0, 100) == PAGES["guides/intro.md"]
+    assert resolve(fs, "guides/secret.md").size == len(PAGES["guides/secret.md"])
+    with pytest.raises(FsError):
+        resolve(plain, "guides/secret.md")
+    # statfs: the reader's visible files (SHARED_STATS is the serving mount's), from any inode
+    assert fs.stats().files == plain.stats().files + 1 > SHARED_STATS.files
+    assert fs.stats_of(intro.inode) == fs.stats()
+    # the search directory's inodes carry the top bit, as a session's directories do: still the view's
+    directory = call(fs.lookup, ROOT_INODE, b".search")
+    assert directory.inode == SEARCH_INODE and fs.getattr(SEARCH_INODE) == directory
+    answer = call(fs.lookup, SEARCH_INODE, b"intro")
+    assert call(fs.read, answer.inode, 0, 100) == b"hits for intro\n"
+    # a re-ingest: the view replaced in one step; the view never goes while mounted
+    entries = visible_entries(parse_tree(json.dumps({"index.md": TREE["index.md"]})).entries, STAFF)
+    table = InodeTable(entries)
+    pages = FakePages()
+    fs.add("docs", "root", DocsFilesystem(table, pages, ReadScheduler(table, pages, 32), False, MAKER))
+    assert fs.remove("docs", "root") is None
+    assert [name for name, _, _ in fs.listing(ROOT_INODE, 0)] == [b"index.md"]

@@ -1,13 +1,15 @@
-"""One mount, whole: `Mount` owns its parts and runs them.
+"""A mount of its own, whole: `Mount` is the serving runtime with one site and one view at the
+mount's root, and what only a mount of its own does.
 
-Built complete from a MountConfig and the verified reader: the site loaded and pruned for
-the reader (tree, inode table, page source), the filesystem over it (read scheduler,
-attributes, the --search-dir directory), the pyfuse3 adapter that forwards to it, and the
-site's follower of re-ingests (serving/tree_switch.py, as each site of a serving process).
-`run()` mounts and serves until unmounted, with the kernel pusher (and
-the watchdog it needs), the warm-up, the status file and the metrics endpoint;
-`switch_to(tree)` serves a re-ingested tree; `describe()` is what `chromafs status` and the
-metrics read.
+The runtime is the serving process's (serving/serving_process/sites.py, `ServedSites.open_own`,
+on a `ServingFilesystem` with `own_mount`): the site loaded for the verified reader (tree, page
+source, attributes), its view pruned and numbered as a mount of its own's (root inode 1), the
+site's re-ingests followed and switched to, the warm-up. What `Mount` adds: the --search-dir
+directory, pages pushed into the kernel (`KernelPusher`, and the watchdog it needs), the preload,
+the pid file, readiness (the ready fd, systemd), the status file per mount, the metrics endpoint,
+--idle-exit, and the end at its token's expiry or revocation (every path refused, then the
+process exits). `run()` mounts and serves until unmounted; `describe()` is what `chromafs status`
+and the metrics read.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import os
 import subprocess
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit, urlunsplit
 
 import pyfuse3
@@ -30,14 +32,9 @@ from chromafs_fuse.config import MountConfig
 from chromafs_fuse.errors import FsError
 from chromafs_fuse.filesystem import DocsFilesystem
 from chromafs_fuse.inodes import InodeTable
-from chromafs_fuse.readahead import ReadScheduler
+from chromafs_fuse.page_cache import PageCache
 from chromafs_fuse.search_dir import SEARCH_INODE, SearchDir
-from chromafs_fuse.serving.fuse_adapter import (
-    Filesystem,
-    FuseAdapter,
-    attribute_maker,
-    pyfuse3_passes_inode,
-)
+from chromafs_fuse.serving.fuse_adapter import FuseAdapter, entry_attributes, pyfuse3_passes_inode
 from chromafs_fuse.serving.handshake import tell_ready
 from chromafs_fuse.serving.kernel_push import KernelPusher, forget_attributes, tell_kernel
 from chromafs_fuse.serving.lifetime import (
@@ -48,16 +45,15 @@ from chromafs_fuse.serving.lifetime import (
     watch_signals,
 )
 from chromafs_fuse.serving.process import sd_notify
+from chromafs_fuse.serving.serving_process.sites import OWN_VIEW, ServedSites
 from chromafs_fuse.serving.status import STATUS_EVERY_S, StatusFile, keep_written, uptime_since, view_status
-from chromafs_fuse.serving.tree_switch import TreeSwitches, follow_site, next_filesystem
-from chromafs_fuse.serving.warm_up import ViewWarmer, WarmJob, should_warm_kernel, visible_bytes
-from chromafs_fuse.site.follower import TreeFollower
-from chromafs_fuse.site.loader import LoadedSite, SiteLoader
-from chromafs_fuse.site.watch import SiteWatch
-from chromafs_fuse.tree import PathEntry, SiteTree
+from chromafs_fuse.serving.warm_up import visible_bytes
+from chromafs_fuse.serving_filesystem import ServingFilesystem
+from chromafs_fuse.site.loader import LoadedSite
 from chromafs_fuse.tree_diff import TreeChange
 
 if TYPE_CHECKING:
+    from chromafs_fuse.filesystem import DocsFilesystem
     from chromafs_fuse.serving.metrics import MetricsEndpoint
     from chromafs_fuse.site.searcher import Searcher
 
@@ -87,47 +83,34 @@ class Mount:
         """Load the site for `principal` and build the mount's parts; nothing is mounted yet."""
         self.config = config
         self.principal = principal
-        self.loader = SiteLoader(config.session)
-        site = self.loader.load(principal)
-        self.tree = site.tree
-        self.pages = site.source
         # Directories and files the tree gives no mtime show the mount's start.
-        self.attributes = attribute_maker(config.cache_timeout_s, time.time_ns())
+        self.served = ServingFilesystem(entry_attributes, time.time_ns(), own_mount=True)
+        self.sites = ServedSites(self.served, PageCache(config.session.cache_bytes), config.mountpoint)
         self.search_dir = SearchDir(config.search_dir, self._search) if config.search_dir else None
         self._searcher: Searcher | None = None  # the search directory's, kept warm
-        # The kernel's open mode is set for the mount's life. A mount opens its own files when
-        # its first tree leaves a size unknown (direct_io, then keep_cache once read); a later
-        # tree without sizes is served in the mode the mount has (DocsFilesystem.stat).
-        self.no_open = pyfuse3_passes_inode() and site.table.unknown_sizes == 0
-        self.adapter = FuseAdapter(self._filesystem(site.table, {}))
+        self.site = self.sites.open_own(config, principal, self.search_dir, pyfuse3_passes_inode())
+        self.view = self.site.views[OWN_VIEW]
+        self.pages = self.site.pages
+        self.no_open = self.served.no_open
+        self.adapter = FuseAdapter(self.served)
         # Pushing pages needs the kernel to keep them across opens (no-open mode only), the
         # batched store of chromafs's pyfuse3 build (scripts/build_pyfuse3.py), and a watchdog
         # (started once mounted: pushed pages, and the warm-up's reads of this mount, can leave a
         # thread waiting in the kernel on a killed daemon).
         self.may_push = config.push_pages and self.no_open and hasattr(pyfuse3, "store_pages")
-        self.follower: TreeFollower | None = None  # with --refresh-interval
-        if config.refresh_interval_s > 0:
-            self.follower = TreeFollower(self.loader, self.pages.chroma, self.tree, config.refresh_interval_s)
-        self.switches = TreeSwitches()
+        self.sites.switched = self._switched
         self.started = time.time()
         self.status = StatusFile(self.describe)
         # while run() runs:
         self.watchdog: subprocess.Popen[bytes] | None = None
         self.pusher: KernelPusher | None = None
-        self.warms_kernel = False  # --warm-kernel, a watchdog, and the site within its budget
-        self.warmer = ViewWarmer()  # the serving processes' warmer, with one view: the mount's root
-        self.warmed: set[int] = set()  # inodes read into the kernel already (a re-ingest's new ones are not)
         self._nursery: trio.Nursery | None = None
         self.metrics: MetricsEndpoint | None = None
 
     @property
-    def fs(self) -> Filesystem:
+    def fs(self) -> DocsFilesystem[Any]:
         """The filesystem of the tree served now."""
-        return self.adapter.fs
-
-    def _filesystem(self, table: InodeTable, replaced: dict[int, PathEntry]) -> Filesystem:
-        scheduler = ReadScheduler(table, self.pages, self.config.readahead_pages)
-        return DocsFilesystem(table, self.pages, scheduler, self.no_open, self.attributes, replaced, self.search_dir)
+        return self.view.fs
 
     async def _search(self, query: str) -> bytes:
         """A file of the search directory: the query's hits in the pages the mount shows now."""
@@ -137,7 +120,7 @@ class Mount:
         from chromafs_fuse.search import SearchError, hit_line
         from chromafs_fuse.site.view import ReaderView, ViewError
 
-        now = LoadedSite(self.tree, self.fs.table, self.pages)
+        now = LoadedSite(self.site.tree, self.fs.table, self.pages)
         principal = self.principal.reader_class()
         view = ReaderView(now, self.config.session, principal, memory_cache=False, warm=self._searcher)
         try:
@@ -148,38 +131,13 @@ class Mount:
             raise FsError(errno.EIO) from None
         return "".join(hit_line(hit) + "\n" for hit in hits).encode("utf-8")
 
-    # -- a re-ingest -----------------------------------------------------------------------
-
-    async def switch_to(self, tree: SiteTree) -> TreeChange:
-        """Serve `tree` from now on: pruned for the reader, on a new filesystem (old versions
-        that readers hold stay readable), the kernel told what to forget, and with --warm-kernel
-        the pages that changed read into it. The switch itself is one step on the loop, so a
-        request sees one tree or the other; the blocking parts run in worker threads."""
-        started = time.perf_counter()
-        previous, old = self.tree.version, self.fs
-        new, change = await next_filesystem(old, tree, self.principal, self._filesystem)
-        self.adapter.switch(new)
-        self.pages.switch(tree.version)
-        self.tree = tree
+    async def _switched(self, new: DocsFilesystem[Any], change: TreeChange) -> None:
+        """A re-ingest served (ServedSites switched the view to `new`): the kernel told what to
+        forget through the pusher of the tree served until now, and a pusher for the new tree."""
         old_pusher, self.pusher = self.pusher, None
         # never on the loop: the kernel may make a notification wait for a request the loop answers
         await trio.to_thread.run_sync(tell_kernel, old_pusher, change)
         self._start_pushing()
-        self.warmed.difference_update(change.stale_inodes)
-        if self.warms_kernel:
-            self._warm()  # the new and changed pages: new inodes
-        log.info(
-            "tree %s -> %s in %.3fs: %d files changed, %d added, %d removed; %d inodes and %d names invalidated",
-            previous,
-            tree.version,
-            time.perf_counter() - started,
-            change.changed,
-            change.added,
-            change.removed,
-            len(change.stale_inodes),
-            len(change.stale_names),
-        )
-        return change
 
     # -- pushing pages into the kernel's cache ----------------------------------------------
 
@@ -203,14 +161,6 @@ class Mount:
         if pusher is None:
             return {}
         return {"stored": pusher.stored, "refused": pusher.refused, "skipped": pusher.skipped}
-
-    def _warm(self) -> WarmJob:
-        """On the loop: the pages of the tree served now that the kernel does not hold yet read
-        through the mount, in the background (stopped by a switch to another tree)."""
-        fs = self.fs
-        job = WarmJob(self.config.mountpoint, self.warmed, lambda: self.fs is fs)
-        self.warmer.offer(job)
-        return job
 
     async def _preload(self) -> None:
         """After mounting (without --warm-kernel): load every visible page into memory."""
@@ -237,7 +187,7 @@ class Mount:
             with fuse_mounted(
                 self.adapter, mountpoint, options, "pages are neither pushed nor warmed" if watched else None
             ) as self.watchdog:
-                self.warms_kernel = self.watchdog is not None and should_warm_kernel(config, self.fs.table)
+                self.sites.warms = self.watchdog is not None
                 if config.pid_file:
                     with open(config.pid_file, "w") as f:
                         f.write(f"{os.getpid()}\n")
@@ -255,26 +205,11 @@ class Mount:
                     os.unlink(config.pid_file)
 
     async def _serve(self, ready_fd: int | None) -> None:
-        async with self.pages.running(), trio.open_nursery() as nursery:
+        async with trio.open_nursery() as nursery:
             self._nursery = nursery
             self._start_pushing()
-            if self.follower is not None:
-                watch = SiteWatch()  # one site: the serving process's watch of many, with one
-                nursery.start_soon(watch.run)
-                nursery.start_soon(
-                    follow_site,
-                    watch,
-                    self.config.site,
-                    self.follower,
-                    self.loader.redis,
-                    self.pages.timeout_s,
-                    lambda: self.tree.version,
-                    self.switch_to,
-                    self.switches,
-                )
+            nursery.start_soon(self.sites.run)  # the site's read-ahead, its re-ingests, the warm-up
             nursery.start_soon(watch_signals)
-            if self.warms_kernel:
-                nursery.start_soon(self.warmer.run)
             if self.metrics is not None:
                 from chromafs_fuse.serving.metrics import serve_metrics
 
@@ -325,8 +260,8 @@ class Mount:
         config = self.config
         await trio.to_thread.run_sync(os.listdir, config.mountpoint)
         assert self._nursery is not None
-        if self.warms_kernel:
-            job = self._warm()
+        job, _alone = self.sites.warm(self.site, OWN_VIEW)
+        if job is not None:
             if config.warm_wait_s > 0:
                 with trio.move_on_after(config.warm_wait_s):
                     await job.done.wait()
@@ -339,7 +274,7 @@ class Mount:
 
     def describe(self) -> dict:
         """The mount's status (the status file, `chromafs status`, the metrics endpoint)."""
-        config, adapter, pages = self.config, self.adapter, self.pages
+        config, adapter, pages, site = self.config, self.adapter, self.pages, self.site
         shared = pages.shared
         return {
             **view_status(
@@ -348,7 +283,7 @@ class Mount:
                 self.fs.table,
                 pages.tree_version,
                 dict(adapter.requests),
-                self.switches.describe(self.follower),
+                site.switches.describe(site.follower),
             ),
             "pid": os.getpid(),
             "mountpoint": config.mountpoint,

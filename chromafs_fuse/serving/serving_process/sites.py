@@ -8,6 +8,10 @@ the `ServingFilesystem` at `<site directory>/<view name>`. A view of a site alre
 prune and a table (in a worker thread); the first view of a site loads its tree first (Redis,
 else Chroma, within --backend-timeout). On a re-ingest every view of the site switches to the
 new tree (old versions that readers hold stay readable) and the kernel is told what to forget.
+
+A mount of its own (serving/daemon/mount.py: `chromafs-mount --no-mountd`, `--isolated`) is served
+by the same runtime with one site and one view, at the mount's root (`open_own`, on a
+`ServingFilesystem` with `own_mount`): its site loaded, followed, switched and warmed as here.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import json
 import logging
 import os
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,6 +35,7 @@ from chromafs_fuse.filesystem import DocsFilesystem
 from chromafs_fuse.inodes import InodeTable
 from chromafs_fuse.page_cache import PageCache
 from chromafs_fuse.readahead import ReadScheduler
+from chromafs_fuse.search_dir import SearchDir
 from chromafs_fuse.serving.kernel_push import forget_attributes, tell_kernel, walk_directories
 from chromafs_fuse.serving.status import view_status
 from chromafs_fuse.serving.tree_switch import TreeSwitches, follow_site, next_filesystem
@@ -43,6 +49,7 @@ from chromafs_fuse.site.page_source import PageSource
 from chromafs_fuse.site.tables import WHOLE_TABLE_FILES, prune, whole_table
 from chromafs_fuse.site.watch import SiteWatch
 from chromafs_fuse.tree import SiteTree
+from chromafs_fuse.tree_diff import TreeChange
 
 log = logging.getLogger("chromafs.serving")
 # a spare session's class: (site key, view name, uid, gid, allow_other)
@@ -53,6 +60,7 @@ SPARES = 2  # per class and owner: a class's first two sessions in a row both fi
 # in all, per serving process: each holds its tree's dentries and a listing page per directory in
 # the kernel, which with a thousand classes would push their pages out of the cache
 MAX_SPARES = 64
+OWN_VIEW = "root"  # a mount of its own's one view (its root)
 
 
 class ServeError(Refused):
@@ -100,6 +108,7 @@ class ServedSite:
         self.warmed: set[int] = set()  # inodes read through a view already (serving/warm_up.py)
         self.cancel = trio.CancelScope()  # ends the site's tasks once its last view goes
         self.switches = TreeSwitches()
+        self.search_dir: SearchDir | None = None  # a mount of its own's --search-dir
         self._whole: tuple[SiteTree, InodeTable] | None = None  # a big tree's whole table
         self._making_whole: tuple[SiteTree, trio.Event] | None = None
 
@@ -134,7 +143,7 @@ class ServedSite:
     def filesystem(self, table: InodeTable, replaced: dict | None = None) -> DocsFilesystem[Any]:
         assert self.attributes is not None
         scheduler = ReadScheduler(table, self.pages, self.config.readahead_pages)
-        return DocsFilesystem(table, self.pages, scheduler, self.no_open, self.attributes, replaced)
+        return DocsFilesystem(table, self.pages, scheduler, self.no_open, self.attributes, replaced, self.search_dir)
 
 
 class ServedSites:
@@ -155,14 +164,55 @@ class ServedSites:
         self._making: dict[SpareKey, trio.Event] = {}  # spares being listed
         self._spare_slots: set[int] = set()  # every spare's slot, listed or being listed
         self._last_request = 0.0  # when a session was last asked for (time.monotonic)
+        # False: views are not read through the mount (a mount of its own without its watchdog)
+        self.warms = True
+        # A mount of its own: what tells the kernel what to forget after its view switched to a
+        # new filesystem (its pusher's); None: told here
+        self.switched: Callable[[DocsFilesystem[Any], TreeChange], Awaitable[None]] | None = None
 
     async def run(self) -> None:
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
-            nursery.start_soon(self.watch.run)
+            own = self.fs.own_mount
+            # a mount of its own's watch only with --refresh-interval (idle, it wakes every second)
+            if not own or any(site.follower.interval_s > 0 for site in self.sites.values()):
+                nursery.start_soon(self.watch.run)
             nursery.start_soon(self.warmer.run)
-            nursery.start_soon(self._expire_sessions)
+            for site in self.sites.values():  # opened before the loop: a mount of its own's
+                nursery.start_soon(self._follow, site)
+            if not own:
+                nursery.start_soon(self._expire_sessions)
             await trio.sleep_forever()
+
+    def open_own(
+        self, config: MountConfig, principal: Principal, search_dir: SearchDir | None, kernel_no_open: bool
+    ) -> ServedSite:
+        """A mount of its own, before it is mounted (blocking): its site loaded (Redis, else Chroma,
+        within --backend-timeout), its one view pruned for `principal` at the mount's root, its
+        inodes numbered as a mount of its own's. `kernel_no_open`: pyfuse3 can run in no-open mode."""
+        assert self.fs.own_mount and not self.sites
+        key = site_key(config)
+        site = self._load(key, config)
+        tree = site.tree
+        table = prune(tree, principal)
+        log.info(
+            "site %s (tree %s): %d of %d files visible to %s",
+            config.site,
+            tree.version,
+            table.file_count,
+            len(tree.entries),
+            principal.describe(),
+        )
+        # The kernel's open mode is set for the mount's life. A mount opens its own files when
+        # its first tree leaves a size unknown (direct_io, then keep_cache once read); a later
+        # tree without sizes is served in the mode the mount has (DocsFilesystem.stat).
+        site.no_open = self.fs.no_open = kernel_no_open and table.unknown_sizes == 0
+        site.search_dir = search_dir
+        fs = site.filesystem(table)
+        self.fs.add(key, OWN_VIEW, fs)
+        site.views[OWN_VIEW] = ServedView(OWN_VIEW, principal.reader_class(), fs)
+        self.sites[key] = site
+        return site
 
     # -- sessions ----------------------------------------------------------------------------
 
@@ -347,7 +397,7 @@ class ServedSites:
             )
             if whole is None and len(tree.entries) >= WHOLE_TABLE_FILES and self._nursery is not None:
                 self._nursery.start_soon(site.make_whole, tree)  # the site's next classes: half the work
-            job, alone = self._warm(site, name)
+            job, alone = self.warm(site, name)
             site.views[name].lists_ahead = job is not None
             if job is not None and self._nursery is not None:  # the likely owner: the server's user
                 spare: SpareKey = (site.key, name, os.getuid(), os.getgid(), "allow_other" in config.fuse_options)
@@ -361,18 +411,18 @@ class ServedSites:
                     await job.done.wait()
         return f"{site.directory}/{name}"
 
-    def _warm(self, site: ServedSite, name: str) -> tuple[WarmJob | None, bool]:
+    def warm(self, site: ServedSite, name: str) -> tuple[WarmJob | None, bool]:
         """With --warm-kernel (a mount server's classes), the view's pages read in the background;
         the job (None: the view is not warmed), and whether it is the only view warming."""
         view = site.views[name]
         fs = view.fs
-        if not should_warm_kernel(site.config, fs.table):
+        if not self.warms or not should_warm_kernel(site.config, fs.table):
             return None, False
 
         def current() -> bool:
             return site.views.get(name) is view and view.fs is fs
 
-        path = f"{self.mountpoint}/{site.directory}/{name}"
+        path = self.mountpoint if self.fs.own_mount else f"{self.mountpoint}/{site.directory}/{name}"
         job = WarmJob(path, site.warmed, current)
         return job, self.warmer.offer(job)
 
@@ -474,29 +524,49 @@ class ServedSites:
         if tree.version == site.tree.version:
             return
         started = time.perf_counter()
-        site.tree = tree
+        previous, site.tree = site.tree.version, tree
         whole = await site.make_whole(tree) if len(site.views) > 1 else None  # one view: built as fast
+        total, invalidated = TreeChange(), [0, 0]
         for name, view in list(site.views.items()):
             new, change = await next_filesystem(view.fs, tree, view.reader, site.filesystem, whole)
             if site.views.get(name) is not view:
                 continue  # removed meanwhile
             view.fs = new
             self.fs.add(site.key, name, new, extra_inodes=new.replaced)
-            await trio.to_thread.run_sync(tell_kernel, None, change)
-            await trio.to_thread.run_sync(tell_kernel, None, self.fs.session_change(site.key, name, change))
-        site.pages.switch(tree.version)
-        site.warmed = set()  # the kernel forgot the changed pages: read the views again
-        if whole is None and len(tree.entries) >= WHOLE_TABLE_FILES and self._nursery is not None:
+            if len(site.views) == 1:  # the page source's tree in the same step (a site of many views: after all)
+                site.pages.switch(tree.version)
+            if self.switched is not None:
+                await self.switched(new, change)
+            else:  # never on the loop: the kernel may make a notification wait for a request the loop answers
+                await trio.to_thread.run_sync(tell_kernel, None, change)
+                await trio.to_thread.run_sync(tell_kernel, None, self.fs.session_change(site.key, name, change))
+            # the kernel forgot the changed pages (new inodes): the warm-up reads them again
+            site.warmed.difference_update(change.stale_inodes)
+            total.changed += change.changed
+            total.added += change.added
+            total.removed += change.removed
+            invalidated[0] += len(change.stale_inodes)
+            invalidated[1] += len(change.stale_names)
+        if site.pages.tree_version != tree.version:
+            site.pages.switch(tree.version)
+        own = self.fs.own_mount
+        if not own and whole is None and len(tree.entries) >= WHOLE_TABLE_FILES and self._nursery is not None:
             self._nursery.start_soon(site.make_whole, tree)
         for name in site.views:
-            self._warm(site, name)
+            self.warm(site, name)
         log.info(
-            "site %s: tree %s for %d views in %.3fs (tables %s)",
-            site.key,
+            "site %s: tree %s -> %s for %d views in %.3fs (tables %s): %d files changed, %d added, %d removed; "
+            "%d inodes and %d names invalidated",
+            site.config.site if own else site.key,
+            previous,
             tree.version,
             len(site.views),
             time.perf_counter() - started,
             "built" if whole is None else "filtered from the whole tree's",
+            total.changed,
+            total.added,
+            total.removed,
+            *invalidated,
         )
 
     # -- status --------------------------------------------------------------------------------
