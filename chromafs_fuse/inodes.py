@@ -22,8 +22,6 @@ from bisect import bisect_left
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-import numpy as np
-
 from chromafs_fuse.tree import BlobPointer, PathEntry
 
 ROOT_INODE = 1
@@ -47,11 +45,6 @@ class Node:
     @property
     def is_dir(self) -> bool:
         return self.entry is None
-
-
-def _lengths(ends: array[int]) -> np.ndarray:
-    """Each item's length from the running ends of a column of names or paths."""
-    return np.diff(np.frombuffer(ends, dtype=np.int64), prepend=0)
 
 
 def _inode_for(path: str, salt: int) -> int:
@@ -233,6 +226,11 @@ class InodeTable:
         collide (never seen: 63-bit hashes)."""
         if whole.salted or whole.scope != InodeScope(site=scope.site):
             return cls(entries, scope)
+        import numpy as np  # here: a mount of its own never filters, nor loads numpy
+
+        def lengths(ends: array[int]) -> np.ndarray:  # each item's, from a column's running ends
+            return np.diff(np.frombuffer(ends, dtype=np.int64), prepend=0)
+
         count = len(whole._inode)
         index_of_key, names, paths = whole._columns_by_node()
         try:
@@ -277,9 +275,9 @@ class InodeTable:
         table._sha = np.frombuffer(whole._sha, dtype=np.dtype((np.void, 32)))[kept].tobytes()
         kept_list = kept.tolist()
         table._names = b"".join(map(names.__getitem__, kept_list))
-        table._name_end = array("l", np.cumsum(_lengths(whole._name_end)[kept]).tobytes())
+        table._name_end = array("l", np.cumsum(lengths(whole._name_end)[kept]).tobytes())
         table._paths = b"".join(map(paths.__getitem__, kept_list))
-        table._path_end = array("l", np.cumsum(_lengths(whole._path_end)[kept]).tobytes())
+        table._path_end = array("l", np.cumsum(lengths(whole._path_end)[kept]).tobytes())
         table._source_keys = {int(new_index[i]): key for i, key in whole._source_keys.items() if keep[i]}
         table._blobs = {int(new_index[i]): blob for i, blob in whole._blobs.items() if keep[i]}
         is_file = children == 0

@@ -414,8 +414,9 @@ MOUNTD_OPTIONS = (
     ),
     Option(
         "--class-warm-wait",
-        "a new class's pages are read into the kernel's page cache; its first session waits for that up to "
-        "S seconds when no other class warms, so that its first grep finds them there "
+        "a new class's pages are read into the kernel's page cache; its first session waits for that (and for "
+        "its directories' listing) up to S seconds each, when no other class warms and the view can be read in "
+        "that time at the pace this server has seen, so that its first grep finds them there "
         "(default: %(default)s; 0: not at all)",
         type=float,
         default=1.0,

@@ -15,15 +15,17 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench_lib import csi_publish, multitenant, reingest, report, search_quality
+from bench_lib import csi_publish, multitenant, reingest, report, search_cli, search_quality
 from bench_lib.corpus import REPO
 from bench_lib.procs import become_subreaper
 from bench_lib.runner import Run, run_corpus
 
 ALL_SYSTEMS = ["tmpfs", "sandbox", "chromafs-embedded", "chromafs-server-redis", "chromafs-mountd"]
-ALL_FIGURES = ["boot", "tools", "memory", "ingest", "sessions", "density", "mountd", "csi", "search", "reingest"]
+ALL_FIGURES = [
+    "boot", "tools", "memory", "ingest", "sessions", "density", "mountd", "csi", "search", "search-cli", "reingest"
+]  # fmt: skip
 # figures with data or servers of their own: no corpus prepared for them
-ALONE = ("mountd", "csi", "search", "reingest")
+ALONE = ("mountd", "csi", "search", "search-cli", "reingest")
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -40,10 +42,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument(
         "--figures",
         default=",".join(ALL_FIGURES),
-        help="comma list of boot, tools, memory, ingest, sessions, density, mountd, csi, search (ingest alone: no "
+        help="comma list of boot, tools, memory, ingest, sessions, density, mountd, csi, search, search-cli, reingest "
+        "(ingest alone: no "
         "mounts, no systems; mountd, chromafs-mountd as a multi-tenant host, runs once over copies of the sample "
         "site: alone, no corpus is prepared; csi, chromafs-csi's NodePublishVolume p50/p90, alone too; search, "
         "recall@5 and MRR@10 of vector, BM25 and hybrid ranking on real docs trees' descriptions: alone too; "
+        "search-cli, `chromafs search` from the command line through the host's mount server and alone: alone too; "
         "reingest, a big site with no blob store ingested and re-ingested after 2 changed pages while another "
         "site's readers and searches run, the version before (--baseline, default "
         f"{reingest.BEFORE}) side by side: alone too)",
@@ -163,6 +167,8 @@ def main(argv: list[str]) -> int:
             results["csi"] = csi_publish.measure(run)
         if "search" in args.figures:
             results["search"] = search_quality.measure(run)
+        if "search-cli" in args.figures:
+            results["search-cli"] = search_cli.measure(run)
         if "reingest" in args.figures:
             results["reingest"] = reingest.measure(run)
     except BaseException as exc:

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench_lib import csi_publish, density, ingest_speed, multitenant, reingest, search_quality
+from bench_lib import csi_publish, density, ingest_speed, multitenant, reingest, search_cli, search_quality
 from bench_lib.measure import TOOLS
 
 SYSTEMS = [
@@ -134,6 +134,10 @@ def text_report(results: dict[str, Any]) -> str:
         out.append("")
         out.append("search: the page whose description is the query, found in the top 5 (recall@5) and MRR@10:")
         out += search_quality.text_lines(results["search"])
+    if "search-cli" in results:
+        out.append("")
+        out.append("search-cli: `chromafs search` from the command line, through the host's mount server and alone:")
+        out += search_cli.text_lines(results["search-cli"])
     if "reingest" in results:
         out.append("")
         out.append("reingest: a big site into chroma run (no blob store) while another site is read and searched:")

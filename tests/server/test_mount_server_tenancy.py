@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import re
 import signal
 import socket
 import struct
@@ -270,6 +271,15 @@ def test_a_frozen_backend_of_one_site_never_delays_another_sites_sessions(
         os.kill(alpha.proc.pid, signal.SIGCONT)
     pending.wait(60)
     assert reads_source(tmp_path / "beta-anon")
+    # the alpha class waited out its budget frozen: it is answered at once and warmed after; its
+    # reads must end before alpha's Chroma stops with the test
+    wait_until(lambda: warmed(server, "alpha"), 30, "alpha's class warmed")
+
+
+def warmed(server: MountServer, site: str) -> bool:
+    """Whether a serving process of `server` logged a class of `site` warm."""
+    pattern = re.compile(rf" warm \S*/{re.escape(site)}\.[0-9a-f]+/\S+ in ")
+    return any(pattern.search(log.read_text()) for log in server.class_root.glob("serving*.log"))
 
 
 def test_requests_of_one_class_at_once_start_it_once(

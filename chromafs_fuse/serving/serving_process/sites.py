@@ -87,10 +87,6 @@ class ServedView:
     # its pages are read into the kernel (warm.py), so its sessions' directories are listed ahead
     # too (spares); not for a site over --warm-max-bytes: its first grep reads from the process
     lists_ahead: bool = False
-    # the class's first session waits for its warm-up and listing until then at most (monotonic):
-    # --class-warm-wait from when the class was asked for, one budget for every wait
-    first_wait_until: float = 0.0
-    first_opened: bool = False
 
 
 class ServedSite:
@@ -235,9 +231,9 @@ class ServedSites:
         first = not any(s.slot not in self._spare_slots for s in sessions.of_view(site.key, name))
         self._last_request = time.monotonic()
         making = self._making.get(key)
-        deadline = self._first_wait_until(view, site.config) if first else 0.0
-        if making is not None and first:
-            with trio.move_on_at(deadline):
+        wait_s = max(site.config.warm_wait_s, 0.0)
+        if making is not None and first and self._in_time(view, wait_s, "listing"):
+            with trio.move_on_after(wait_s):
                 await making.wait()
         spares = self._spares.get(key) or []
         spare = spares.pop(0) if spares else None
@@ -247,8 +243,8 @@ class ServedSites:
             session = spare
         else:
             session = self.fs.open_session(site.key, name, uid, gid, expires_at, allow_other)
-            if first and view.lists_ahead and self._in_time(view, deadline, "listing"):
-                with trio.move_on_at(deadline):
+            if first and view.lists_ahead and self._in_time(view, wait_s, "listing"):
+                with trio.move_on_after(wait_s):  # a big site: bounded
                     await self._list(session, view)
         log.info("session %s of %s: uid %d, expires %s", session.path, path, uid, expires_at)
         if view.lists_ahead and self._nursery is not None:
@@ -281,28 +277,19 @@ class ServedSites:
             del self._making[key]
             done.set()
 
-    def _first_wait_until(self, view: ServedView, config: MountConfig) -> float:
-        """Until when a class's first session may wait (monotonic): the very first one shares the
-        budget its class's warm-up began, a first one after all ended gets one of its own."""
-        if view.first_opened:
-            return time.monotonic() + max(config.warm_wait_s, 0.0)
-        view.first_opened = True
-        return view.first_wait_until
-
-    def _in_time(self, view: ServedView, deadline: float, what: str) -> bool:
-        """Whether the view's warm-up or listing (`what`) can end before `deadline`, at the pace
+    def _in_time(self, view: ServedView, wait_s: float, what: str) -> bool:
+        """Whether the view's warm-up or listing (`what`) can end within `wait_s`, at the pace
         this process has seen: a view too big for the wait is not waited for at all."""
         table, pace = view.fs.table, self.warmer.pace
         if what == "listing":
             expected = pace.list_s(table.file_count)
         else:
             expected = pace.warm_s(table.file_count, visible_bytes(table))
-        left = deadline - time.monotonic()
-        if expected <= left:
+        if expected <= wait_s:
             return True
-        if left > 0:
-            log.info("view %s: its first session does not wait for its %s (%.2fs expected, %.2fs left)",
-                     view.name, what, expected, left)  # fmt: skip
+        if wait_s > 0:
+            log.info("view %s: its first session does not wait for its %s (%.2fs expected, --class-warm-wait %.2fs)",
+                     view.name, what, expected, wait_s)  # fmt: skip
         return False
 
     async def _list(self, session: ServedSession, view: ServedView, threads: int = 4) -> None:
@@ -369,7 +356,6 @@ class ServedSites:
         """Serve the reader class's view of the site (if not served yet); its path in the mount."""
         if config.search_dir:
             raise ServeError("--search-dir is not served by the serving mount")
-        asked = time.monotonic()
         site = await self._site(config)
         name = view_name(site.key, reader_key(reader))
         while name not in site.views:
@@ -385,7 +371,7 @@ class ServedSites:
                 continue  # a re-ingest came first: prune its tree
             fs = site.filesystem(table)
             self.fs.add(site.key, name, fs)
-            site.views[name] = ServedView(name, reader, fs, first_wait_until=asked + max(config.warm_wait_s, 0.0))
+            site.views[name] = ServedView(name, reader, fs)
             log.info(
                 "view %s/%s: %s, %d files (table %s in %.3fs)",
                 site.directory,
@@ -402,12 +388,11 @@ class ServedSites:
             if job is not None and self._nursery is not None:  # the likely owner: the server's user
                 spare: SpareKey = (site.key, name, os.getuid(), os.getgid(), "allow_other" in config.fuse_options)
                 self._nursery.start_soon(self._make_spares, spare, site, site.views[name])
-            view = site.views[name]
-            if job is not None and alone and self._in_time(view, view.first_wait_until, "warm-up"):
+            if job is not None and alone and self._in_time(site.views[name], config.warm_wait_s, "warm-up"):
                 # the class's first session waits for its pages to be in the kernel (bounded):
                 # its first grep then finds them there. Only when no other view warms: in a burst
                 # of new classes, answering comes first and the warm-ups follow.
-                with trio.move_on_at(view.first_wait_until):
+                with trio.move_on_after(config.warm_wait_s):
                     await job.done.wait()
         return f"{site.directory}/{name}"
 
