@@ -22,7 +22,12 @@ if TYPE_CHECKING:
     from typing import Any
 
 
-def build_parser() -> argparse.ArgumentParser:
+COMMANDS = ("grep", "search", "mcp", "revoke", "shell", "status")
+
+
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The parser of every command, or of `only` (the command given: a search's start-up is
+    not spent on the others' flags)."""
     import argparse
 
     from chromafs_fuse.cli.common import add_options, add_session_arguments
@@ -30,59 +35,71 @@ def build_parser() -> argparse.ArgumentParser:
 
     parser = argparse.ArgumentParser(prog="chromafs", description="Work with a chromafs site without mounting it.")
     commands = parser.add_subparsers(dest="command", required=True)
-    grep = commands.add_parser("grep", help="two-stage grep -rn over the pages your token may read")
-    grep.add_argument("pattern", help="a Python/ERE-style regular expression (or a literal with -F)")
-    grep.add_argument("path", nargs="?", default="", help="a file or directory of the site (default: all)")
-    grep.add_argument("-F", "--fixed-strings", action="store_true", help="PATTERN is a literal string")
-    grep.add_argument("-i", "--ignore-case", action="store_true")
-    grep.add_argument("-l", "--files-with-matches", action="store_true", help="print only the names of files")
-    grep.add_argument("--prefix", default="", help="print paths under this directory (e.g. the mountpoint)")
-    add_session_arguments(grep)
-    grep.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
-    search = commands.add_parser("search", help="semantic search over the pages your token may read")
-    search.add_argument("query", help="what to look for, in words")
-    search.add_argument("-n", type=int, default=10, help="how many pages (default 10)")
-    search.add_argument("--embedder", help="how the collection was embedded (default: what its ingest recorded)")
-    search.add_argument("--json", action="store_true", help="print JSON lines: path, lines, score, distance, snippet")
-    search.add_argument(
-        "--rank", choices=["hybrid", "vector", "lexical"], default="hybrid",
-        help="hybrid: meaning and words fused (default); vector: meaning alone; lexical: BM25 alone",
-    )  # fmt: skip
-    search.add_argument("--timings", action="store_true", help="say on stderr where the time went")
-    add_session_arguments(search)
-    # the host's mount server answers warm when it is there (--mountd, the default socket)
-    add_options(search, [find("--mountd"), find("--no-mountd")])
-    search.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
-    mcp = commands.add_parser("mcp", help="an MCP server (stdio, or streamable HTTP) over the pages a token may read")
-    mcp.add_argument(
-        "--http", metavar="HOST:PORT", help="serve streamable HTTP at http://HOST:PORT/mcp instead of stdio"
-    )
-    mcp.add_argument("--embedder", help="how the collection was embedded, for the search tool")
-    mcp.add_argument("--refresh-interval", type=float, default=5.0, help="follow re-ingests: seconds between checks")
-    add_session_arguments(mcp)
-    mcp.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
-    revoke = commands.add_parser(
-        "revoke",
-        help="end every session of a subject (or of one token) on every host of the site, and refuse new ones",
-        description="Revoke the tokens of a subject (those issued until now) or one token (its jti) for a site: "
-        "every session they opened ends within about a second, on every host sharing the site's Redis "
-        "(--redis-url), or on this host's mount server without one; a new session with them is refused.",
-    )
-    who = revoke.add_mutually_exclusive_group(required=True)
-    who.add_argument("--subject", metavar="S", help="the tokens whose 'sub' is S, issued until now")
-    who.add_argument("--jti", metavar="J", help="the one token whose 'jti' (token id) is J")
-    revoke.add_argument(
-        "--for", dest="for_s", type=float, default=24 * 3600, metavar="SECONDS",
-        help="how long the revocation lasts; it must reach past the 'exp' of the tokens it revokes "
-        "(default: %(default).0f, a day: longer than the tokens identity providers issue)",
-    )  # fmt: skip
-    revoke_options = ("--site", "--redis-url", "--redis-ca", "--redis-prefix", "--mountd")
-    add_options(revoke, [find(name) for name in revoke_options])
-    revoke.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
-    commands.add_parser("shell", help="a command (default: bash) in a sandbox that sees only your docs, at /docs")
-    status = commands.add_parser("status", help="list this machine's chromafs mounts")
-    status.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    status.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
+    if only in (None, "grep"):
+        grep = commands.add_parser("grep", help="two-stage grep -rn over the pages your token may read")
+        grep.add_argument("pattern", help="a Python/ERE-style regular expression (or a literal with -F)")
+        grep.add_argument("path", nargs="?", default="", help="a file or directory of the site (default: all)")
+        grep.add_argument("-F", "--fixed-strings", action="store_true", help="PATTERN is a literal string")
+        grep.add_argument("-i", "--ignore-case", action="store_true")
+        grep.add_argument("-l", "--files-with-matches", action="store_true", help="print only the names of files")
+        grep.add_argument("--prefix", default="", help="print paths under this directory (e.g. the mountpoint)")
+        add_session_arguments(grep)
+        grep.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
+    if only in (None, "search"):
+        search = commands.add_parser("search", help="semantic search over the pages your token may read")
+        search.add_argument("query", help="what to look for, in words")
+        search.add_argument("-n", type=int, default=10, help="how many pages (default 10)")
+        search.add_argument("--embedder", help="how the collection was embedded (default: what its ingest recorded)")
+        search.add_argument(
+            "--json", action="store_true", help="print JSON lines: path, lines, score, distance, snippet"
+        )
+        search.add_argument(
+            "--rank", choices=["hybrid", "vector", "lexical"], default="hybrid",
+            help="hybrid: meaning and words fused (default); vector: meaning alone; lexical: BM25 alone",
+        )  # fmt: skip
+        search.add_argument("--timings", action="store_true", help="say on stderr where the time went")
+        add_session_arguments(search)
+        # the host's mount server answers warm when it is there (--mountd, the default socket)
+        add_options(search, [find("--mountd"), find("--no-mountd")])
+        search.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
+    if only in (None, "mcp"):
+        mcp = commands.add_parser(
+            "mcp", help="an MCP server (stdio, or streamable HTTP) over the pages a token may read"
+        )
+        mcp.add_argument(
+            "--http", metavar="HOST:PORT", help="serve streamable HTTP at http://HOST:PORT/mcp instead of stdio"
+        )
+        mcp.add_argument("--embedder", help="how the collection was embedded, for the search tool")
+        mcp.add_argument(
+            "--refresh-interval", type=float, default=5.0, help="follow re-ingests: seconds between checks"
+        )
+        add_session_arguments(mcp)
+        mcp.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
+    if only in (None, "revoke"):
+        revoke = commands.add_parser(
+            "revoke",
+            help="end every session of a subject (or of one token) on every host of the site, and refuse new ones",
+            description="Revoke the tokens of a subject (those issued until now) or one token (its jti) for a site: "
+            "every session they opened ends within about a second, on every host sharing the site's Redis "
+            "(--redis-url), or on this host's mount server without one; a new session with them is refused.",
+        )
+        who = revoke.add_mutually_exclusive_group(required=True)
+        who.add_argument("--subject", metavar="S", help="the tokens whose 'sub' is S, issued until now")
+        who.add_argument("--jti", metavar="J", help="the one token whose 'jti' (token id) is J")
+        revoke.add_argument(
+            "--for", dest="for_s", type=float, default=24 * 3600, metavar="SECONDS",
+            help="how long the revocation lasts; it must reach past the 'exp' of the tokens it revokes "
+            "(default: %(default).0f, a day: longer than the tokens identity providers issue)",
+        )  # fmt: skip
+        revoke_options = ("--site", "--redis-url", "--redis-ca", "--redis-prefix", "--mountd")
+        add_options(revoke, [find(name) for name in revoke_options])
+        revoke.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
+    if only in (None, "shell"):
+        commands.add_parser("shell", help="a command (default: bash) in a sandbox that sees only your docs, at /docs")
+    if only in (None, "status"):
+        status = commands.add_parser("status", help="list this machine's chromafs mounts")
+        status.add_argument("--json", action="store_true", help="print JSON instead of a table")
+        status.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
     return parser
 
 
@@ -204,7 +221,7 @@ def search_through_mountd(args: argparse.Namespace, token: str | None) -> dict[s
     )
     from chromafs_fuse.errors import Unavailable
     from chromafs_fuse.options import SESSION_OPTIONS
-    from chromafs_fuse.serving.protocol import ask_line
+    from chromafs_fuse.serving.handshake import ask_line
 
     socket_path, fall_back = mount_server_socket(args.mountd, args.no_mountd)
     if not socket_path:
@@ -258,7 +275,8 @@ def revoke_through_mountd(args: argparse.Namespace, revocation: Any) -> dict[str
 
     from chromafs_fuse.cli.mount_request import answer_fields, mount_server_socket
     from chromafs_fuse.errors import Unavailable, UsageError
-    from chromafs_fuse.serving.protocol import Revoke, ask_line, encode
+    from chromafs_fuse.serving.handshake import ask_line
+    from chromafs_fuse.serving.protocol import Revoke, encode
 
     socket_path, _fall_back = mount_server_socket(args.mountd, False)
     if not socket_path:
@@ -305,7 +323,7 @@ def main(argv: list[str] | None = None) -> int:
         return shell_main(argv[1:])
     from chromafs_fuse.logs import setup_logging
 
-    args = build_parser().parse_args(argv)
+    args = build_parser(argv[0] if argv[:1] and argv[0] in COMMANDS else None).parse_args(argv)
     setup_logging(args.log_level, None)
     from chromafs_fuse.errors import ChromafsError, unexpected
 

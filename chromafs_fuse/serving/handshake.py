@@ -1,7 +1,8 @@
 """The readiness handshake between a serving process and whoever waits for it: `READY\n` once
 the mount answers, else one line saying why not; and the wait for the mount server's answer on
-its socket (serving/protocol.py: `{"ok": true}`, or the failure's kind and message). Standard
-library only: the mount client imports it on its fast path (json only for an error)."""
+its socket (serving/protocol.py: `{"ok": true}`, or the failure's kind and message); `ask_line`,
+one request line and its answer over a Unix socket. Standard library only: the mount client and
+`chromafs search` import it on their fast paths (json only for an error)."""
 
 from __future__ import annotations
 
@@ -90,3 +91,25 @@ def _read_until(fd: int, wait_s: float, done: Callable[[bytes], bool]) -> bytes 
             break
         data += chunk
     return data
+
+
+def ask_line(socket_path: str, request: bytes, answer_s: float, connect_s: float | None = None) -> bytes:
+    """One request line over a Unix socket, its answer line back: what the other side wrote
+    before its newline or its close (b"" if it closed unanswered); OSError as raised (ENOENT,
+    ECONNREFUSED, EACCES: the socket could not be connected to within `connect_s`, default
+    `answer_s`)."""
+    import socket
+
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+        conn.settimeout(answer_s if connect_s is None else connect_s)
+        conn.connect(socket_path)
+        conn.settimeout(answer_s)
+        conn.sendall(request)
+        conn.shutdown(socket.SHUT_WR)
+        answer = b""
+        while not answer.endswith(b"\n"):
+            chunk = conn.recv(65536)
+            if not chunk:
+                break
+            answer += chunk
+    return answer

@@ -24,14 +24,15 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
-from chromafs_fuse.access import Principal
 from chromafs_fuse.errors import UsageError, error_of, kind_of, user_message
 from chromafs_fuse.serving.handshake import OK_LINE
+
+if TYPE_CHECKING:  # `chromafs search` imports this module: the access core (orjson, hashlib) when used
+    from chromafs_fuse.access import Principal
 
 MAX_LINE_BYTES = 256 * 1024
 
@@ -146,6 +147,8 @@ def reader_principal(fields: Mapping[str, Any]) -> Principal:
         or not _fits(issued_at, "float | None")
     ):
         raise BadRequest("bad request: a reader is groups, subject, expires_at, token_id and issued_at")
+    from chromafs_fuse.access import Principal
+
     return Principal.of(groups, subject, float(expires_at), token_id, None if issued_at is None else float(issued_at))
 
 
@@ -311,26 +314,6 @@ def error_answer(exc: BaseException) -> dict[str, Any]:
 
 def error_line(exc: BaseException) -> bytes:
     return json.dumps(error_answer(exc)).encode() + b"\n"
-
-
-def ask_line(socket_path: str, request: bytes, answer_s: float, connect_s: float | None = None) -> bytes:
-    """One request line over a Unix socket, its answer line back: what the other side wrote
-    before its newline or its close (b"" if it closed unanswered); OSError as raised (ENOENT,
-    ECONNREFUSED, EACCES: the socket could not be connected to within `connect_s`, default
-    `answer_s`)."""
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
-        conn.settimeout(answer_s if connect_s is None else connect_s)
-        conn.connect(socket_path)
-        conn.settimeout(answer_s)
-        conn.sendall(request)
-        conn.shutdown(socket.SHUT_WR)
-        answer = b""
-        while not answer.endswith(b"\n"):
-            chunk = conn.recv(65536)
-            if not chunk:
-                break
-            answer += chunk
-    return answer
 
 
 def answer_of(line: bytes | str) -> dict[str, Any]:

@@ -45,6 +45,7 @@ def measure(run: Any) -> dict[str, Any]:
     queries = titles(SAMPLE_SITE, QUERIES)
     base = [str(BIN / "chromafs"), "search", "--json", "--site", SITE, "--chroma-path", str(chroma)]
     out: dict[str, Any] = {"queries": len(queries), "goal_p90_ms": GOAL_P90_MS}
+    (work / "server").mkdir()
     server = MountServer(work / "server")
     server.start()
     try:

@@ -26,6 +26,7 @@ from chromafs_fuse.access import Principal
 from chromafs_fuse.config import MountConfig
 from chromafs_fuse.errors import ChromafsError
 from chromafs_fuse.serving.binds import detach, device_at
+from chromafs_fuse.serving.handshake import ask_line
 from chromafs_fuse.serving.process import process_start
 from chromafs_fuse.serving.protocol import (
     AddView,
@@ -36,7 +37,6 @@ from chromafs_fuse.serving.protocol import (
     RenewViewSession,
     Request,
     answer_of,
-    ask_line,
     encode,
 )
 from chromafs_fuse.serving.server.session_keeper import HostSnapshot, SessionError
