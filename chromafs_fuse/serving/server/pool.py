@@ -51,6 +51,8 @@ CONTROL_TIMEOUT_S = 5.0  # a request that does not load a site answers in millis
 # starts the i-th serving process and waits until it serves; its pid (SessionError if it cannot)
 StartMember = Callable[[int], int]
 MAX_SERVING_PROCESSES = 256
+START_ATTEMPTS = 3  # a class asked of a serving process that dies meanwhile: asked of the next one
+DEATH_WAIT_S = 2.0  # how long a process whose connection reset is given to be seen gone
 
 
 class ControlSocket:
@@ -146,13 +148,22 @@ class ServingPool:
             config.without_keys(), warm_kernel=True, warm_wait_s=self.warm_wait_s
         )  # read into the kernel once; tokens are verified here, never there
         process = self._place(served)
-        device = process.ensure_running(host)
-        process.sites.add(site_dir_name(site_key(served)))  # a restarted process serves nothing yet
         request = AddView(served.to_dict(), reader.authenticated, sorted(reader.groups))
-        try:  # its refusal passes with its kind (a site that does not exist, a backend down)
-            reply = process.control.ask(request, config.session.backend_timeout_s * 3 + self.warm_wait_s + 60)
-        except OSError as exc:
-            raise SessionError(f"the serving process did not answer: {exc}") from exc
+        for attempt in range(1, START_ATTEMPTS + 1):
+            device = process.ensure_running(host)
+            process.sites.add(site_dir_name(site_key(served)))  # a restarted process serves nothing yet
+            asked_pid, asked_start = process.pid, process.pid_start
+            try:  # its refusal passes with its kind (a site that does not exist, a backend down)
+                reply = process.control.ask(request, config.session.backend_timeout_s * 3 + self.warm_wait_s + 60)
+                break
+            except OSError as exc:
+                # killed while it was asked (a crash, an operator): the class goes to the process
+                # started in its place, as a heal would, rather than failing its sessions
+                if attempt == START_ATTEMPTS or asked_pid is None or not _died(asked_pid, asked_start):
+                    raise SessionError(f"the serving process did not answer: {exc}") from exc
+                log.warning("serving mount %s: pid %d died while asked for a class (%s): serving it in a new one",
+                            process.mountpoint, asked_pid, exc)  # fmt: skip
+                host = HostSnapshot.take()
         pid, pid_start = process.pid, process.pid_start
         assert pid is not None
         path = os.path.join(process.mountpoint, str(reply["path"]))
@@ -236,3 +247,19 @@ class ServingPool:
 
     def owns(self, path: str) -> bool:
         return any(path == p.mountpoint for p in self.processes)
+
+
+def _died(pid: int, start: int | None) -> bool:
+    """Whether the process (pid and start time) is gone or a zombie within DEATH_WAIT_S."""
+    deadline = time.monotonic() + DEATH_WAIT_S
+    while True:
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                after = f.read().rpartition(b")")[2].split()
+            if after[0] in (b"Z", b"X") or int(after[19]) != start:
+                return True
+        except (FileNotFoundError, ProcessLookupError, IndexError, ValueError):
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.02)
