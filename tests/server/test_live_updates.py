@@ -192,7 +192,9 @@ def test_a_reingest_under_four_grep_loops_reaches_a_mountd_mount_on_a_chroma_ser
     edited, locked = "guides/troubleshooting.md", "guides/migration.mdx"
     refresh = ["--refresh-interval", "0.5"]
     admin_token = reader_args(token_file(["admin"]), secret_file)
-    with MountServer(tmp_path) as server:
+    server = MountServer(tmp_path)
+    try:
+        server.start()
         done = try_mount(anonymous, *backend, *refresh, "--mountd", str(server.socket))
         assert done.returncode == 0, done.stderr
         try:
@@ -236,7 +238,9 @@ def test_a_reingest_under_four_grep_loops_reaches_a_mountd_mount_on_a_chroma_ser
                 assert outcomes and all((code == 0 and not err) or err == gone for code, err in outcomes), outcomes[:3]
         finally:
             unmount(anonymous)
-            server.unmount_classes()
+    finally:  # the server first: a class mount gone under a running server is a crash it heals
+        server.stop()
+        server.unmount_classes()
 
 
 def test_a_mount_whose_kernel_caches_for_an_hour_shows_the_new_listing_and_bytes(tmp_path: Path, mnt: Path) -> None:
