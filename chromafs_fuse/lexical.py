@@ -20,6 +20,7 @@ import hashlib
 import json
 import math
 import re
+import zlib
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -228,6 +229,34 @@ def lexicon_text(found: Mapping[str, Any], get: Callable[[list[str]], Mapping[st
     if hashlib.sha256(text.encode("ascii")).hexdigest() != (head or {}).get(LEXICON_DIGEST_FIELD):
         raise ValueError("the lexicon's parts do not match its head (written over meanwhile)")
     return text
+
+
+PREVIEW_CHARS = 1 << 20
+
+
+def lexicon_preview(document: str) -> tuple[int, list[Any] | None] | None:
+    """A lexicon's format and its first page's row, read from the start of its text (the head
+    record's part) without decoding the rest; the row is None when it holds no page, the whole
+    is None when the start cannot be read (a first row longer than PREVIEW_CHARS included)."""
+    try:
+        start = unpack(document[:PREVIEW_CHARS])
+        text = zlib.decompressobj(31).decompress(start, PREVIEW_CHARS).decode("utf-8", "ignore")
+    except (ValueError, zlib.error):
+        return None
+    head = re.match(r'\{"format":(\d+),"pages":\{\s*', text)
+    if head is None:
+        return None
+    if text[head.end() : head.end() + 1] == "}":
+        return int(head.group(1)), None
+    decoder = json.JSONDecoder()
+    try:
+        key, at = decoder.raw_decode(text, head.end())
+        if not isinstance(key, str) or text[at : at + 1] != ":":
+            return None
+        row, _ = decoder.raw_decode(text, at + 1)
+    except ValueError:
+        return None
+    return int(head.group(1)), row if isinstance(row, list) else None
 
 
 def decode_lexicon(document: str) -> dict[str, LexiconPage]:

@@ -15,6 +15,9 @@ TREE_VERSION_FIELD = "chromafs_tree_version"  # on the tree record: what a mount
 # on the tree record: what its pages' access was decided from, beside their bytes (a re-ingest
 # under the same inputs keeps an unchanged page's access without reading its frontmatter again)
 ACCESS_INPUTS_FIELD = "chromafs_access_inputs"
+# on the tree record: when the ingest that wrote it began walking the folder (seconds since the
+# epoch); a later one reads again only files whose size or mtime differ, or are this recent
+SCANNED_AT_FIELD = "chromafs_scanned_at"
 FORMAT_FIELD = "chromafs_format"
 FORMAT_VERSION = 1
 PAGE_FIELD = "page_slug"

@@ -535,6 +535,13 @@ INGEST_OPTIONS = (
     ),
     Option("--include-hidden", "also ingest dot files and dot folders", kind="switch", default=False),
     Option(
+        "--checksum",
+        "read and hash every file, even those whose size and mtime are the ones the site's tree "
+        "records (by default such files are taken as unchanged without being read)",
+        kind="switch",
+        default=False,
+    ),
+    Option(
         "--redis-url",
         "also publish the new path tree to this shared cache, so new mounts see it at once "
         "(the forms of chromafs-mount --redis-url; env CHROMAFS_REDIS_URL)",

@@ -10,7 +10,7 @@ Chroma itself (chroma_blobs.py), and retired the same way.
 
 from __future__ import annotations
 
-import itertools
+import hashlib
 import logging
 import time
 from collections import Counter
@@ -53,13 +53,14 @@ from chromafs_fuse.ingest.retention import (
     encode_retired,
     plan_retention,
 )
-from chromafs_fuse.ingest.scan import Problem, ScanOptions, SiteScan, SourceFile, one_per_file
+from chromafs_fuse.ingest.scan import KeptFile, Problem, ScanOptions, SiteScan, SourceFile, one_per_file
 from chromafs_fuse.lexical import (
     LexiconPage,
     decode_lexicon,
     encode_lexicon,
     encode_vector,
     lexicon_part_ids,
+    lexicon_preview,
     lexicon_records,
     lexicon_text,
     page_terms,
@@ -70,12 +71,14 @@ from chromafs_fuse.names import (
     EMBEDDER_FIELD,
     FORMAT_FIELD,
     FORMAT_VERSION,
+    LEXICON_DATA_FIELD,
     LEXICON_RECORD_ID,
     LEXICON_RECORD_KIND,
     PAGE_SHA_FIELD,
     RECORD_KIND_FIELD,
     RETIRED_RECORD_ID,
     RETIRED_RECORD_KIND,
+    SCANNED_AT_FIELD,
     TREE_RECORD_ID,
     TREE_RECORD_KIND,
     TREE_VERSION_FIELD,
@@ -113,6 +116,7 @@ class IngestOptions:
     grace_period_s: float = from_flag("--grace-period", INGEST_OPTIONS)
     timeout_s: float = from_flag("--backend-timeout", INGEST_OPTIONS)  # one call to a Chroma server
     retries: int = from_flag("--retries", INGEST_OPTIONS)  # more tries of a call that timed out or was refused
+    checksum: bool = from_flag("--checksum", INGEST_OPTIONS)  # read every file, whatever its size and mtime
 
 
 @dataclass
@@ -125,6 +129,7 @@ class IngestSummary:
     chroma_blobs: int = 0  # binary files kept in Chroma (no blob store)
     blob_pieces_written: int = 0
     unchanged: int = 0
+    not_read: int = 0  # unchanged files known by their size and mtime alone
     access_kept: int = 0  # unchanged pages whose access the last ingest decided (frontmatter not read)
     updated: int = 0
     removed: int = 0
@@ -152,6 +157,8 @@ class IngestSummary:
         out = [
             f"pages: {self.pages} ({self.updated} written, {self.unchanged} unchanged, {self.removed} removed)"
             f" in {self.seconds:.1f} s{rate}",
+            f"not read: {self.not_read} unchanged files whose size and mtime are the ones the site's tree records"
+            " (--checksum reads them)",
             f"chunks written: {self.chunks_written} (embedder: {self.embedder or 'none'})",
             f"access kept from the last ingest: {self.access_kept} unchanged files (their frontmatter not read"
             " again: its problems were reported when they changed)",
@@ -180,6 +187,7 @@ class IngestSummary:
             "pages": self.pages,
             "written": self.updated,
             "unchanged": self.unchanged,
+            "not_read": self.not_read,
             "access_kept": self.access_kept,
             "removed": self.removed,
             "chunks_written": self.chunks_written,
@@ -399,14 +407,12 @@ def _existing_on_server(options: IngestOptions) -> HttpCollection | None:
 
 
 def ingest(options: IngestOptions, show_progress: bool = False) -> IngestSummary:
-    started = time.monotonic()
+    started, scanned_at = time.monotonic(), time.time()
     summary = IngestSummary()
     # read a window ahead, never the whole site: its size does not set the ingest's memory
     scan = SiteScan(ScanOptions(options.source_dir, options.default_access, options.acl_rules, options.include_hidden))
     summary.problems = scan.problems  # filled as the files are read
-    sources = iter(scan)
-    first = next(sources, None)
-    if first is None:  # never replace a site with nothing: a wrong or empty folder leaves it as it was
+    if not scan.total:  # never replace a site with nothing: a wrong or empty folder leaves it as it was
         summary.problems = one_per_file(summary.problems)
         summary.seconds = time.monotonic() - started
         return summary
@@ -417,8 +423,15 @@ def ingest(options: IngestOptions, show_progress: bool = False) -> IngestSummary
     summary.embedder = embedder
     old_tree, old_document, old_metadata = _existing_tree(collection)
     access_inputs = scan.access_inputs()
-    if old_metadata.get(ACCESS_INPUTS_FIELD) == access_inputs:
+    same_inputs = old_metadata.get(ACCESS_INPUTS_FIELD) == access_inputs
+    if same_inputs:
         scan.known = _known_access(old_tree)
+    old_lexicon = _StoredLexicon(collection)
+    # a page whose bytes the stored tree holds keeps its lexicon row, unless that lexicon is of
+    # an older form (it is then written anew from every page)
+    lexicon_kept = old_lexicon.current(with_vectors=page_vectors.model is not None)
+    if same_inputs and lexicon_kept and not options.checksum:
+        scan.unchanged = _quick_check(old_tree, old_metadata.get(SCANNED_AT_FIELD), options)
     # Only pages stored as chunks count: a page that was a blob must get chunks written.
     old_pages = {key: entry for key, entry in old_tree.items() if entry.blob is None}
     writer = ChunkWriter(collection, embed, batch_size, options.page_field, summary)
@@ -427,11 +440,26 @@ def ingest(options: IngestOptions, show_progress: bool = False) -> IngestSummary
     blobs = BlobWriter(collection, batch_size, zero_vector, stored_blobs)
 
     tree: dict[str, dict[str, Any]] = {}
-    old_lexicon, old_lexicon_parts = _existing_lexicon(collection)
-    lexicon: dict[str, LexiconPage] = {}  # every chunked page's terms and vector (lexical.py)
+    tree_changed = False
+    new_terms: dict[str, LexiconPage] = {}  # pages whose terms (lexical.py) were counted now
+    kept_terms: dict[str, tuple[str, str]] = {}  # page -> (sha256, path): its stored row is kept
     with _progress(scan.total, show_progress, f"ingest {options.site}") as bar, page_vectors:
-        for source in itertools.chain([first], sources):
+        for source in scan:
             bar.update(1)
+            if isinstance(source, KeptFile):
+                stored = old_tree[source.key]
+                tree[source.key] = _tree_fields(stored)
+                summary.pages += 1
+                summary.unchanged += 1
+                summary.not_read += 1
+                summary.bytes += source.size
+                if stored.blob is None:
+                    kept_terms[source.key] = (stored.sha256 or "", source.path)
+                elif is_chroma_url(stored.blob.url):
+                    summary.chroma_blobs += 1
+                else:
+                    summary.lazy_files += 1
+                continue
             plan = _plan(source, options, summary)
             if plan == TOO_LARGE:
                 continue
@@ -451,29 +479,22 @@ def ingest(options: IngestOptions, show_progress: bool = False) -> IngestSummary
             summary.pages += 1
             summary.bytes += len(source.data)
             if "blob" in entry:
+                tree_changed = tree_changed or _changed(entry, old_tree.get(source.key))
                 continue
             assert source.text is not None
             previous = old_pages.get(source.key)
-            known = old_lexicon.get(source.key)
             unchanged = previous is not None and previous.sha256 == sha
-            if (
-                unchanged
-                and known is not None
-                and known.sha256 == sha
-                and known.titles is not None  # an entry of format 1 or 2 gets its title terms now
-                and (page_vectors.model is None or known.vector is not None)
-            ):
-                lexicon[source.key] = known  # an unchanged page keeps its terms and its vector
+            if unchanged and lexicon_kept:
+                kept_terms[source.key] = (sha, source.path)
             else:
-                title = page_title(source.text)
-                titles = title_terms(page_summary(source.text, title), source.key)
-                lexicon[source.key] = LexiconPage(sha, page_terms(source.text, title, source.key), None, titles)
-                page_vectors.add(source.key, source.text, title)
+                new_terms[source.key] = _terms(source.key, source.text, sha, page_vectors)
             if previous is not None and previous.sha256 == sha:
                 summary.unchanged += 1
                 if previous.chunks is not None:
                     entry["chunks"] = previous.chunks
+                tree_changed = tree_changed or _changed(entry, previous)
                 continue
+            tree_changed = True
             summary.updated += 1
             chunks = split_page(source.text, options.max_chunk_chars)
             entry["chunks"] = len(chunks)
@@ -483,40 +504,38 @@ def ingest(options: IngestOptions, show_progress: bool = False) -> IngestSummary
                 writer.add(chunk_id(source.key, sha, index), chunk, title, metadata)
         writer.flush()
         blobs.flush()
+        summary.removed = sum(1 for k in old_pages if k not in tree)
+        tree_changed = tree_changed or len(tree) != len(old_tree) or any(k not in tree for k in old_tree)
+        lexicon: dict[str, LexiconPage] | None = None
+        if new_terms or summary.removed or len(kept_terms) + len(new_terms) != len(old_pages):
+            lexicon = _merged_lexicon(old_lexicon, kept_terms, new_terms, page_vectors)
     summary.problems = one_per_file(summary.problems)
     summary.blob_pieces_written = blobs.written
+    summary.access_kept = scan.reused
     if not tree:  # every file refused (too large): the site stays as it was
         summary.seconds = time.monotonic() - started
         return summary
-    for key, vector in page_vectors.results():
-        lexicon[key] = lexicon[key]._replace(vector=vector)
-
-    if lexicon != old_lexicon:  # an unchanged site keeps its record
-        records = lexicon_records(encode_lexicon(lexicon))
-        for n, record in enumerate(records, 1):  # one request each: a big site's takes several
-            collection.upsert(
-                "upsert of the lexicon"
-                if len(records) == 1
-                else f"upsert of the lexicon (record {n} of {len(records)})",
-                ids=[record.id],
-                documents=[LEXICON_RECORD_KIND],
-                metadatas=[{RECORD_KIND_FIELD: LEXICON_RECORD_KIND, FORMAT_FIELD: FORMAT_VERSION, **record.metadata}],
-                embeddings=[zero_vector],
-            )
-        written = {record.id for record in records}
-        stale = [i for i in old_lexicon_parts if i not in written]  # the last lexicon's other parts
-        if stale:
-            collection.delete("delete of the last lexicon's parts", ids=stale)
-    summary.access_kept = scan.reused
-    summary.tree_document = encode_tree_document(tree)
+    if lexicon is not None:  # an unchanged site keeps its record
+        for key, vector in page_vectors.results():
+            lexicon[key] = lexicon[key]._replace(vector=vector)
+        _write_lexicon(collection, lexicon, old_lexicon.part_ids, zero_vector)
     metadata = {
         RECORD_KIND_FIELD: TREE_RECORD_KIND,
         FORMAT_FIELD: FORMAT_VERSION,
         "site": options.site,
-        TREE_VERSION_FIELD: tree_version(summary.tree_document),
         ACCESS_INPUTS_FIELD: access_inputs,
+        SCANNED_AT_FIELD: round(scanned_at, 3),
     }
-    if summary.tree_document != old_document or metadata != old_metadata:  # an unchanged site keeps its record
+    kept_metadata = {k: v for k, v in old_metadata.items() if k not in (TREE_VERSION_FIELD, SCANNED_AT_FIELD)}
+    # an older scan's time stays with the tree it wrote: a file changed since has a later mtime
+    same_metadata = SCANNED_AT_FIELD in old_metadata and kept_metadata == {
+        k: v for k, v in metadata.items() if k != SCANNED_AT_FIELD
+    }
+    if not tree_changed and old_document is not None and same_metadata:  # an unchanged site keeps its record
+        summary.tree_document = old_document
+    else:
+        summary.tree_document = encode_tree_document(tree)
+        metadata[TREE_VERSION_FIELD] = tree_version(summary.tree_document)
         collection.upsert(
             "upsert of the path tree",
             ids=[TREE_RECORD_ID],
@@ -524,10 +543,109 @@ def ingest(options: IngestOptions, show_progress: bool = False) -> IngestSummary
             metadatas=[metadata],
             embeddings=[zero_vector],
         )
-    summary.removed = sum(1 for k in old_pages if k not in tree)
     _retire_old_versions(collection, options, old_tree, tree, zero_vector, batch_size, summary)
     summary.seconds = time.monotonic() - started
     return summary
+
+
+def _terms(key: str, text: str, sha: str, page_vectors: PageVectors) -> LexiconPage:
+    """A page's lexicon row counted from its text (its vector is embedded meanwhile)."""
+    title = page_title(text)
+    titles = title_terms(page_summary(text, title), key)
+    page_vectors.add(key, text, title)
+    return LexiconPage(sha, page_terms(text, title, key), None, titles)
+
+
+def _merged_lexicon(
+    stored: _StoredLexicon,
+    kept: Mapping[str, tuple[str, str]],
+    new: dict[str, LexiconPage],
+    page_vectors: PageVectors,
+) -> dict[str, LexiconPage]:
+    """The new lexicon: the stored rows of the kept pages, and the new ones. A kept page with no
+    usable stored row (a lexicon written over by hand, or by another version) is read now."""
+    old = stored.decode() if kept else {}
+    lexicon: dict[str, LexiconPage] = {}
+    for key, (sha, path) in kept.items():
+        row = old.get(key)
+        usable = row is not None and row.sha256 == sha and row.titles is not None
+        if row is not None and usable and (page_vectors.model is None or row.vector is not None):
+            lexicon[key] = row
+            continue
+        try:
+            data = Path(path).read_bytes()
+        except OSError as exc:
+            log.warning("%s: its search terms could not be counted again: %s", key, exc.strerror)
+            continue
+        text = data.decode("utf-8", "replace")
+        lexicon[key] = _terms(key, text, hashlib.sha256(data).hexdigest(), page_vectors)
+    lexicon.update(new)
+    return lexicon
+
+
+def _write_lexicon(
+    collection: RetryingCollection, lexicon: Mapping[str, LexiconPage], old_parts: list[str], zero_vector: list[float]
+) -> None:
+    records = lexicon_records(encode_lexicon(lexicon))
+    for n, record in enumerate(records, 1):  # one request each: a big site's takes several
+        collection.upsert(
+            "upsert of the lexicon" if len(records) == 1 else f"upsert of the lexicon (record {n} of {len(records)})",
+            ids=[record.id],
+            documents=[LEXICON_RECORD_KIND],
+            metadatas=[{RECORD_KIND_FIELD: LEXICON_RECORD_KIND, FORMAT_FIELD: FORMAT_VERSION, **record.metadata}],
+            embeddings=[zero_vector],
+        )
+    written = {record.id for record in records}
+    stale = [i for i in old_parts if i not in written]  # the last lexicon's other parts
+    if stale:
+        collection.delete("delete of the last lexicon's parts", ids=stale)
+
+
+RACY_SECONDS = 2.0  # a file this close to the last walk's start may have changed within its mtime's grain
+
+
+def _quick_check(
+    old_tree: Mapping[str, PathEntry], scanned_at: object, options: IngestOptions
+) -> Callable[[str, int, float], bool] | None:
+    """Whether a walked file is the one the stored tree holds, by its size and mtime alone: the
+    tree must say when its walk began (a file changed since has a later mtime, unless one is set
+    by hand: --checksum), and the file must keep the shape it had (a page, or a binary file kept
+    where these options keep it)."""
+    if isinstance(scanned_at, bool) or not isinstance(scanned_at, int | float):
+        return None
+    before = float(scanned_at) - RACY_SECONDS
+
+    def unchanged(key: str, size: int, mtime: float) -> bool:
+        entry = old_tree.get(key)
+        if entry is None or entry.size != size or entry.mtime != round(mtime, 3) or entry.source_key != key:
+            return False
+        if entry.sha256 is None or entry.mtime >= before:
+            return False
+        if entry.blob is None:
+            return options.blob_store is None or size <= options.large_file_threshold
+        if is_chroma_url(entry.blob.url):
+            return options.blob_store is None and size <= options.chroma_blob_limit
+        return options.blob_store is not None
+
+    return unchanged
+
+
+def _tree_fields(entry: PathEntry) -> dict[str, Any]:
+    """The tree entry an ingest writes for a file as `entry` holds it."""
+    fields: dict[str, Any] = {"isPublic": entry.is_public, "groups": sorted(entry.groups)}
+    fields.update(size=entry.size, sha256=entry.sha256, mtime=entry.mtime)
+    if entry.blob is not None:
+        blob: dict[str, Any] = {"url": entry.blob.url, "size": entry.blob.size, "sha256": entry.blob.sha256}
+        if entry.blob.pieces:
+            blob["pieces"] = list(entry.blob.pieces)
+        fields["blob"] = blob
+    elif entry.chunks is not None:
+        fields["chunks"] = entry.chunks
+    return fields
+
+
+def _changed(entry: dict[str, Any], previous: PathEntry | None) -> bool:
+    return previous is None or previous.source_key != previous.key or _tree_fields(previous) != entry
 
 
 def _retire_old_versions(
@@ -599,20 +717,38 @@ def _write_retired(
     )
 
 
-def _existing_lexicon(collection: RetryingCollection) -> tuple[dict[str, LexiconPage], list[str]]:
-    """The lexicon the last ingest wrote (nothing if none, or one that cannot be read), and the
-    ids of its records after the head."""
-    found = collection.get("read of the lexicon", ids=[LEXICON_RECORD_ID], include=["documents", "metadatas"])
-    parts = lexicon_part_ids((found.get("metadatas") or [None])[0])
+class _StoredLexicon:
+    """The lexicon the last ingest wrote: its head record, read whole only when it is rewritten."""
 
-    def get(ids: list[str]) -> Any:
-        return collection.get("read of the lexicon's parts", ids=ids, include=["metadatas"])
+    def __init__(self, collection: RetryingCollection) -> None:
+        self.collection = collection
+        self.found = collection.get("read of the lexicon", ids=[LEXICON_RECORD_ID], include=["documents", "metadatas"])
+        self.part_ids = lexicon_part_ids((self.found.get("metadatas") or [None])[0])
 
-    try:
-        document = lexicon_text(found, get)
-        return ({} if document is None else dict(decode_lexicon(document))), parts
-    except ValueError:
-        return {}, parts
+    def current(self, with_vectors: bool) -> bool:
+        """Whether its rows are of the form this ingest writes (format 3; page vectors when the
+        site's embedder makes them), judged by its first row."""
+        head = (self.found.get("metadatas") or [None])[0] or {}
+        text = head.get(LEXICON_DATA_FIELD)
+        if not isinstance(text, str):
+            return False
+        preview = lexicon_preview(text)
+        if preview is None or preview[0] != 3 or preview[1] is None:
+            return False
+        row = preview[1]
+        return len(row) > 3 and isinstance(row[3], dict) and (not with_vectors or isinstance(row[2], str))
+
+    def decode(self) -> dict[str, LexiconPage]:
+        """Its pages (none when it cannot be read)."""
+
+        def get(ids: list[str]) -> Any:
+            return self.collection.get("read of the lexicon's parts", ids=ids, include=["metadatas"])
+
+        try:
+            document = lexicon_text(self.found, get)
+            return {} if document is None else decode_lexicon(document)
+        except ValueError:
+            return {}
 
 
 def _existing_tree(collection: RetryingCollection) -> tuple[dict[str, PathEntry], str | None, dict[str, Any]]:
@@ -624,10 +760,12 @@ def _existing_tree(collection: RetryingCollection) -> tuple[dict[str, PathEntry]
     document = result["documents"][0]
     metadata = (result.get("metadatas") or [None])[0]
     try:
-        return parse_tree(document).entries, document, dict(metadata) if isinstance(metadata, Mapping) else {}
+        parsed = parse_tree(document)
     except TreeError:
         log.warning("the existing path tree is unreadable; every page is rewritten")
         return {}, None, {}
+    # a tree with entries that were skipped is written anew even when nothing else changed
+    return parsed.entries, None if parsed.skipped else document, dict(metadata) if isinstance(metadata, Mapping) else {}
 
 
 def _known_access(old_tree: dict[str, PathEntry]) -> Callable[[str, str], Access | None]:

@@ -98,6 +98,18 @@ class SourceFile:
     access: Access
     mtime: float
     sha256: str
+    path: str = ""  # where it was read from
+
+
+@dataclass(frozen=True, slots=True)
+class KeptFile:
+    """A file the stored tree holds with this very size and mtime: not read again (rsync's
+    quick check; the caller decides when it may be trusted)."""
+
+    key: str
+    path: str  # to open, should its bytes be wanted after all
+    size: int
+    mtime: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,8 +127,8 @@ class ScanResult:
     hidden_skipped: int = 0
 
 
-def walk(root: Path, include_hidden: bool, problems: list[Problem]) -> Iterator[tuple[str, str, int]]:
-    """(relative path, path to open, size) of every regular file, in sorted order."""
+def walk(root: Path, include_hidden: bool, problems: list[Problem]) -> Iterator[tuple[str, str, int, float]]:
+    """(relative path, path to open, size, mtime) of every regular file, in sorted order."""
     real_root = os.path.realpath(root)
     stack: list[tuple[str, str, tuple[str, ...]]] = [(str(root), "", (real_root,))]
     while stack:
@@ -160,7 +172,7 @@ def walk(root: Path, include_hidden: bool, problems: list[Problem]) -> Iterator[
                     continue
                 subdirs.append((path, relative + "/", (*ancestors, real)))
             elif stat.S_ISREG(found.st_mode):
-                yield relative, path, found.st_size
+                yield relative, path, found.st_size, found.st_mtime
             else:
                 problems.append(Problem(relative, "not a regular file", NOT_INGESTED))
         stack.extend(reversed(subdirs))
@@ -220,12 +232,14 @@ class SiteScan:
         # access inputs (access_inputs_digest), or None: those pages' frontmatter is not read again
         self.known: Callable[[str, str], Access | None] | None = None
         self.reused = 0
+        # (key, size, mtime) -> whether the stored tree holds this file as it is: not read
+        self.unchanged: Callable[[str, int, float], bool] | None = None
         self.navigation_public = read_navigation(options.root, self.problems)
         self.fallback = default_access(options.default_access)
-        self.paths: list[tuple[str, str, int]] = []  # (key, path, size when walked)
-        for relative, path, size in walk(options.root, options.include_hidden, self.problems):
+        self.paths: list[tuple[str, str, int, float]] = []  # (key, path, size and mtime when walked)
+        for relative, path, size, mtime in walk(options.root, options.include_hidden, self.problems):
             try:
-                self.paths.append((normalize_key(relative), path, size))
+                self.paths.append((normalize_key(relative), path, size, mtime))
             except InvalidPath as exc:
                 self.problems.append(Problem(relative, f"name cannot be served: {exc}", NOT_INGESTED))
 
@@ -237,23 +251,30 @@ class SiteScan:
         """The digest of what access is decided from beside a page's own bytes and key."""
         return access_inputs_digest(self.options.default_access, self.options.acl_rules, self.navigation_public)
 
-    def __iter__(self) -> Iterator[SourceFile]:
-        waiting: deque[tuple[str, int, Future[tuple[bytes, float, str] | OSError]]] = deque()
+    def __iter__(self) -> Iterator[SourceFile | KeptFile]:
+        waiting: deque[tuple[str, str, int, Future[tuple[bytes, float, str] | OSError] | KeptFile]] = deque()
         ahead = 0
         paths = iter(self.paths)
+        unchanged = self.unchanged
         with ThreadPoolExecutor(max_workers=self.workers) as pool:
             while True:
                 while not waiting or (ahead < READ_AHEAD_BYTES and len(waiting) < READ_AHEAD_FILES):
                     following = next(paths, None)
                     if following is None:
                         break
-                    key, path, size = following
-                    waiting.append((key, size, pool.submit(_read, path)))
+                    key, path, size, mtime = following
+                    if unchanged is not None and unchanged(key, size, mtime):
+                        waiting.append((key, path, 0, KeptFile(key, path, size, mtime)))
+                        continue
+                    waiting.append((key, path, size, pool.submit(_read, path)))
                     ahead += size
                 if not waiting:
                     return
-                key, size, future = waiting.popleft()
-                read = future.result()
+                key, path, size, pending = waiting.popleft()
+                if isinstance(pending, KeptFile):
+                    yield pending
+                    continue
+                read = pending.result()
                 ahead -= size
                 if isinstance(read, OSError):
                     reason = "vanished before it was read" if isinstance(read, FileNotFoundError) else read.strerror
@@ -264,12 +285,13 @@ class SiteScan:
                 if known is not None:
                     self.reused += 1
                     text, _ = _page_text(key, data, self.problems)
-                    yield SourceFile(key, data, text, known, mtime, sha)
+                    yield SourceFile(key, data, text, known, mtime, sha, path)
                     continue
                 source = _decide(
                     key, data, mtime, sha, self.options, self.navigation_public, self.fallback, self.problems
                 )
                 if source is not None:
+                    source.path = path
                     yield source
 
 
@@ -277,7 +299,7 @@ def scan_site(options: ScanOptions, workers: int = 8) -> ScanResult:
     """Read every file of the source folder and decide its access (the whole site in memory:
     the ingest reads it through `SiteScan`, a window at a time)."""
     scan = SiteScan(options, workers)
-    files = list(scan)
+    files = [file for file in scan if isinstance(file, SourceFile)]
     return ScanResult(files, scan.problems)
 
 
