@@ -1,0 +1,108 @@
+"""A re-ingest knows an unchanged file by its size and mtime, as rsync does, and reads it only when
+either differs from what the site's tree records, or when its mtime is as recent as the last walk's
+start (it may have changed again within the mtime's grain): `--checksum` reads every file. The
+lexicon a changed page leaves keeps every other page's row."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import chromadb
+
+from chromafs_fuse.lexical import lexicon_text
+from chromafs_fuse.names import LEXICON_RECORD_ID, TREE_RECORD_ID
+from chromafs_fuse.packed import unpack
+from chromafs_fuse.tree import parse_tree
+from infra import INGEST, SAMPLE_SITE, child_env
+
+PAGE = "guides/migration.mdx"
+HOUR_AGO = time.time() - 3600
+
+
+def ingest(source: Path, chroma: Path, report: Path, *more: str) -> dict[str, Any]:
+    argv = [INGEST, str(source), "--site", "acme", "--chroma-path", str(chroma), "--report", str(report), "--quiet"]
+    done = subprocess.run([*argv, *more], capture_output=True, text=True, timeout=600, env=child_env())
+    assert done.returncode in (0, 3), done.stderr  # 3: the sample site's own problems
+    return json.loads(report.read_text())
+
+
+def aged_copy(tmp_path: Path) -> Path:
+    """The sample site with every file last changed an hour ago (older than any walk here)."""
+    source = Path(shutil.copytree(SAMPLE_SITE, tmp_path / "site"))
+    for folder, _, names in os.walk(source):
+        for name in names:
+            os.utime(Path(folder) / name, (HOUR_AGO, HOUR_AGO))
+    return source
+
+
+WORD, NEW_WORD = b"stricter", b"zqxjvwkp"  # a word of the page, and one of the same size no page holds
+
+
+def same_size_edit(path: Path) -> None:
+    data = path.read_bytes()
+    assert WORD in data
+    path.write_bytes(data.replace(WORD, NEW_WORD, 1))
+
+
+def stored(chroma: Path) -> tuple[dict[str, str | None], dict[str, Any]]:
+    """(page -> sha256 in the tree, lexicon page -> row)"""
+    collection = chromadb.PersistentClient(str(chroma)).get_collection("acme")
+    tree = collection.get(ids=[TREE_RECORD_ID], include=["documents"])["documents"][0]
+    pages = {k: e.sha256 for k, e in parse_tree(tree).entries.items() if e.blob is None}
+    found = collection.get(ids=[LEXICON_RECORD_ID], include=["documents", "metadatas"])
+    text = lexicon_text(found, lambda ids: collection.get(ids=ids, include=["metadatas"]))
+    assert text is not None
+    return pages, json.loads(gzip.decompress(unpack(text)))["pages"]
+
+
+def test_an_unchanged_re_ingest_reads_no_file_and_an_edit_at_the_same_size_is_still_seen(tmp_path: Path) -> None:
+    source, chroma, report = aged_copy(tmp_path), tmp_path / "chroma", tmp_path / "report.json"
+    first = ingest(source, chroma, report)
+    again = ingest(source, chroma, report)
+    assert (again["written"], again["not_read"]) == (0, first["pages"]), again
+
+    same_size_edit(source / PAGE)  # a new mtime, the same size
+    edited = ingest(source, chroma, report)
+    assert (edited["written"], edited["not_read"]) == (1, first["pages"] - 1), edited
+    pages, lexicon = stored(chroma)
+    assert pages.keys() == lexicon.keys()
+    assert all(lexicon[k][0] == sha for k, sha in pages.items())  # every row is its page's version
+    assert NEW_WORD.decode() in lexicon[PAGE][1] and WORD.decode() not in lexicon[PAGE][1]
+
+
+def test_a_touched_file_is_read_once_and_its_new_mtime_recorded(tmp_path: Path) -> None:
+    source, chroma, report = aged_copy(tmp_path), tmp_path / "chroma", tmp_path / "report.json"
+    first = ingest(source, chroma, report)
+    os.utime(source / PAGE, (HOUR_AGO + 60, HOUR_AGO + 60))  # the bytes stay
+    touched = ingest(source, chroma, report)
+    assert (touched["written"], touched["not_read"]) == (0, first["pages"] - 1), touched
+    assert ingest(source, chroma, report)["not_read"] == first["pages"]
+
+
+def test_a_file_changed_as_recently_as_the_last_walk_is_read_even_at_its_old_size_and_mtime(tmp_path: Path) -> None:
+    source, chroma, report = aged_copy(tmp_path), tmp_path / "chroma", tmp_path / "report.json"
+    recent = time.time()
+    os.utime(source / PAGE, (recent, recent))
+    first = ingest(source, chroma, report)
+    same_size_edit(source / PAGE)
+    os.utime(source / PAGE, (recent, recent))  # changed within the same mtime
+    racy = ingest(source, chroma, report)
+    assert (racy["written"], racy["not_read"]) == (1, first["pages"] - 1), racy
+
+
+def test_an_edit_hidden_behind_a_restored_mtime_is_read_by_checksum(tmp_path: Path) -> None:
+    source, chroma, report = aged_copy(tmp_path), tmp_path / "chroma", tmp_path / "report.json"
+    ingest(source, chroma, report)
+    same_size_edit(source / PAGE)
+    os.utime(source / PAGE, (HOUR_AGO, HOUR_AGO))  # as `rsync -a` or `tar x` would set it
+    assert ingest(source, chroma, report)["written"] == 0  # size and mtime are the quick check's whole word
+    assert ingest(source, chroma, report, "--checksum")["written"] == 1
+    pages, lexicon = stored(chroma)
+    assert lexicon[PAGE][0] == pages[PAGE] and NEW_WORD.decode() in lexicon[PAGE][1]
