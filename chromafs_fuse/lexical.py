@@ -196,12 +196,110 @@ def _part_id(digest: str, n: int) -> str:
 
 
 def lexicon_part_ids(head: Mapping[str, Any] | None) -> list[str]:
-    """The ids of the parts after the first that the head record's metadata names."""
+    """The ids of the records besides the head that the head record's metadata names (the parts
+    after the first, or a bucketed lexicon's parts)."""
+    try:
+        manifest = manifest_of(head)
+    except ValueError:
+        return []
+    if manifest is not None:
+        return [part.id for part in manifest.parts]
     head = head or {}
     count, digest = head.get(LEXICON_PARTS_FIELD), head.get(LEXICON_DIGEST_FIELD)
     if not isinstance(count, int) or count < 2 or not isinstance(digest, str):
         return []
     return [_part_id(digest, n) for n in range(1, count)]
+
+
+# -- the bucketed lexicon ----------------------------------------------------------------------
+# A big site's lexicon is kept in buckets: a page's bucket is a hash of its key, each bucket a
+# lexicon of its own (one gzip member of `{"format": 3, "pages": {...}}`) in one or more part
+# records named by their text's sha256, and the head record names them all (its manifest). A
+# re-ingest rewrites only the buckets of the pages that changed.
+
+LEXICON_MANIFEST_FIELD = "chromafs_lexicon_manifest"  # the head's, as JSON: see LexiconManifest
+PAGES_PER_BUCKET = 2000
+MANIFEST_STUB = {"format": 4}  # the head's own text: a reader that knows no manifest finds no pages
+
+
+class LexiconPart(NamedTuple):
+    bucket: int
+    id: str
+    sha256: str  # of its text
+
+
+class LexiconManifest(NamedTuple):
+    buckets: int
+    rows: int  # the row format of its buckets (3)
+    vectors: bool  # whether its rows hold page vectors
+    parts: tuple[LexiconPart, ...]  # in order: a bucket's parts one after another
+
+    def encode(self) -> str:
+        body = {"buckets": self.buckets, "rows": self.rows, "vectors": self.vectors, "parts": self.parts}
+        return json.dumps(body, separators=(",", ":"))
+
+    @classmethod
+    def decode(cls, text: object) -> LexiconManifest:
+        """ValueError for anything that is not one."""
+        try:
+            body: Any = json.loads(text) if isinstance(text, str) else None
+            parts = tuple(LexiconPart(int(b), str(i), str(h)) for b, i, h in body["parts"])
+            return cls(int(body["buckets"]), int(body["rows"]), bool(body["vectors"]), parts)
+        except (ValueError, TypeError, KeyError) as exc:
+            raise ValueError(f"the lexicon's manifest cannot be read: {exc}") from exc
+
+
+def bucket_count(pages: int) -> int:
+    """Buckets for a site of `pages` pages: a power of two, about PAGES_PER_BUCKET pages each."""
+    count = 1
+    while count * PAGES_PER_BUCKET < pages:
+        count *= 2
+    return count
+
+
+def keeps_buckets(buckets: int, pages: int) -> bool:
+    """Whether a site of `pages` pages stays in `buckets` buckets (else it is bucketed anew)."""
+    if buckets < 1:
+        return False
+    fewest = PAGES_PER_BUCKET // 4 if buckets > 1 else 0
+    return fewest <= pages / buckets <= PAGES_PER_BUCKET * 4
+
+
+def page_bucket(key: str, buckets: int) -> int:
+    return int.from_bytes(hashlib.sha256(key.encode("utf-8")).digest()[:4], "big") % buckets
+
+
+def bucket_parts(bucket: int, pages: Mapping[str, LexiconPage]) -> list[tuple[LexiconPart, str]]:
+    """A bucket's part records (each with its text): its lexicon, cut at LEXICON_PART_CHARS."""
+    text = encode_lexicon(pages)
+    cuts = [text[i : i + LEXICON_PART_CHARS] for i in range(0, len(text), LEXICON_PART_CHARS)] or [""]
+    out = []
+    for n, cut in enumerate(cuts):
+        digest = hashlib.sha256(cut.encode("ascii")).hexdigest()
+        out.append((LexiconPart(bucket, f"{LEXICON_RECORD_ID}.{digest[:32]}.{n}", digest), cut))
+    return out
+
+
+def manifest_of(head: Mapping[str, Any] | None) -> LexiconManifest | None:
+    """The manifest a head record's metadata holds; None when it holds none (one lexicon text);
+    ValueError when it cannot be read."""
+    text = (head or {}).get(LEXICON_MANIFEST_FIELD)
+    return None if text is None else LexiconManifest.decode(text)
+
+
+def parts_text(parts: list[LexiconPart], get: Callable[[list[str]], Mapping[str, Any]]) -> str:
+    """The texts of these part records one after another, each checked against its sha256."""
+    if not parts:
+        return ""
+    answer = get([part.id for part in parts])
+    by_id = dict(zip(answer.get("ids") or [], answer.get("metadatas") or [], strict=False))
+    texts = []
+    for part in parts:
+        text = (by_id.get(part.id) or {}).get(LEXICON_DATA_FIELD)
+        if not isinstance(text, str) or hashlib.sha256(text.encode("ascii")).hexdigest() != part.sha256:
+            raise ValueError(f"the lexicon's part {part.id} is missing or written over")
+        texts.append(text)
+    return "".join(texts)
 
 
 def lexicon_text(found: Mapping[str, Any], get: Callable[[list[str]], Mapping[str, Any]] | None = None) -> str | None:
@@ -211,6 +309,11 @@ def lexicon_text(found: Mapping[str, Any], get: Callable[[list[str]], Mapping[st
     metadatas included); ValueError when one is missing or the whole is not what the head says."""
     metadatas = found.get("metadatas") or []
     head = metadatas[0] if metadatas else None
+    manifest = manifest_of(head)
+    if manifest is not None:
+        if get is None:
+            raise ValueError("the lexicon takes several records and this reader reads one")
+        return parts_text(list(manifest.parts), get)
     data = (head or {}).get(LEXICON_DATA_FIELD)
     if not isinstance(data, str):
         documents = found.get("documents") or []
@@ -260,20 +363,31 @@ def lexicon_preview(document: str) -> tuple[int, list[Any] | None] | None:
 
 
 def decode_lexicon(document: str) -> dict[str, LexiconPage]:
-    """The pages of a lexicon record; ValueError for anything that is not one."""
+    """The pages of a lexicon record, or of a bucketed lexicon's parts one after another (gzip
+    members, each a body of its own); ValueError for anything that is not one."""
     try:
-        body = json.loads(gzip.decompress(unpack(document)))
-    except (ValueError, TypeError, OSError, EOFError) as exc:  # hex, base64, gzip, JSON
+        text = gzip.decompress(unpack(document)).decode("utf-8")
+    except (ValueError, TypeError, OSError, EOFError) as exc:  # hex, base64, gzip, UTF-8
         raise ValueError(f"the lexicon record cannot be read: {exc}") from exc
-    known = isinstance(body, dict) and body.get("format") in LEXICON_FORMATS
-    if not known or not isinstance(body.get("pages"), dict):
-        raise ValueError("the lexicon record has an unknown format")
+    decoder = json.JSONDecoder()
     out: dict[str, LexiconPage] = {}
-    for path, page in body["pages"].items():
-        vector = page[2] if len(page) > 2 and isinstance(page[2], str) else None
-        titles = dict(page[3]) if len(page) > 3 and isinstance(page[3], dict) else None
-        out[str(path)] = LexiconPage(str(page[0]), dict(page[1]), vector, titles)
-    return out
+    at = 0
+    while True:
+        try:
+            body, at = decoder.raw_decode(text, at)
+        except ValueError as exc:
+            raise ValueError(f"the lexicon record cannot be read: {exc}") from exc
+        known = isinstance(body, dict) and body.get("format") in LEXICON_FORMATS
+        if not known or not isinstance(body.get("pages"), dict):
+            raise ValueError("the lexicon record has an unknown format")
+        for path, page in body["pages"].items():
+            vector = page[2] if len(page) > 2 and isinstance(page[2], str) else None
+            titles = dict(page[3]) if len(page) > 3 and isinstance(page[3], dict) else None
+            out[str(path)] = LexiconPage(str(page[0]), dict(page[1]), vector, titles)
+        while at < len(text) and text[at].isspace():
+            at += 1
+        if at >= len(text):
+            return out
 
 
 # -- the index -------------------------------------------------------------------------------

@@ -10,7 +10,8 @@ Chroma itself (chroma_blobs.py), and retired the same way.
 
 from __future__ import annotations
 
-import hashlib
+import itertools
+import json
 import logging
 import time
 from collections import Counter
@@ -55,15 +56,23 @@ from chromafs_fuse.ingest.retention import (
 )
 from chromafs_fuse.ingest.scan import KeptFile, Problem, ScanOptions, SiteScan, SourceFile, one_per_file
 from chromafs_fuse.lexical import (
+    LEXICON_MANIFEST_FIELD,
+    MANIFEST_STUB,
+    LexiconManifest,
     LexiconPage,
+    LexiconPart,
+    bucket_count,
+    bucket_parts,
     decode_lexicon,
-    encode_lexicon,
     encode_vector,
+    keeps_buckets,
     lexicon_part_ids,
     lexicon_preview,
-    lexicon_records,
     lexicon_text,
+    manifest_of,
+    page_bucket,
     page_terms,
+    parts_text,
     title_terms,
 )
 from chromafs_fuse.names import (
@@ -85,6 +94,7 @@ from chromafs_fuse.names import (
     chunk_id,
 )
 from chromafs_fuse.options import INGEST_OPTIONS
+from chromafs_fuse.packed import pack
 from chromafs_fuse.tree import PathEntry, TreeError, encode_tree_document, parse_tree, tree_version
 
 log = logging.getLogger("chromafs.ingest")
@@ -506,19 +516,19 @@ def ingest(options: IngestOptions, show_progress: bool = False) -> IngestSummary
         blobs.flush()
         summary.removed = sum(1 for k in old_pages if k not in tree)
         tree_changed = tree_changed or len(tree) != len(old_tree) or any(k not in tree for k in old_tree)
-        lexicon: dict[str, LexiconPage] | None = None
+        lexicon: _LexiconChange | None = None
         if new_terms or summary.removed or len(kept_terms) + len(new_terms) != len(old_pages):
-            lexicon = _merged_lexicon(old_lexicon, kept_terms, new_terms, page_vectors)
+            lexicon = _LexiconChange.of(old_lexicon, old_pages, kept_terms, new_terms, page_vectors, lexicon_kept)
     summary.problems = one_per_file(summary.problems)
     summary.blob_pieces_written = blobs.written
     summary.access_kept = scan.reused
     if not tree:  # every file refused (too large): the site stays as it was
         summary.seconds = time.monotonic() - started
         return summary
-    if lexicon is not None:  # an unchanged site keeps its record
+    if lexicon is not None:  # an unchanged site keeps its records
         for key, vector in page_vectors.results():
-            lexicon[key] = lexicon[key]._replace(vector=vector)
-        _write_lexicon(collection, lexicon, old_lexicon.part_ids, zero_vector)
+            lexicon.rows[key] = lexicon.rows[key]._replace(vector=vector)
+        lexicon.write(collection, zero_vector, with_vectors=page_vectors.model is not None)
     metadata = {
         RECORD_KIND_FIELD: TREE_RECORD_KIND,
         FORMAT_FIELD: FORMAT_VERSION,
@@ -556,49 +566,103 @@ def _terms(key: str, text: str, sha: str, page_vectors: PageVectors) -> LexiconP
     return LexiconPage(sha, page_terms(text, title, key), None, titles)
 
 
-def _merged_lexicon(
-    stored: _StoredLexicon,
-    kept: Mapping[str, tuple[str, str]],
-    new: dict[str, LexiconPage],
-    page_vectors: PageVectors,
-) -> dict[str, LexiconPage]:
-    """The new lexicon: the stored rows of the kept pages, and the new ones. A kept page with no
-    usable stored row (a lexicon written over by hand, or by another version) is read now."""
-    old = stored.decode() if kept else {}
-    lexicon: dict[str, LexiconPage] = {}
-    for key, (sha, path) in kept.items():
-        row = old.get(key)
-        usable = row is not None and row.sha256 == sha and row.titles is not None
-        if row is not None and usable and (page_vectors.model is None or row.vector is not None):
-            lexicon[key] = row
-            continue
-        try:
-            data = Path(path).read_bytes()
-        except OSError as exc:
-            log.warning("%s: its search terms could not be counted again: %s", key, exc.strerror)
-            continue
-        text = data.decode("utf-8", "replace")
-        lexicon[key] = _terms(key, text, hashlib.sha256(data).hexdigest(), page_vectors)
-    lexicon.update(new)
-    return lexicon
+@dataclass
+class _LexiconChange:
+    """The buckets of the lexicon (lexical.py) that a re-ingest rewrites, with their rows; the
+    others keep their records."""
 
+    stored: _StoredLexicon
+    buckets: int
+    dirty: dict[int, list[str]]  # bucket -> its pages
+    rows: dict[str, LexiconPage]
 
-def _write_lexicon(
-    collection: RetryingCollection, lexicon: Mapping[str, LexiconPage], old_parts: list[str], zero_vector: list[float]
-) -> None:
-    records = lexicon_records(encode_lexicon(lexicon))
-    for n, record in enumerate(records, 1):  # one request each: a big site's takes several
+    @classmethod
+    def of(
+        cls,
+        stored: _StoredLexicon,
+        old_pages: Mapping[str, PathEntry],
+        kept: Mapping[str, tuple[str, str]],
+        new: dict[str, LexiconPage],
+        page_vectors: PageVectors,
+        rows_kept: bool,
+    ) -> _LexiconChange:
+        """`kept`: page -> (sha256, path) of the pages whose stored row stays (read now if it is
+        missing: a lexicon written over by hand or by another version); `new`: rows counted now."""
+        total = len(kept) + len(new)
+        manifest = stored.manifest if rows_kept else None
+        changed: set[int] | None = None
+        if manifest is not None and keeps_buckets(manifest.buckets, total):
+            buckets = manifest.buckets
+            changed = {page_bucket(key, buckets) for key in new}
+            changed |= {page_bucket(key, buckets) for key in old_pages if key not in kept and key not in new}
+        else:
+            buckets = bucket_count(total)
+        dirty: dict[int, list[str]] = {}
+        for key in itertools.chain(kept, new):
+            bucket = page_bucket(key, buckets)
+            if changed is None or bucket in changed:
+                dirty.setdefault(bucket, []).append(key)
+        if changed is not None:
+            dirty.update({bucket: [] for bucket in changed if bucket not in dirty})  # emptied
+        wanted = [key for keys in dirty.values() for key in keys if key in kept]
+        old = stored.decode(None if changed is None else set(dirty)) if wanted and rows_kept else {}
+        rows: dict[str, LexiconPage] = {}
+        for key in wanted:
+            sha, path = kept[key]
+            row = old.get(key)
+            usable = row is not None and row.sha256 == sha and row.titles is not None
+            if row is not None and usable and (page_vectors.model is None or row.vector is not None):
+                rows[key] = row
+                continue
+            try:
+                data = Path(path).read_bytes()
+            except OSError as exc:
+                log.warning("%s: its search terms could not be counted again: %s", key, exc.strerror)
+                continue
+            rows[key] = _terms(key, data.decode("utf-8", "replace"), sha, page_vectors)
+        rows.update(new)
+        return cls(stored, buckets, dirty, rows)
+
+    def write(self, collection: RetryingCollection, zero_vector: list[float], with_vectors: bool) -> None:
+        """The new parts first, then the head that names them, then the parts no head names."""
+        old = self.stored.manifest
+        same_buckets = old is not None and old.buckets == self.buckets
+        kept_parts = [p for p in old.parts if p.bucket not in self.dirty] if old is not None and same_buckets else []
+        known = {p.id for p in old.parts} if old is not None else set()
+        new_parts: list[LexiconPart] = []
+        for bucket in sorted(self.dirty):
+            keys = [key for key in self.dirty[bucket] if key in self.rows]
+            if not keys:
+                continue
+            for part, text in bucket_parts(bucket, {key: self.rows[key] for key in keys}):
+                new_parts.append(part)
+                if part.id in known:
+                    continue
+                collection.upsert(
+                    f"upsert of the lexicon's bucket {bucket} ({len(keys)} pages)",
+                    ids=[part.id],
+                    documents=[LEXICON_RECORD_KIND],
+                    metadatas=[_lexicon_metadata({LEXICON_DATA_FIELD: text})],
+                    embeddings=[zero_vector],
+                )
+        parts = tuple(sorted([*kept_parts, *new_parts], key=lambda p: p.bucket))
+        manifest = LexiconManifest(self.buckets, 3, with_vectors, parts)
+        head = {LEXICON_DATA_FIELD: pack(json.dumps(MANIFEST_STUB).encode()), LEXICON_MANIFEST_FIELD: manifest.encode()}
         collection.upsert(
-            "upsert of the lexicon" if len(records) == 1 else f"upsert of the lexicon (record {n} of {len(records)})",
-            ids=[record.id],
+            "upsert of the lexicon's head",
+            ids=[LEXICON_RECORD_ID],
             documents=[LEXICON_RECORD_KIND],
-            metadatas=[{RECORD_KIND_FIELD: LEXICON_RECORD_KIND, FORMAT_FIELD: FORMAT_VERSION, **record.metadata}],
+            metadatas=[_lexicon_metadata(head)],
             embeddings=[zero_vector],
         )
-    written = {record.id for record in records}
-    stale = [i for i in old_parts if i not in written]  # the last lexicon's other parts
-    if stale:
-        collection.delete("delete of the last lexicon's parts", ids=stale)
+        named = {p.id for p in parts}
+        stale = [i for i in self.stored.part_ids if i not in named]
+        if stale:
+            collection.delete("delete of the last lexicon's parts", ids=stale)
+
+
+def _lexicon_metadata(fields: dict[str, Any]) -> dict[str, Any]:
+    return {RECORD_KIND_FIELD: LEXICON_RECORD_KIND, FORMAT_FIELD: FORMAT_VERSION, **fields}
 
 
 RACY_SECONDS = 2.0  # a file this close to the last walk's start may have changed within its mtime's grain
@@ -718,18 +782,28 @@ def _write_retired(
 
 
 class _StoredLexicon:
-    """The lexicon the last ingest wrote: its head record, read whole only when it is rewritten."""
+    """The lexicon the last ingest wrote: its head record; its rows are read only when a re-ingest
+    rewrites them, and of a bucketed one only the buckets it rewrites."""
 
     def __init__(self, collection: RetryingCollection) -> None:
         self.collection = collection
         self.found = collection.get("read of the lexicon", ids=[LEXICON_RECORD_ID], include=["documents", "metadatas"])
-        self.part_ids = lexicon_part_ids((self.found.get("metadatas") or [None])[0])
+        head = (self.found.get("metadatas") or [None])[0]
+        self.manifest: LexiconManifest | None = None
+        try:
+            self.manifest = manifest_of(head)
+        except ValueError as exc:
+            log.warning("%s: the lexicon is written anew", exc)
+            head = None
+        self.head: Mapping[str, Any] = head or {}
+        self.part_ids = lexicon_part_ids(head)
 
     def current(self, with_vectors: bool) -> bool:
         """Whether its rows are of the form this ingest writes (format 3; page vectors when the
-        site's embedder makes them), judged by its first row."""
-        head = (self.found.get("metadatas") or [None])[0] or {}
-        text = head.get(LEXICON_DATA_FIELD)
+        site's embedder makes them), judged by its manifest or its first row."""
+        if self.manifest is not None:
+            return self.manifest.rows == 3 and (self.manifest.vectors or not with_vectors)
+        text = self.head.get(LEXICON_DATA_FIELD)
         if not isinstance(text, str):
             return False
         preview = lexicon_preview(text)
@@ -738,16 +812,20 @@ class _StoredLexicon:
         row = preview[1]
         return len(row) > 3 and isinstance(row[3], dict) and (not with_vectors or isinstance(row[2], str))
 
-    def decode(self) -> dict[str, LexiconPage]:
-        """Its pages (none when it cannot be read)."""
+    def _get(self, ids: list[str]) -> Any:
+        return self.collection.get("read of the lexicon's parts", ids=ids, include=["metadatas"])
 
-        def get(ids: list[str]) -> Any:
-            return self.collection.get("read of the lexicon's parts", ids=ids, include=["metadatas"])
-
+    def decode(self, buckets: set[int] | None = None) -> dict[str, LexiconPage]:
+        """Its pages, or those of these buckets of a bucketed one (none when it cannot be read)."""
         try:
-            document = lexicon_text(self.found, get)
+            if self.manifest is not None:
+                parts = [p for p in self.manifest.parts if buckets is None or p.bucket in buckets]
+                text = parts_text(parts, self._get)
+                return decode_lexicon(text) if text else {}
+            document = lexicon_text(self.found, self._get)
             return {} if document is None else decode_lexicon(document)
-        except ValueError:
+        except ValueError as exc:
+            log.warning("%s: the pages' search terms are counted again", exc)
             return {}
 
 

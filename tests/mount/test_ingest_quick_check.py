@@ -5,7 +5,6 @@ lexicon a changed page leaves keeps every other page's row."""
 
 from __future__ import annotations
 
-import gzip
 import json
 import os
 import shutil
@@ -15,10 +14,13 @@ from pathlib import Path
 from typing import Any
 
 import chromadb
+import pytest
 
-from chromafs_fuse.lexical import lexicon_text
+from chromafs_fuse import lexical
+from chromafs_fuse.cli.ingest import main as ingest_main
+from chromafs_fuse.ingest import pipeline
+from chromafs_fuse.lexical import LexiconManifest, lexicon_text, manifest_of
 from chromafs_fuse.names import LEXICON_RECORD_ID, TREE_RECORD_ID
-from chromafs_fuse.packed import unpack
 from chromafs_fuse.tree import parse_tree
 from infra import INGEST, SAMPLE_SITE, child_env
 
@@ -59,7 +61,7 @@ def stored(chroma: Path) -> tuple[dict[str, str | None], dict[str, Any]]:
     found = collection.get(ids=[LEXICON_RECORD_ID], include=["documents", "metadatas"])
     text = lexicon_text(found, lambda ids: collection.get(ids=ids, include=["metadatas"]))
     assert text is not None
-    return pages, json.loads(gzip.decompress(unpack(text)))["pages"]
+    return pages, {k: [r.sha256, r.counts] for k, r in lexical.decode_lexicon(text).items()}
 
 
 def test_an_unchanged_re_ingest_reads_no_file_and_an_edit_at_the_same_size_is_still_seen(tmp_path: Path) -> None:
@@ -106,3 +108,38 @@ def test_an_edit_hidden_behind_a_restored_mtime_is_read_by_checksum(tmp_path: Pa
     assert ingest(source, chroma, report, "--checksum")["written"] == 1
     pages, lexicon = stored(chroma)
     assert lexicon[PAGE][0] == pages[PAGE] and NEW_WORD.decode() in lexicon[PAGE][1]
+
+
+def manifest(chroma: Path) -> LexiconManifest:
+    collection = chromadb.PersistentClient(str(chroma)).get_collection("acme")
+    head = collection.get(ids=[LEXICON_RECORD_ID], include=["metadatas"])["metadatas"][0]
+    found = manifest_of(head)
+    assert found is not None
+    return found
+
+
+def test_a_changed_page_rewrites_its_lexicon_bucket_alone(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """In a site of several buckets (made small here), an edit rewrites the edited page's bucket
+    and keeps every other bucket's record; search's rows stay whole."""
+    monkeypatch.setattr(lexical, "PAGES_PER_BUCKET", 4)
+    source, chroma = aged_copy(tmp_path), tmp_path / "chroma"
+    argv = [str(source), "--site", "acme", "--chroma-path", str(chroma), "--quiet"]
+    assert ingest_main(argv) in (0, 3)
+    before = manifest(chroma)
+    assert before.buckets >= 8 and len({part.bucket for part in before.parts}) >= 4, before
+    same_size_edit(source / PAGE)
+    read: list[str] = []
+    reader = pipeline._StoredLexicon._get
+    monkeypatch.setattr(pipeline._StoredLexicon, "_get", lambda self, ids: read.extend(ids) or reader(self, ids))
+    assert ingest_main(argv) in (0, 3)
+    bucket = lexical.page_bucket(PAGE, before.buckets)
+    assert read == [part.id for part in before.parts if part.bucket == bucket]  # no other bucket read back
+    after = manifest(chroma)
+    assert after.buckets == before.buckets
+    changed = set(after.parts) - set(before.parts)
+    assert {part.bucket for part in changed} == {lexical.page_bucket(PAGE, after.buckets)}, changed
+    pages, rows = stored(chroma)
+    assert pages.keys() == rows.keys() and all(rows[k][0] == sha for k, sha in pages.items())
+    assert NEW_WORD.decode() in rows[PAGE][1]
+    gone = {part.id for part in before.parts} - {part.id for part in after.parts}
+    assert gone and not chromadb.PersistentClient(str(chroma)).get_collection("acme").get(ids=sorted(gone))["ids"]

@@ -93,10 +93,13 @@ def test_a_re_ingest_after_two_changed_pages_writes_only_what_changed(
     assert {i.split("#")[0] for i in changed_chunks} == set(CHANGED)
     for rel in CHANGED:  # the new version's chunks
         assert all(f"#{sha(source / rel)[:16]}#" in i for i in changed_chunks if i.startswith(rel))
-    assert written == changed_chunks | pieces(source / CHANGED_IMAGE) | RECORDS
+    lexicon_parts = {i for i in written if i.startswith(f"{LEXICON_RECORD_ID}.")}  # the changed pages' bucket
+    assert len(lexicon_parts) == 1, lexicon_parts
+    assert written == changed_chunks | pieces(source / CHANGED_IMAGE) | RECORDS | lexicon_parts
     read = {i for kind, ids in requests if kind == "get" for i in ids}
+    old_parts = {i for i in read if i.startswith(f"{LEXICON_RECORD_ID}.")}  # the bucket's rows before
     # no unchanged page's chunk nor unchanged binary file's piece is read back one by one
-    assert read <= written | RECORDS, sorted(read - written - RECORDS)[:5]
+    assert read <= written | RECORDS | old_parts, sorted(read - written - RECORDS)[:5]
     assert not any(i.startswith(BLOB_PIECE_PREFIX) for i in read - pieces(source / CHANGED_IMAGE))
 
     visible = {*PAGES, *IMAGES} - {DELETED, RESTRICTED}

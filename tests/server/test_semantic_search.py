@@ -15,6 +15,7 @@ import pytest
 
 from chromafs_fuse import lexical
 from chromafs_fuse.cli.ingest import main as ingest_main
+from chromafs_fuse.lexical import LEXICON_MANIFEST_FIELD
 from chromafs_fuse.names import LEXICON_DATA_FIELD, LEXICON_RECORD_ID
 from chromafs_fuse.search import SearchError, embedder_name, rank_pages
 from infra import BIN, SAMPLE_SITE, ChromaServer, MountServer, expected_visible, ingest, reader_args
@@ -197,7 +198,7 @@ def lexicon_pages(chroma: Path, site: str) -> dict:
 
     collection = chromadb.PersistentClient(path=str(chroma)).get_collection(site)
     found = collection.get(ids=[LEXICON_RECORD_ID], include=["documents", "metadatas"])
-    return decode_lexicon(lexicon_text(found))
+    return decode_lexicon(lexicon_text(found, lambda ids: collection.get(ids=ids, include=["metadatas"])))
 
 
 def test_a_site_ingested_before_title_terms_is_searched_and_a_re_ingest_adds_them(tmp_path: Path) -> None:
@@ -213,7 +214,8 @@ def test_a_site_ingested_before_title_terms_is_searched_and_a_re_ingest_adds_the
     collection = client.get_collection("acme")
     found = collection.get(ids=[LEXICON_RECORD_ID], include=["embeddings", "metadatas"])
     vector, metadata = found["embeddings"][0], found["metadatas"][0]
-    del metadata[LEXICON_DATA_FIELD]  # as written then: the lexicon its document
+    del metadata[LEXICON_DATA_FIELD]  # as written then: the lexicon its document, no buckets
+    del metadata[LEXICON_MANIFEST_FIELD]
     collection.delete(ids=[LEXICON_RECORD_ID])
     older_record = {"documents": [encode_lexicon(older)], "metadatas": [metadata], "embeddings": [vector]}
     collection.add(ids=[LEXICON_RECORD_ID], **older_record)

@@ -12,14 +12,21 @@ import pytest
 
 from chromafs_fuse import lexical
 from chromafs_fuse.lexical import (
+    LEXICON_MANIFEST_FIELD,
+    PAGES_PER_BUCKET,
     LexicalIndex,
+    LexiconManifest,
     LexiconPage,
     best_passage,
+    bucket_count,
+    bucket_parts,
     decode_lexicon,
     encode_lexicon,
+    keeps_buckets,
     lexicon_part_ids,
     lexicon_records,
     lexicon_text,
+    page_bucket,
     page_terms,
     path_words,
     ranked,
@@ -86,6 +93,31 @@ def test_the_lexicon_record_round_trips() -> None:
     assert decode_lexicon(encode_lexicon(with_titles)) == with_titles  # format 3: a title's terms per page
     with pytest.raises(ValueError, match="lexicon"):
         decode_lexicon("not a record")
+
+
+def test_a_bucketed_lexicon_reads_as_one_and_keeps_its_buckets_while_the_site_stays_near_its_size() -> None:
+    pages = {f"p{n}.md": LexiconPage(f"sha-{n}", {f"w{n}": n}, None, {"t": 1}) for n in range(50)}
+    buckets = 8
+    by_bucket: dict[int, dict[str, LexiconPage]] = {}
+    for key, page in pages.items():
+        by_bucket.setdefault(page_bucket(key, buckets), {})[key] = page
+    parts = [part for b in sorted(by_bucket) for part in bucket_parts(b, by_bucket[b])]
+    assert len(by_bucket) > 1 and decode_lexicon("".join(text for _, text in parts)) == pages  # gzip members
+    manifest = LexiconManifest(buckets, 3, False, tuple(part for part, _ in parts))
+    assert LexiconManifest.decode(manifest.encode()) == manifest
+    store = {part.id: {LEXICON_DATA_FIELD: text} for part, text in parts}
+    head = {LEXICON_MANIFEST_FIELD: manifest.encode()}
+    found = {"ids": [LEXICON_RECORD_ID], "metadatas": [head], "documents": ["lexicon"]}
+    assert decode_lexicon(lexicon_text(found, _getter(store))) == pages
+    assert lexicon_part_ids(head) == [part.id for part, _ in parts]
+    store[parts[0][0].id] = {LEXICON_DATA_FIELD: parts[1][1]}  # written over
+    with pytest.raises(ValueError, match="written over"):
+        lexicon_text(found, _getter(store))
+    with pytest.raises(ValueError, match="manifest"):
+        LexiconManifest.decode('{"buckets": 2}')
+    assert bucket_count(1) == 1 and bucket_count(PAGES_PER_BUCKET + 1) == 2 and bucket_count(100_000) == 64
+    assert keeps_buckets(64, 100_000) and not keeps_buckets(64, 1_000) and not keeps_buckets(1, 100_000)
+    assert keeps_buckets(1, 3) and page_bucket("a.md", 64) == page_bucket("a.md", 64)
 
 
 def test_a_query_in_french_or_spanish_reads_as_another_language() -> None:
