@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from chromafs_fuse.backends.blobstore import BlobStore
 from chromafs_fuse.backends.chroma_http import CollectionNotFound, HttpCollection
@@ -525,10 +525,13 @@ def ingest(options: IngestOptions, show_progress: bool = False) -> IngestSummary
     if not tree:  # every file refused (too large): the site stays as it was
         summary.seconds = time.monotonic() - started
         return summary
+    final: list[_Record] = []  # the site's records, written together after its chunks and pieces
+    stale: list[str] = []
     if lexicon is not None:  # an unchanged site keeps its records
         for key, vector in page_vectors.results():
             lexicon.rows[key] = lexicon.rows[key]._replace(vector=vector)
-        lexicon.write(collection, zero_vector, with_vectors=page_vectors.model is not None)
+        final += lexicon.records(with_vectors=page_vectors.model is not None)
+        stale = lexicon.stale(final)
     metadata = {
         RECORD_KIND_FIELD: TREE_RECORD_KIND,
         FORMAT_FIELD: FORMAT_VERSION,
@@ -546,16 +549,45 @@ def ingest(options: IngestOptions, show_progress: bool = False) -> IngestSummary
     else:
         summary.tree_document = encode_tree_document(tree)
         metadata[TREE_VERSION_FIELD] = tree_version(summary.tree_document)
-        collection.upsert(
-            "upsert of the path tree",
-            ids=[TREE_RECORD_ID],
-            documents=[summary.tree_document],
-            metadatas=[metadata],
-            embeddings=[zero_vector],
-        )
-    _retire_old_versions(collection, options, old_tree, tree, zero_vector, batch_size, summary)
+        final.append(_Record("the path tree", TREE_RECORD_ID, summary.tree_document, metadata))
+    retirement = _Retirement.of(collection, options, old_tree, tree, summary)
+    if retirement.first is not None:
+        final.append(retirement.first)
+    _upsert_records(collection, final, zero_vector, batch_size)
+    if stale:
+        collection.delete("delete of the last lexicon's parts", ids=stale)
+    retirement.finish(collection, options, zero_vector, batch_size)
     summary.seconds = time.monotonic() - started
     return summary
+
+
+class _Record(NamedTuple):
+    what: str
+    id: str
+    document: str
+    metadata: dict[str, Any]
+
+
+FINAL_UPSERT_BYTES = 24 * 1024 * 1024  # the site's records in one request, below a server's 40 MiB bound
+
+
+def _upsert_records(
+    collection: RetryingCollection, records: Sequence[_Record], zero_vector: list[float], batch_size: int
+) -> None:
+    """One upsert of them all when they fit in one request (a write to Chroma costs a second or
+    more on a big collection, whatever its size: its index is saved), else one each, in order."""
+    size = sum(len(r.document) + sum(len(str(v)) for v in r.metadata.values()) for r in records)
+    together = [list(records)] if len(records) <= batch_size and size <= FINAL_UPSERT_BYTES else [[r] for r in records]
+    for batch in together:
+        if not batch:
+            continue
+        collection.upsert(
+            "upsert of " + ", ".join(r.what for r in batch),
+            ids=[r.id for r in batch],
+            documents=[r.document for r in batch],
+            metadatas=[r.metadata for r in batch],
+            embeddings=[zero_vector] * len(batch),
+        )
 
 
 def _terms(key: str, text: str, sha: str, page_vectors: PageVectors) -> LexiconPage:
@@ -623,42 +655,36 @@ class _LexiconChange:
         rows.update(new)
         return cls(stored, buckets, dirty, rows)
 
-    def write(self, collection: RetryingCollection, zero_vector: list[float], with_vectors: bool) -> None:
-        """The new parts first, then the head that names them, then the parts no head names."""
+    def records(self, with_vectors: bool) -> list[_Record]:
+        """The parts of the buckets it rewrites (but those stored already: same text, same id),
+        then the head that names every part; written in this order."""
         old = self.stored.manifest
         same_buckets = old is not None and old.buckets == self.buckets
         kept_parts = [p for p in old.parts if p.bucket not in self.dirty] if old is not None and same_buckets else []
         known = {p.id for p in old.parts} if old is not None else set()
         new_parts: list[LexiconPart] = []
+        records: list[_Record] = []
         for bucket in sorted(self.dirty):
             keys = [key for key in self.dirty[bucket] if key in self.rows]
             if not keys:
                 continue
             for part, text in bucket_parts(bucket, {key: self.rows[key] for key in keys}):
                 new_parts.append(part)
-                if part.id in known:
-                    continue
-                collection.upsert(
-                    f"upsert of the lexicon's bucket {bucket} ({len(keys)} pages)",
-                    ids=[part.id],
-                    documents=[LEXICON_RECORD_KIND],
-                    metadatas=[_lexicon_metadata({LEXICON_DATA_FIELD: text})],
-                    embeddings=[zero_vector],
-                )
+                if part.id not in known:
+                    what = f"the lexicon's bucket {bucket} ({len(keys)} pages)"
+                    metadata = _lexicon_metadata({LEXICON_DATA_FIELD: text})
+                    records.append(_Record(what, part.id, LEXICON_RECORD_KIND, metadata))
         parts = tuple(sorted([*kept_parts, *new_parts], key=lambda p: p.bucket))
         manifest = LexiconManifest(self.buckets, 3, with_vectors, parts)
         head = {LEXICON_DATA_FIELD: pack(json.dumps(MANIFEST_STUB).encode()), LEXICON_MANIFEST_FIELD: manifest.encode()}
-        collection.upsert(
-            "upsert of the lexicon's head",
-            ids=[LEXICON_RECORD_ID],
-            documents=[LEXICON_RECORD_KIND],
-            metadatas=[_lexicon_metadata(head)],
-            embeddings=[zero_vector],
-        )
-        named = {p.id for p in parts}
-        stale = [i for i in self.stored.part_ids if i not in named]
-        if stale:
-            collection.delete("delete of the last lexicon's parts", ids=stale)
+        records.append(_Record("the lexicon's head", LEXICON_RECORD_ID, LEXICON_RECORD_KIND, _lexicon_metadata(head)))
+        return records
+
+    def stale(self, records: Sequence[_Record]) -> list[str]:
+        """The last lexicon's parts that the new head no longer names: deleted once it is written."""
+        head = next(r for r in records if r.id == LEXICON_RECORD_ID)
+        named = set(lexicon_part_ids(head.metadata))
+        return [i for i in self.stored.part_ids if i not in named]
 
 
 def _lexicon_metadata(fields: dict[str, Any]) -> dict[str, Any]:
@@ -712,39 +738,53 @@ def _changed(entry: dict[str, Any], previous: PathEntry | None) -> bool:
     return previous is None or previous.source_key != previous.key or _tree_fields(previous) != entry
 
 
-def _retire_old_versions(
-    collection: RetryingCollection,
-    options: IngestOptions,
-    old_tree: dict[str, PathEntry],
-    tree: dict[str, dict[str, Any]],
-    zero_vector: list[float],
-    batch_size: int,
-    summary: IngestSummary,
-) -> None:
-    """Record the page versions and the binary files kept in Chroma that this ingest replaced,
-    and delete the chunks and pieces of those retired longer ago than the grace period. The
-    record is written with every retired version before anything is deleted, and again after,
-    so a crash in between leaves nothing untracked."""
-    live = {k: e["sha256"] for k, e in tree.items() if "blob" not in e}
-    # A page of a tree written by another tool has no sha256: its chunks are retired as "".
-    replaced = {k: old.sha256 or "" for k, old in old_tree.items() if old.blob is None and live.get(k) != old.sha256}
-    live_blobs = {sha: sha for sha in _chroma_blobs(tree.values())}
-    old_blobs = _stored_blobs(old_tree)
-    replaced_blobs = {sha: sha for sha in old_blobs if sha not in live_blobs}
-    record, now, grace = _read_retired(collection), time.time(), options.grace_period_s
-    plan = plan_retention(record.pages, replaced, live, now, grace)
-    blob_plan = plan_retention(record.blobs, replaced_blobs, live_blobs, now, grace)
-    summary.retired_kept, summary.retired_deleted = len(plan.keep), len(plan.expired)
-    summary.retired_blobs_kept, summary.retired_blobs_deleted = len(blob_plan.keep), len(blob_plan.expired)
-    if not (plan.keep or plan.expired or replaced or blob_plan.keep or blob_plan.expired or replaced_blobs):
-        return
-    _write_retired(collection, [*plan.keep, *plan.expired], [*blob_plan.keep, *blob_plan.expired], zero_vector)
-    if plan.expired:
-        _delete_expired_chunks(collection, options.page_field, plan, live, batch_size)
-    if blob_plan.expired:
-        delete_blob_pieces(collection, [v.sha256 for v in blob_plan.expired], batch_size)
-    if plan.expired or blob_plan.expired:
-        _write_retired(collection, plan.keep, blob_plan.keep, zero_vector)
+@dataclass
+class _Retirement:
+    """The page versions and the binary files kept in Chroma that this ingest replaced, recorded
+    (`first`: written with the site's other records, before anything is deleted), and those
+    retired longer ago than the grace period, deleted by `finish`, which then writes the record
+    again without them; a crash in between leaves nothing untracked."""
+
+    first: _Record | None
+    pages: RetentionPlan
+    blobs: RetentionPlan
+    live: dict[str, str]
+
+    @classmethod
+    def of(
+        cls,
+        collection: RetryingCollection,
+        options: IngestOptions,
+        old_tree: dict[str, PathEntry],
+        tree: dict[str, dict[str, Any]],
+        summary: IngestSummary,
+    ) -> _Retirement:
+        live = {k: e["sha256"] for k, e in tree.items() if "blob" not in e}
+        # A page of a tree written by another tool has no sha256: its chunks are retired as "".
+        replaced = {
+            k: old.sha256 or "" for k, old in old_tree.items() if old.blob is None and live.get(k) != old.sha256
+        }
+        live_blobs = {sha: sha for sha in _chroma_blobs(tree.values())}
+        replaced_blobs = {sha: sha for sha in _stored_blobs(old_tree) if sha not in live_blobs}
+        record, now, grace = _read_retired(collection), time.time(), options.grace_period_s
+        plan = plan_retention(record.pages, replaced, live, now, grace)
+        blob_plan = plan_retention(record.blobs, replaced_blobs, live_blobs, now, grace)
+        summary.retired_kept, summary.retired_deleted = len(plan.keep), len(plan.expired)
+        summary.retired_blobs_kept, summary.retired_blobs_deleted = len(blob_plan.keep), len(blob_plan.expired)
+        first = None
+        if plan.keep or plan.expired or replaced or blob_plan.keep or blob_plan.expired or replaced_blobs:
+            first = _retired_record([*plan.keep, *plan.expired], [*blob_plan.keep, *blob_plan.expired])
+        return cls(first, plan, blob_plan, live)
+
+    def finish(
+        self, collection: RetryingCollection, options: IngestOptions, zero_vector: list[float], batch_size: int
+    ) -> None:
+        if self.pages.expired:
+            _delete_expired_chunks(collection, options.page_field, self.pages, self.live, batch_size)
+        if self.blobs.expired:
+            delete_blob_pieces(collection, [v.sha256 for v in self.blobs.expired], batch_size)
+        if self.pages.expired or self.blobs.expired:
+            _upsert_records(collection, [_retired_record(self.pages.keep, self.blobs.keep)], zero_vector, 1)
 
 
 def _chroma_blobs(entries: Iterable[dict[str, Any]]) -> set[str]:
@@ -769,16 +809,9 @@ def _read_retired(collection: RetryingCollection) -> RetiredRecord:
     return record
 
 
-def _write_retired(
-    collection: RetryingCollection, versions: Sequence[Any], blobs: Sequence[Any], zero_vector: list[float]
-) -> None:
-    collection.upsert(
-        "upsert of the retired versions",
-        ids=[RETIRED_RECORD_ID],
-        documents=[encode_retired(versions, blobs)],
-        metadatas=[{RECORD_KIND_FIELD: RETIRED_RECORD_KIND, FORMAT_FIELD: FORMAT_VERSION}],
-        embeddings=[zero_vector],
-    )
+def _retired_record(versions: Sequence[Any], blobs: Sequence[Any]) -> _Record:
+    metadata = {RECORD_KIND_FIELD: RETIRED_RECORD_KIND, FORMAT_FIELD: FORMAT_VERSION}
+    return _Record("the retired versions", RETIRED_RECORD_ID, encode_retired(versions, blobs), metadata)
 
 
 class _StoredLexicon:
