@@ -64,6 +64,7 @@ from chromafs_fuse.lexical import (
     bucket_count,
     bucket_parts,
     decode_lexicon,
+    encode_row,
     encode_vector,
     keeps_buckets,
     lexicon_part_ids,
@@ -334,13 +335,21 @@ class PageVectors:
         if error is not None and self._pool is not None:  # a failed ingest waits for no queued batch
             self._pool.shutdown(cancel_futures=True)
 
+    def finished(self) -> Iterator[tuple[str, str]]:
+        """(page, its vector as stored) of the batches embedded so far, each once; never waits."""
+        while self._done and self._done[0][1].done():
+            keys, future = self._done.pop(0)
+            for key, vector in zip(keys, future.result(), strict=True):
+                yield key, encode_vector(vector)
+
     def results(self) -> Iterator[tuple[str, str]]:
-        """(page, its vector as stored) for every page added; waits for the worker."""
+        """(page, its vector as stored) for every page added and not yet given; waits for the worker."""
         self._submit()
         try:
             for keys, future in self._done:
                 for key, vector in zip(keys, future.result(), strict=True):
                     yield key, encode_vector(vector)
+            self._done = []
         finally:
             if self._pool is not None:
                 self._pool.shutdown(cancel_futures=True)
@@ -451,7 +460,8 @@ def ingest(options: IngestOptions, show_progress: bool = False) -> IngestSummary
 
     tree: dict[str, dict[str, Any]] = {}
     tree_changed = False
-    new_terms: dict[str, LexiconPage] = {}  # pages whose terms (lexical.py) were counted now
+    # pages whose terms (lexical.py) were counted now: their rows' text, once their vector is in
+    new_terms: dict[str, str | LexiconPage] = {}
     kept_terms: dict[str, tuple[str, str]] = {}  # page -> (sha256, path): its stored row is kept
     with _progress(scan.total, show_progress, f"ingest {options.site}") as bar, page_vectors:
         for source in scan:
@@ -497,7 +507,10 @@ def ingest(options: IngestOptions, show_progress: bool = False) -> IngestSummary
             if unchanged and lexicon_kept:
                 kept_terms[source.key] = (sha, source.path)
             else:
-                new_terms[source.key] = _terms(source.key, source.text, sha, page_vectors)
+                row = _terms(source.key, source.text, sha, page_vectors)
+                new_terms[source.key] = row if page_vectors.model is not None else encode_row(row)
+                for key, vector in page_vectors.finished():
+                    new_terms[key] = encode_row(_waiting(new_terms[key])._replace(vector=vector))
             if previous is not None and previous.sha256 == sha:
                 summary.unchanged += 1
                 if previous.chunks is not None:
@@ -529,7 +542,7 @@ def ingest(options: IngestOptions, show_progress: bool = False) -> IngestSummary
     stale: list[str] = []
     if lexicon is not None:  # an unchanged site keeps its records
         for key, vector in page_vectors.results():
-            lexicon.rows[key] = lexicon.rows[key]._replace(vector=vector)
+            lexicon.rows[key] = encode_row(_waiting(lexicon.rows[key])._replace(vector=vector))
         final += lexicon.records(with_vectors=page_vectors.model is not None)
         stale = lexicon.stale(final)
     metadata = {
@@ -590,6 +603,11 @@ def _upsert_records(
         )
 
 
+def _waiting(row: str | LexiconPage) -> LexiconPage:
+    assert not isinstance(row, str), "a page's vector came twice"
+    return row
+
+
 def _terms(key: str, text: str, sha: str, page_vectors: PageVectors) -> LexiconPage:
     """A page's lexicon row counted from its text (its vector is embedded meanwhile)."""
     title = page_title(text)
@@ -606,7 +624,7 @@ class _LexiconChange:
     stored: _StoredLexicon
     buckets: int
     dirty: dict[int, list[str]]  # bucket -> its pages
-    rows: dict[str, LexiconPage]
+    rows: dict[str, str | LexiconPage]  # a page's row, or its terms while its vector is embedded
 
     @classmethod
     def of(
@@ -614,7 +632,7 @@ class _LexiconChange:
         stored: _StoredLexicon,
         old_pages: Mapping[str, PathEntry],
         kept: Mapping[str, tuple[str, str]],
-        new: dict[str, LexiconPage],
+        new: dict[str, str | LexiconPage],
         page_vectors: PageVectors,
         rows_kept: bool,
     ) -> _LexiconChange:
@@ -638,7 +656,7 @@ class _LexiconChange:
             dirty.update({bucket: [] for bucket in changed if bucket not in dirty})  # emptied
         wanted = [key for keys in dirty.values() for key in keys if key in kept]
         old = stored.decode(None if changed is None else set(dirty)) if wanted and rows_kept else {}
-        rows: dict[str, LexiconPage] = {}
+        rows: dict[str, str | LexiconPage] = {}
         for key in wanted:
             sha, path = kept[key]
             row = old.get(key)
