@@ -189,12 +189,25 @@ _PLAIN_SHA256 = re.compile(r"[0-9a-f]{64}")
 _NO_GROUPS: frozenset[str] = frozenset()
 
 
-def _plain_entry(key: str, raw: object, group_sets: dict[tuple[str, ...], frozenset[str]]) -> PathEntry | None:
+_PLAIN_KEYS = re.compile(rf"(?:{_PLAIN_KEY.pattern}\n)*")
+_PLAIN_SHA256S = re.compile(r"(?:[0-9a-f]{64}\n)*")
+
+
+def _all_plain(values: list[str], pattern: re.Pattern[str]) -> bool:
+    """Whether every one of these strings (none holding a newline) matches: one scan of them all."""
+    text = "\n".join(values) + "\n" if values else ""
+    return text.isascii() and text.count("\n") == len(values) and pattern.fullmatch(text) is not None
+
+
+def _plain_entry(
+    key: str, raw: object, group_sets: dict[tuple[str, ...], frozenset[str]], checked: bool = False
+) -> PathEntry | None:
     """The entry `_parse_entry` would make of a plain one (an ASCII key of plain names, no
-    blob, fields of their plain types), at a fraction of its cost; None for anything else."""
-    if type(raw) is not dict or "blob" in raw or len(key) > MAX_NAME_BYTES or not key.isascii():
+    blob, fields of their plain types), at a fraction of its cost; None for anything else.
+    `checked`: the key and its sha256 are known to be plain (`_all_plain`)."""
+    if type(raw) is not dict or "blob" in raw or len(key) > MAX_NAME_BYTES:
         return None
-    if not _PLAIN_KEY.fullmatch(key):
+    if not checked and (not key.isascii() or not _PLAIN_KEY.fullmatch(key)):
         return None
     is_public = raw.get("isPublic", False)
     size = raw.get("size")
@@ -204,7 +217,7 @@ def _plain_entry(key: str, raw: object, group_sets: dict[tuple[str, ...], frozen
     if (
         type(is_public) is not bool
         or (size is not None and (type(size) is not int or not 0 <= size < MAX_FILE_SIZE))
-        or (sha256 is not None and (type(sha256) is not str or not _PLAIN_SHA256.fullmatch(sha256)))
+        or (sha256 is not None and not checked and (type(sha256) is not str or not _PLAIN_SHA256.fullmatch(sha256)))
         or (mtime is not None and (type(mtime) not in (float, int) or not -MAX_ABS_MTIME < mtime < MAX_ABS_MTIME))
     ):
         return None
@@ -239,9 +252,12 @@ def parse_tree(document: str | bytes) -> SiteTree:
     entries: dict[str, PathEntry] = {}
     skipped: list[tuple[str, str]] = []
     group_sets: dict[tuple[str, ...], frozenset[str]] = {}  # one shared set per distinct groups list
+    shas: list[Any] = [raw.get("sha256") for raw in obj.values() if type(raw) is dict]
+    checked = len(shas) == len(obj) and all(type(sha) is str for sha in shas)
+    checked = checked and _all_plain(list(obj), _PLAIN_KEYS) and _all_plain(shas, _PLAIN_SHA256S)
     for source_key, raw in obj.items():
         try:
-            entry = _plain_entry(source_key, raw, group_sets) or _parse_entry(source_key, raw, group_sets)
+            entry = _plain_entry(source_key, raw, group_sets, checked) or _parse_entry(source_key, raw, group_sets)
         except InvalidPath as exc:
             skipped.append((repr(source_key), str(exc)))
             continue

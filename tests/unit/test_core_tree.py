@@ -328,3 +328,23 @@ def test_the_plain_entry_shortcut_with_one_odd_field(field: str, value: object) 
             continue
         assert shortcut is None or shortcut == full, (key, raw)
     assert _plain_entry("docs/a.md", _PLAIN, {("staff",): frozenset({"staff"})}) is not None  # it is taken at all
+
+
+@pytest.mark.parametrize(
+    ("odd_key", "odd_sha"),
+    [("docs/x\nb.md", "a" * 64), ("docs/.x.md", "a" * 64), ("caf\u00e9.md", "a" * 64), ("/lead.md", "a" * 64)]
+    + [("x" * 300, "a" * 64), ("docs/z.md", "A" * 64), ("docs/z.md", "g" * 64), ("docs/z.md", None)],
+)
+def test_a_tree_checked_in_one_scan_gives_what_each_entry_checked_alone_gives(odd_key: str, odd_sha: object) -> None:
+    """parse_tree checks a tree's keys and sha256s in one scan when they are all plain: one odd key
+    or sha256 among them (a newline inside a key included) is still checked as the full check does."""
+    raw = {f"docs/p{n}.md": {**_PLAIN, "sha256": f"{n:064x}"} for n in range(50)}
+    raw[odd_key] = {**_PLAIN, "sha256": odd_sha}
+    expected = {}
+    for key, fields in raw.items():
+        with contextlib.suppress(InvalidPath):
+            entry = _parse_entry(key, fields, {})
+            expected[entry.key] = entry
+    parsed = parse_tree(json.dumps(raw)).entries
+    assert parsed == expected
+    assert ("docs/x\nb.md" in parsed) is False
