@@ -10,6 +10,7 @@ Chroma itself (chroma_blobs.py), and retired the same way.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import logging
@@ -543,7 +544,8 @@ def ingest(options: IngestOptions, show_progress: bool = False) -> IngestSummary
     if lexicon is not None:  # an unchanged site keeps its records
         for key, vector in page_vectors.results():
             lexicon.rows[key] = encode_row(_waiting(lexicon.rows[key])._replace(vector=vector))
-        final += lexicon.records(with_vectors=page_vectors.model is not None)
+        spill = functools.partial(_upsert_one, collection, zero_vector)
+        final += lexicon.records(page_vectors.model is not None, spill)
         stale = lexicon.stale(final)
     metadata = {
         RECORD_KIND_FIELD: TREE_RECORD_KIND,
@@ -582,6 +584,10 @@ class _Record(NamedTuple):
 
 
 FINAL_UPSERT_BYTES = 24 * 1024 * 1024  # the site's records in one request, below a server's 40 MiB bound
+
+
+def _upsert_one(collection: RetryingCollection, zero_vector: list[float], record: _Record) -> None:
+    _upsert_records(collection, [record], zero_vector, 1)
 
 
 def _upsert_records(
@@ -673,25 +679,37 @@ class _LexiconChange:
         rows.update(new)
         return cls(stored, buckets, dirty, rows)
 
-    def records(self, with_vectors: bool) -> list[_Record]:
+    def records(self, with_vectors: bool, write: Callable[[_Record], None]) -> list[_Record]:
         """The parts of the buckets it rewrites (but those stored already: same text, same id),
-        then the head that names every part; written in this order."""
+        then the head that names every part, to be written in this order. When the parts come to
+        more than half of what one request takes, `write` writes them, each as it is made (a big
+        site's lexicon is never held whole), and only the head is returned."""
         old = self.stored.manifest
         same_buckets = old is not None and old.buckets == self.buckets
         kept_parts = [p for p in old.parts if p.bucket not in self.dirty] if old is not None and same_buckets else []
         known = {p.id for p in old.parts} if old is not None else set()
         new_parts: list[LexiconPart] = []
         records: list[_Record] = []
+        held = 0  # bytes of text in `records`; -1 once they are written as they come
         for bucket in sorted(self.dirty):
-            keys = [key for key in self.dirty[bucket] if key in self.rows]
-            if not keys:
+            rows = {key: self.rows.pop(key) for key in self.dirty[bucket] if key in self.rows}
+            if not rows:
                 continue
-            for part, text in bucket_parts(bucket, {key: self.rows[key] for key in keys}):
+            for part, text in bucket_parts(bucket, rows):
                 new_parts.append(part)
-                if part.id not in known:
-                    what = f"the lexicon's bucket {bucket} ({len(keys)} pages)"
-                    metadata = _lexicon_metadata({LEXICON_DATA_FIELD: text})
-                    records.append(_Record(what, part.id, LEXICON_RECORD_KIND, metadata))
+                if part.id in known:
+                    continue
+                what = f"the lexicon's bucket {bucket} ({len(rows)} pages)"
+                record = _Record(what, part.id, LEXICON_RECORD_KIND, _lexicon_metadata({LEXICON_DATA_FIELD: text}))
+                if held < 0:
+                    write(record)
+                    continue
+                records.append(record)
+                held += len(text)
+                if held > FINAL_UPSERT_BYTES // 2:
+                    for one in records:
+                        write(one)
+                    records, held = [], -1
         parts = tuple(sorted([*kept_parts, *new_parts], key=lambda p: p.bucket))
         manifest = LexiconManifest(self.buckets, 3, with_vectors, parts)
         head = {LEXICON_DATA_FIELD: pack(json.dumps(MANIFEST_STUB).encode()), LEXICON_MANIFEST_FIELD: manifest.encode()}

@@ -143,3 +143,26 @@ def test_a_changed_page_rewrites_its_lexicon_bucket_alone(tmp_path: Path, monkey
     assert NEW_WORD.decode() in rows[PAGE][1]
     gone = {part.id for part in before.parts} - {part.id for part in after.parts}
     assert gone and not chromadb.PersistentClient(str(chroma)).get_collection("acme").get(ids=sorted(gone))["ids"]
+
+
+def test_a_lexicon_too_big_for_one_request_is_written_a_bucket_at_a_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Buckets whose parts come to more than half a request (made small here) are each written as
+    they are made, then the head and the tree together: the lexicon reads back whole."""
+    monkeypatch.setattr(lexical, "PAGES_PER_BUCKET", 4)
+    monkeypatch.setattr(pipeline, "FINAL_UPSERT_BYTES", 4096)
+    written: list[list[str]] = []
+    upsert = pipeline.RetryingCollection.upsert
+
+    def counted(self: Any, what: str, **records: Any) -> None:
+        written.append(records["ids"])
+        upsert(self, what, **records)
+
+    monkeypatch.setattr(pipeline.RetryingCollection, "upsert", counted)
+    source, chroma = aged_copy(tmp_path), tmp_path / "chroma"
+    assert ingest_main([str(source), "--site", "acme", "--chroma-path", str(chroma), "--quiet"]) in (0, 3)
+    parts = [ids for ids in written if any(i.startswith(f"{LEXICON_RECORD_ID}.") for i in ids)]
+    assert len(parts) == len({part.bucket for part in manifest(chroma).parts}) and all(len(i) == 1 for i in parts)
+    pages, rows = stored(chroma)
+    assert pages.keys() == rows.keys() and all(rows[k][0] == sha for k, sha in pages.items())
