@@ -16,7 +16,7 @@ import json
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, MutableMapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -56,6 +56,7 @@ from chromafs_fuse.ingest.retention import (
     plan_retention,
 )
 from chromafs_fuse.ingest.scan import KeptFile, Problem, ScanOptions, SiteScan, SourceFile, one_per_file
+from chromafs_fuse.ingest.spooled_rows import Row, SpooledRows
 from chromafs_fuse.lexical import (
     LEXICON_MANIFEST_FIELD,
     MANIFEST_STUB,
@@ -461,8 +462,7 @@ def ingest(options: IngestOptions, show_progress: bool = False) -> IngestSummary
 
     tree: dict[str, dict[str, Any]] = {}
     tree_changed = False
-    # pages whose terms (lexical.py) were counted now: their rows' text, once their vector is in
-    new_terms: dict[str, str | LexiconPage] = {}
+    new_terms = SpooledRows()  # pages whose terms (lexical.py) were counted now
     kept_terms: dict[str, tuple[str, str]] = {}  # page -> (sha256, path): its stored row is kept
     with _progress(scan.total, show_progress, f"ingest {options.site}") as bar, page_vectors:
         for source in scan:
@@ -572,6 +572,7 @@ def ingest(options: IngestOptions, show_progress: bool = False) -> IngestSummary
     if stale:
         collection.delete("delete of the last lexicon's parts", ids=stale)
     retirement.finish(collection, options, zero_vector, batch_size)
+    new_terms.close()
     summary.seconds = time.monotonic() - started
     return summary
 
@@ -630,7 +631,7 @@ class _LexiconChange:
     stored: _StoredLexicon
     buckets: int
     dirty: dict[int, list[str]]  # bucket -> its pages
-    rows: dict[str, str | LexiconPage]  # a page's row, or its terms while its vector is embedded
+    rows: MutableMapping[str, Row]
 
     @classmethod
     def of(
@@ -638,12 +639,13 @@ class _LexiconChange:
         stored: _StoredLexicon,
         old_pages: Mapping[str, PathEntry],
         kept: Mapping[str, tuple[str, str]],
-        new: dict[str, str | LexiconPage],
+        new: MutableMapping[str, Row],
         page_vectors: PageVectors,
         rows_kept: bool,
     ) -> _LexiconChange:
         """`kept`: page -> (sha256, path) of the pages whose stored row stays (read now if it is
-        missing: a lexicon written over by hand or by another version); `new`: rows counted now."""
+        missing: a lexicon written over by hand or by another version); `new`: rows counted now,
+        to which the kept rows of the buckets to rewrite are added."""
         total = len(kept) + len(new)
         manifest = stored.manifest if rows_kept else None
         changed: set[int] | None = None
@@ -662,7 +664,7 @@ class _LexiconChange:
             dirty.update({bucket: [] for bucket in changed if bucket not in dirty})  # emptied
         wanted = [key for keys in dirty.values() for key in keys if key in kept]
         old = stored.decode(None if changed is None else set(dirty)) if wanted and rows_kept else {}
-        rows: dict[str, str | LexiconPage] = {}
+        rows = new
         for key in wanted:
             sha, path = kept[key]
             row = old.get(key)
@@ -676,7 +678,6 @@ class _LexiconChange:
                 log.warning("%s: its search terms could not be counted again: %s", key, exc.strerror)
                 continue
             rows[key] = _terms(key, data.decode("utf-8", "replace"), sha, page_vectors)
-        rows.update(new)
         return cls(stored, buckets, dirty, rows)
 
     def records(self, with_vectors: bool, write: Callable[[_Record], None]) -> list[_Record]:
