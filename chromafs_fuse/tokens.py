@@ -10,7 +10,6 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-import jwt
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
 from cryptography.hazmat.primitives.serialization import load_pem_public_key
 
@@ -136,6 +135,8 @@ def verified_claims(token: str, key: VerificationKey | KeyLookup, rules: TokenRu
 
 
 def _looked_up(lookup: KeyLookup, token: str) -> VerificationKey:
+    import jwt  # with cryptography, ~50 ms: a mount read without a token never imports it
+
     try:
         jwt.get_unverified_header(token)
     except jwt.DecodeError as exc:
@@ -144,6 +145,8 @@ def _looked_up(lookup: KeyLookup, token: str) -> VerificationKey:
 
 
 def _verified_claims(token: str, key: VerificationKey, rules: TokenRules) -> dict[str, object]:
+    import jwt
+
     required = ["exp"] + (["iss"] if rules.issuer is not None else []) + (["aud"] if rules.audience is not None else [])
     try:
         claims: dict[str, object] = jwt.decode(
@@ -186,6 +189,8 @@ def _verified_claims(token: str, key: VerificationKey, rules: TokenRules) -> dic
 
 
 def _claim_text(token: str, claim: str) -> str:
+    import jwt
+
     """A claim of a token whose signature was verified, as a refusal quotes it (shortened)."""
     text = repr(jwt.decode(token, options={"verify_signature": False}).get(claim))
     return text if len(text) <= 80 else text[:77] + "..."

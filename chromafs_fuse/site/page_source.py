@@ -20,7 +20,7 @@ import time
 from collections import Counter, defaultdict
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from functools import partial
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import trio
 from cachetools import TTLCache
@@ -28,7 +28,6 @@ from cachetools import TTLCache
 from chromafs_fuse.backends.blobstore import BlobError, BlobReader
 from chromafs_fuse.backends.chroma_store import ChromaPages
 from chromafs_fuse.backends.deadline import with_deadline
-from chromafs_fuse.backends.redis_cache import RedisCache
 from chromafs_fuse.chunks import JOINER
 from chromafs_fuse.filesystem import PageTimedOut, PageUnavailable
 from chromafs_fuse.page_cache import PageCache
@@ -40,6 +39,9 @@ from chromafs_fuse.site.tiers.inflight import Claim, InFlight
 from chromafs_fuse.site.tiers.memory import MemoryTier, block_key, memory_key
 from chromafs_fuse.site.tiers.redis import RedisTier
 from chromafs_fuse.tree import PathEntry
+
+if TYPE_CHECKING:
+    from chromafs_fuse.backends.redis_cache import RedisCache  # imports redis: only when configured
 
 __all__ = ["BLOB_BLOCK", "PageSource", "PageTimedOut", "PageUnavailable", "TieredPages"]
 

@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-from chromafs_fuse.backends.redis_cache import RedisCache
 from chromafs_fuse.chunks import CorruptPage, Expected, check_bytes
 from chromafs_fuse.site.tiers import content_version
 from chromafs_fuse.tree import PathEntry
+
+if TYPE_CHECKING:
+    from chromafs_fuse.backends.redis_cache import RedisCache  # imports redis: the caller has one
 
 log = logging.getLogger(__name__)
 
