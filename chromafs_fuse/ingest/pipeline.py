@@ -728,7 +728,11 @@ def _lexicon_metadata(fields: dict[str, Any]) -> dict[str, Any]:
     return {RECORD_KIND_FIELD: LEXICON_RECORD_KIND, FORMAT_FIELD: FORMAT_VERSION, **fields}
 
 
-RACY_SECONDS = 2.0  # a file this close to the last walk's start may have changed within its mtime's grain
+# A file whose mtime is this close to the last walk's start may have changed again within its
+# mtime's grain after it was read: whole seconds on a filesystem that keeps seconds (FAT keeps two),
+# a kernel tick (a few ms) on the others, whose mtimes have a fraction.
+RACY_SECONDS = 2.0
+FINE_RACY_SECONDS = 0.1
 
 
 def _quick_check(
@@ -740,13 +744,14 @@ def _quick_check(
     where these options keep it)."""
     if isinstance(scanned_at, bool) or not isinstance(scanned_at, int | float):
         return None
-    before = float(scanned_at) - RACY_SECONDS
+    walked = float(scanned_at)
 
     def unchanged(key: str, size: int, mtime: float) -> bool:
         entry = old_tree.get(key)
         if entry is None or entry.size != size or entry.mtime != round(mtime, 3) or entry.source_key != key:
             return False
-        if entry.sha256 is None or entry.mtime >= before:
+        grain = RACY_SECONDS if entry.mtime == int(entry.mtime) else FINE_RACY_SECONDS
+        if entry.sha256 is None or entry.mtime >= walked - grain:
             return False
         if entry.blob is None:
             return options.blob_store is None or size <= options.large_file_threshold

@@ -17,11 +17,12 @@ import chromadb
 import pytest
 
 from chromafs_fuse import lexical
+from chromafs_fuse.backends.chroma_store import ChromaLocation
 from chromafs_fuse.cli.ingest import main as ingest_main
 from chromafs_fuse.ingest import pipeline
 from chromafs_fuse.lexical import LexiconManifest, lexicon_text, manifest_of
 from chromafs_fuse.names import LEXICON_RECORD_ID, TREE_RECORD_ID
-from chromafs_fuse.tree import parse_tree
+from chromafs_fuse.tree import PathEntry, parse_tree
 from infra import INGEST, SAMPLE_SITE, child_env
 
 PAGE = "guides/migration.mdx"
@@ -88,9 +89,14 @@ def test_a_touched_file_is_read_once_and_its_new_mtime_recorded(tmp_path: Path) 
     assert ingest(source, chroma, report)["not_read"] == first["pages"]
 
 
-def test_a_file_changed_as_recently_as_the_last_walk_is_read_even_at_its_old_size_and_mtime(tmp_path: Path) -> None:
+@pytest.mark.parametrize("grain", [0.001, 1.0], ids=["a filesystem of fine mtimes", "one of whole seconds"])
+def test_a_file_changed_as_recently_as_the_last_walk_is_read_even_at_its_old_size_and_mtime(
+    tmp_path: Path, grain: float
+) -> None:
+    """A file whose mtime is not older than the last walk's start by its filesystem's grain (here:
+    later) may have changed again after it was read without its mtime changing: it is read."""
     source, chroma, report = aged_copy(tmp_path), tmp_path / "chroma", tmp_path / "report.json"
-    recent = time.time()
+    recent = round(time.time() + 60, 0 if grain == 1.0 else 3)  # no earlier than the walk's start
     os.utime(source / PAGE, (recent, recent))
     first = ingest(source, chroma, report)
     same_size_edit(source / PAGE)
@@ -166,3 +172,22 @@ def test_a_lexicon_too_big_for_one_request_is_written_a_bucket_at_a_time(
     assert len(parts) == len({part.bucket for part in manifest(chroma).parts}) and all(len(i) == 1 for i in parts)
     pages, rows = stored(chroma)
     assert pages.keys() == rows.keys() and all(rows[k][0] == sha for k, sha in pages.items())
+
+
+def test_the_racy_window_is_the_mtimes_grain() -> None:
+    """A whole-second mtime may come from a filesystem that keeps seconds: within 2 s of the walk
+    it is read; a finer one is read within 0.1 s only."""
+    walked = 1_800_000_000.0
+
+    def entry(mtime: float) -> PathEntry:
+        return PathEntry("a.md", "a.md", True, frozenset(), size=5, sha256="a" * 64, mtime=mtime)
+
+    def unread(mtime: float) -> bool:
+        options = pipeline.IngestOptions(Path("."), "acme", ChromaLocation(path="."))
+        unchanged = pipeline._quick_check({"a.md": entry(mtime)}, walked, options)
+        assert unchanged is not None
+        return unchanged("a.md", 5, mtime)
+
+    assert not unread(walked - 1) and unread(walked - 3)  # whole seconds
+    assert not unread(walked - 0.05) and unread(walked - 0.5)
+    assert pipeline._quick_check({}, None, pipeline.IngestOptions(Path("."), "acme", ChromaLocation(path="."))) is None
