@@ -332,8 +332,10 @@ def test_the_plain_entry_shortcut_with_one_odd_field(field: str, value: object) 
 
 @pytest.mark.parametrize(
     ("odd_key", "odd_sha"),
-    [("docs/x\nb.md", "a" * 64), ("docs/.x.md", "a" * 64), ("caf\u00e9.md", "a" * 64), ("/lead.md", "a" * 64)]
-    + [("x" * 300, "a" * 64), ("docs/z.md", "A" * 64), ("docs/z.md", "g" * 64), ("docs/z.md", None)],
+    [
+        *[(key, "a" * 64) for key in ("docs/x\nb.md", "docs/.x.md", "caf\u00e9.md", "/lead.md", "x" * 300)],
+        *[("docs/z.md", sha) for sha in ("A" * 64, "g" * 64, None)],
+    ],
 )
 def test_a_tree_checked_in_one_scan_gives_what_each_entry_checked_alone_gives(odd_key: str, odd_sha: object) -> None:
     """parse_tree checks a tree's keys and sha256s in one scan when they are all plain: one odd key
