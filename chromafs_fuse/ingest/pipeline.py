@@ -511,7 +511,7 @@ def ingest(options: IngestOptions, show_progress: bool = False) -> IngestSummary
                 row = _terms(source.key, source.text, sha, page_vectors)
                 new_terms[source.key] = row if page_vectors.model is not None else encode_row(row)
                 for key, vector in page_vectors.finished():
-                    new_terms[key] = encode_row(_waiting(new_terms[key])._replace(vector=vector))
+                    _vector_in(new_terms, key, vector)
             if previous is not None and previous.sha256 == sha:
                 summary.unchanged += 1
                 if previous.chunks is not None:
@@ -543,7 +543,7 @@ def ingest(options: IngestOptions, show_progress: bool = False) -> IngestSummary
     stale: list[str] = []
     if lexicon is not None:  # an unchanged site keeps its records
         for key, vector in page_vectors.results():
-            lexicon.rows[key] = encode_row(_waiting(lexicon.rows[key])._replace(vector=vector))
+            _vector_in(lexicon.rows, key, vector)
         spill = functools.partial(_upsert_one, collection, zero_vector)
         final += lexicon.records(page_vectors.model is not None, spill)
         stale = lexicon.stale(final)
@@ -610,9 +610,11 @@ def _upsert_records(
         )
 
 
-def _waiting(row: str | LexiconPage) -> LexiconPage:
+def _vector_in(rows: MutableMapping[str, Row], key: str, vector: str) -> None:
+    """A page's row made whole with its vector, kept as its text."""
+    row = rows[key]
     assert not isinstance(row, str), "a page's vector came twice"
-    return row
+    rows[key] = encode_row(row._replace(vector=vector))
 
 
 def _terms(key: str, text: str, sha: str, page_vectors: PageVectors) -> LexiconPage:
@@ -668,8 +670,8 @@ class _LexiconChange:
         for key in wanted:
             sha, path = kept[key]
             row = old.get(key)
-            usable = row is not None and row.sha256 == sha and row.titles is not None
-            if row is not None and usable and (page_vectors.model is None or row.vector is not None):
+            vector_ok = row is not None and (page_vectors.model is None or row.vector is not None)
+            if row is not None and row.sha256 == sha and row.titles is not None and vector_ok:
                 rows[key] = row
                 continue
             try:
